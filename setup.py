@@ -1,0 +1,56 @@
+"""Build the optional compiled framing core (src/_frame.pyx -> shoal_mcp._frame).
+
+The extension is optional by design: with no C compiler (or no Cython and no shipped
+C file) the build prints a warning and the package installs on its pure-Python twin.
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYX = os.path.join("src", "_frame.pyx")
+C_FILE = os.path.join("src", "_frame.c")
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that never fails the install: the fallback covers a missing compiler."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any toolchain failure means fallback
+            self._warn(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(exc)
+
+    @staticmethod
+    def _warn(exc):
+        sys.stderr.write(
+            f"WARNING: shoal_mcp._frame not built ({exc}); using the pure-Python framing.\n"
+        )
+
+
+def extensions():
+    if os.environ.get("SHOAL_NO_EXTENSION"):
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        if os.path.exists(os.path.join(HERE, C_FILE)):
+            return [Extension("shoal_mcp._frame", [C_FILE])]
+        return []
+    return cythonize(
+        [Extension("shoal_mcp._frame", [PYX], extra_compile_args=["-O3"])],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

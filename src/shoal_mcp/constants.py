@@ -1,0 +1,99 @@
+"""Every limit, default and error code of shoal, in one place.
+
+SPEC.md §3, §4.5, §4.11 and §6 are the source; handlers import from here and never
+spell a number themselves.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# --- framing (SPEC §3) -------------------------------------------------------------
+MAX_FRAME = 16 * MiB
+"""Largest completed frame on either wire protocol, enforced while accumulating."""
+READ_CHUNK = 256 * KiB
+"""Bytes asked of the OS per read; peak reader memory is MAX_FRAME + READ_CHUNK."""
+OVERSIZE_HEAD = 4 * KiB
+"""How much of an oversize frame is kept so callers can recover its id."""
+MAX_OVERSIZE_PER_CONNECTION = 3
+"""The kernel may close a connection after this many oversize frames."""
+
+# --- text bounds (SPEC §3.3, §6) ---------------------------------------------------
+TEXT_LIMIT = 64 * KiB
+"""MCP text per result / resource, marker included."""
+VALUE_HARD_CAP = 64 * KiB
+"""No encoded value ever exceeds this, whatever the caller asks for."""
+
+# --- elision defaults (SPEC §4.5) --------------------------------------------------
+ELIDE_MAX_BYTES = 8 * KiB
+ELIDE_MAX_ITEMS = 500
+ELIDE_MAX_ROWS = 100
+ELIDE_MAX_BYTES_RAW = 4 * KiB
+ELIDE_PREVIEW_ITEMS = 5
+ELIDE_PREVIEW_CHARS = 256
+ELIDE_RENDER_HEAD = 10
+STDERR_TAIL_BYTES = 2 * KiB
+"""Bounded stderr tail carried by a -32002 raised error and a failed render."""
+JSON_SELECTOR_MAX = 16 * MiB
+"""`.json` parses at most this many bytes of a blob."""
+
+# --- events (SPEC §4.10) -----------------------------------------------------------
+EVENT_RING = 1024
+SUBSCRIBER_QUEUE = 256
+DURABLE_CHANNELS = ("journal", "session.transcript")
+
+# --- processes ---------------------------------------------------------------------
+CANCEL_GRACE_S = 2.0
+"""SIGTERM → SIGKILL grace for task.cancel and kernel shutdown."""
+TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
+"""Throttle for `output` events on task.N channels."""
+PROGRESS_INTERVAL_S = 1.0
+"""MCP progress notifications: at most one per second."""
+AUTOSTART_TIMEOUT_S = 5.0
+
+# --- PTYs (SPEC §4.9) --------------------------------------------------------------
+PTY_MIN_DIM = 1
+PTY_MAX_DIM = 1000
+PTY_DEFAULT_COLS = 80
+PTY_DEFAULT_ROWS = 24
+PTY_SCROLLBACK_LINES = 1000
+PTY_EVENT_INTERVAL_S = 0.2
+
+# --- sessions / ids ----------------------------------------------------------------
+DEFAULT_SESSION = "default"
+PLAN_REF_HEX = 32
+
+# --- protocol versions (SPEC §5) ---------------------------------------------------
+MCP_PROTOCOL_VERSION = "2025-06-18"
+MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+
+
+class ErrorCode(IntEnum):
+    """JSON-RPC error codes used by both protocols (SPEC §4.11)."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL = -32603
+    NOT_ATTACHED = -32000
+    SOURCE_PARSE = -32001
+    RAISED = -32002
+    UNKNOWN_REF = -32004
+    BAD_SELECTION = -32005
+    DENIED = -32010
+    APPROVAL_REQUIRED = -32011
+    UNKNOWN_PLAN = -32012
+    TASK_CONTROL = -32020
+    UNKNOWN_TASK = -32021
+    UNKNOWN_PTY = -32022
+    PTY_SPAWN = -32023
+    AUTH_FAILED = -32030
+    QUOTA = -32031
+
+
+MCP_UNKNOWN_RESOURCE = -32002
+"""MCP's own code for an unknown resource (SPEC §5.3); same number as RAISED."""

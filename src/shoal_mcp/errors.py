@@ -1,0 +1,33 @@
+"""The one exception type that crosses layers: a JSON-RPC error with structured data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .constants import ErrorCode
+
+
+class RpcError(Exception):
+    """Raised by any handler; the server turns it into ``{"code", "message", "data"}``."""
+
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = int(code)
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.code}, {self.message!r})"
+
+
+def invalid_params(field: str, why: str) -> RpcError:
+    """-32602 naming the bad field, the shape every validator uses."""
+    return RpcError(
+        ErrorCode.INVALID_PARAMS, f"invalid params: {field}: {why}", {"field": field, "reason": why}
+    )

@@ -1,0 +1,147 @@
+"""Content-addressed blob store: spooled output files become ``cas/ab/<blake3>``.
+
+Ingest streams the spool once in 1 MiB blocks, computing hash, line count, UTF-8
+validity and code point count together, so no blob is ever held whole in memory.
+Reads go through ``mmap`` so slicers touch only the pages they need.
+"""
+
+from __future__ import annotations
+
+import codecs
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import blake3
+
+from ..constants import ErrorCode, MiB
+from ..errors import RpcError
+from ..framing import count_lines
+from .store import Database
+
+INGEST_BLOCK = 1 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    hash: str
+    size: int
+    lines: int
+    chars: int | None  # None when not valid UTF-8
+    utf8: bool
+
+    def node(self) -> dict:
+        """The tagged node that stands for this blob inside stored values."""
+        return {"$": "blob", "hash": self.hash}
+
+
+class BlobSource(Protocol):
+    """Something a TextBlob can read: a CAS blob or a live spool file."""
+
+    def open(self) -> AbstractContextManager[bytes | mmap.mmap]: ...
+
+    def read_range(self, start: int, end: int) -> bytes: ...
+
+
+class FileSource:
+    """A file read through mmap; used for a running task's growing spool."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @contextmanager
+    def open(self) -> Iterator[bytes | mmap.mmap]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available") from exc
+        try:
+            if os.fstat(fd).st_size == 0:
+                yield b""
+                return
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+                yield mm
+        finally:
+            os.close(fd)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        with self.open() as buf:
+            return bytes(buf[max(0, start) : max(0, end)])
+
+    def info(self) -> BlobInfo:
+        """Metadata computed now (the file may still be growing)."""
+        with self.open() as buf:
+            size = len(buf)
+            lines = count_lines(buf) if size else 0
+        return BlobInfo(hash="", size=size, lines=lines, chars=None, utf8=True)
+
+
+class ContentStore:
+    def __init__(self, root: Path, db: Database) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.db = db
+
+    def path_of(self, digest: str) -> Path:
+        return self.root / digest[:2] / digest
+
+    def ingest(self, spool: Path) -> BlobInfo:
+        """Hash ``spool`` into the store (moving it) and record its metadata."""
+        hasher = blake3.blake3()
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        size = lines = chars = 0
+        utf8 = True
+        last = b""
+        with open(spool, "rb") as fh:
+            while True:
+                block = fh.read(INGEST_BLOCK)
+                if not block:
+                    break
+                hasher.update(block)
+                size += len(block)
+                lines += block.count(b"\n")
+                last = block[-1:]
+                if utf8:
+                    try:
+                        chars += len(decoder.decode(block))
+                    except UnicodeDecodeError:
+                        utf8 = False
+        if utf8:
+            try:
+                chars += len(decoder.decode(b"", final=True))
+            except UnicodeDecodeError:
+                utf8 = False
+        if size and last != b"\n":
+            lines += 1
+        info = BlobInfo(hasher.hexdigest(), size, lines, chars if utf8 else None, utf8)
+        target = self.path_of(info.hash)
+        if target.exists():
+            os.unlink(spool)
+        else:
+            target.parent.mkdir(exist_ok=True, mode=0o700)
+            os.replace(spool, target)
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
+                (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
+            )
+        return info
+
+    def info(self, digest: str) -> BlobInfo:
+        rows = self.db.query("SELECT * FROM blobs WHERE hash = ?", (digest,))
+        if not rows:
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
+        row = rows[0]
+        return BlobInfo(row["hash"], row["size"], row["lines"], row["chars"], bool(row["utf8"]))
+
+    def source(self, digest: str) -> FileSource:
+        """A reader over one stored blob (mmap-backed)."""
+        return FileSource(self.path_of(digest))
+
+    def read_range(self, digest: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a blob (clamped); copies only that range."""
+        return self.source(digest).read_range(start, end)

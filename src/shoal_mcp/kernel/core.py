@@ -1,0 +1,356 @@
+"""The kernel's state and its services: sessions, exec, values, tasks, events, journal.
+
+``Kernel`` is transport-free: the socket server calls into it, tests can too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .. import __version__
+from ..constants import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP, ErrorCode
+from ..errors import RpcError
+from ..framing import BACKEND
+from ..paths import ensure_private_dir, local_principal
+from .cas import ContentStore
+from . import effects as effects_mod
+from .elision import ElideOptions, WireEncoder
+from .events import EventBus, EventStore
+from .guard import Guard
+from .journal import Journal, JournalEntry
+from .plans import Plan, PlanStore, plan_ref
+from .render import Renderer, raw_page
+from .runner import RunningCommand, spawn
+from .selectors import Segment, bad_selection, format_path, parse_path, parse_slice
+from .sessions import Session, SessionTable
+from .store import Database
+from .tasks import Task, TaskManager, parse_task_id
+from .transcript import TranscriptStore
+from .values import Resolver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KernelConfig:
+    socket: Path
+    state_dir: Path
+    policy_path: Path | None = None
+    require_token: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, in which session."""
+
+    session: str
+    principal: str
+
+
+def owner_key(who: Principal) -> str:
+    """The opaque owner string PTYs are filed under."""
+    return f"{who.session}\x00{who.principal}"
+
+
+@dataclass
+class Selected:
+    """A resolved ref: the node, where it lives, and how to name sub-parts of it."""
+
+    ref: str
+    base_uri: str
+    path: list[Segment]
+    node: Any
+
+
+class Kernel:
+    def __init__(self, config: KernelConfig) -> None:
+        self.config = config
+        self.started = time.time()
+        state = ensure_private_dir(config.state_dir)
+        self.spool_dir = ensure_private_dir(state / "spool")
+        self.db = Database(state / "journal.sqlite3")
+        self.cas = ContentStore(state / "cas", self.db)
+        self.sessions = SessionTable(self.db)
+        self.transcript = TranscriptStore(self.db)
+        self.journal = Journal(self.db)
+        self.event_store = EventStore(str(state / "journal.sqlite3"))
+        self.events = EventBus(self.event_store)
+        self.tasks = TaskManager(self.events, self._finalize)
+        self.resolver = Resolver(self.cas)
+        self.local_principal = local_principal()
+        self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.plans = PlanStore()
+        self._clean_spool()
+
+    def _clean_spool(self) -> None:
+        for leftover in self.spool_dir.glob("run-*"):
+            leftover.unlink(missing_ok=True)
+
+    def info(self) -> dict[str, Any]:
+        return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
+
+    def shutdown(self) -> None:
+        self.tasks.shutdown()
+        self.events.close()
+        self.event_store.close()
+        self.db.close()
+
+    # -- exec -------------------------------------------------------------------------
+
+    def start_exec(
+        self, who: Principal, session: Session, src: str, background: bool, effects: list[dict] | None = None
+    ) -> Task:
+        cwd, env = session.snapshot()
+        run = spawn(src, cwd, env, self.spool_dir)
+        return self.tasks.start(who.session, who.principal, src, run, background, effects or [])
+
+    # -- access, policy, plans ------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> str:
+        return self.guard.authenticate(token)
+
+    def caps_for(self, principal: str) -> dict:
+        return self.guard.caps(principal)
+
+    def env_readable(self, principal: str):
+        return self.guard.for_principal(principal).env_readable
+
+    def parse(self, src: str) -> dict:
+        return effects_mod.parse_summary(src)
+
+    def analyze(self, who: Principal, src: str) -> tuple[effects_mod.Analysis, str]:
+        session = self.sessions.get_or_create(who.session)
+        cwd, env = session.snapshot()
+        return effects_mod.analyze(src, cwd, env.get("HOME")), cwd
+
+    def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
+        analysis, cwd = self.analyze(who, src)
+        verdict = self.guard.for_principal(who.principal).evaluate(analysis.effects, analysis.reversibility)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects)
+        plan = Plan(ref, who.session, who.principal, src, cwd, analysis.effects,
+                    analysis.reversibility, verdict.verdict, list(verdict.reasons))
+        return plan, verdict
+
+    def plan(self, who: Principal, src: str) -> dict:
+        """exec mode=plan: analyse, store, journal; nothing is spawned."""
+        plan, _ = self.evaluate(who, src)
+        plan = self.plans.put(plan)
+        self.journal.record(JournalEntry(session=who.session, principal=who.principal, cwd=plan.cwd, src=src,
+                                         kind="plan", effects=plan.effects, ref=plan.ref))
+        return plan.record()
+
+    def gate_exec(self, who: Principal, src: str) -> list[dict]:
+        """exec mode=run: allow → the effects; ask → -32011 with a stored plan; deny → -32010."""
+        plan, verdict = self.evaluate(who, src)
+        if verdict.verdict == "allow":
+            return plan.effects
+        if verdict.verdict == "deny":
+            raise RpcError(ErrorCode.DENIED, "denied by policy", {"effects": plan.effects, "reasons": plan.reasons})
+        plan = self.plans.put(plan)
+        raise RpcError(
+            ErrorCode.APPROVAL_REQUIRED,
+            "approval required: call cap.request, then plan.apply once approved",
+            {"plan_ref": plan.ref, "uri": plan.uri, "effects": plan.effects, "reasons": plan.reasons},
+        )
+
+    def check_task_quota(self, who: Principal) -> None:
+        self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
+
+    def check_subscription_quota(self, who: Principal, current: int) -> None:
+        self.guard.check_quota(who.principal, "max_subscriptions", current)
+
+    def can_see_all_tasks(self, principal: str) -> bool:
+        return self.guard.for_principal(principal).tasks_read == "all"
+
+    def journal_read_all(self, principal: str) -> bool:
+        return self.guard.for_principal(principal).journal_read == "all"
+
+    def check_blob_access(self, who: Principal, digest: str) -> None:
+        """A blob is readable by principals whose journal rows (or policy) reach it."""
+        if self.journal_read_all(who.principal):
+            return
+        rows = self.db.query(
+            "SELECT 1 FROM journal WHERE principal = ? AND outputs LIKE ? LIMIT 1",
+            (who.principal, f"%{digest}%"),
+        )
+        if not rows:
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
+
+    def check_channel_access(self, who: Principal, channel: str) -> None:
+        """task.N / pty.N only for their owners; journal and approval per policy."""
+        kind, _, num = channel.partition(".")
+        if kind == "task":
+            self.tasks.get(num, who.session, who.principal, see_all=self.can_see_all_tasks(who.principal))
+        elif kind == "pty":
+            self.ptys.read(f"pty:{num}", reader=None, owner=owner_key(who), peek=True)
+        elif channel == "journal" and not self.journal_read_all(who.principal):
+            raise RpcError(ErrorCode.DENIED, "journal events need journal_read = all", {"channel": channel})
+        elif channel == "approval" and not self.guard.for_principal(who.principal).approver:
+            raise RpcError(ErrorCode.DENIED, "approval events are for approvers", {"channel": channel})
+
+    def _finalize(self, task: Task) -> dict[str, Any]:
+        """Ingest the spools, store ``out:N``, journal it; runs once per task."""
+        run: RunningCommand = task.run
+        code = run.proc.returncode
+        out_info = self.cas.ingest(run.out_path)
+        err_info = self.cas.ingest(run.err_path)
+        state = run.read_state()
+        run.discard_state()
+        dur_ns = (run.finished_ns or time.monotonic_ns()) - run.started_ns
+        outcome: dict[str, Any] = {"$": "outcome"}
+        if code is not None and code < 0:
+            outcome["status"] = 128 - code
+            outcome["signal"] = signal.Signals(-code).name
+        else:
+            outcome["status"] = code
+        outcome.update(
+            ok=outcome["status"] == 0 and not run.cancelled,
+            out=out_info.node(),
+            err=err_info.node(),
+            dur_ns=dur_ns,
+            pid=run.pid,
+            cmd=run.src,
+            cwd=run.cwd,
+        )
+        n = self.transcript.append(task.session, task.principal, outcome)
+        ref = f"out:{n}"
+        if state is not None and not task.listed:
+            session = self.sessions.get_or_create(task.session)
+            self.sessions.apply(session, state[0], state[1])
+        outputs = [
+            {"kind": "out", "hash": out_info.hash, "len": out_info.size},
+            {"kind": "err", "hash": err_info.hash, "len": err_info.size},
+        ]
+        row = self.journal.record(
+            JournalEntry(
+                session=task.session,
+                principal=task.principal,
+                cwd=run.cwd,
+                src=run.src,
+                status=outcome["status"],
+                ok=outcome["ok"],
+                ref=ref,
+                outputs=outputs,
+                duration_ms=dur_ns / 1e6,
+                effects=task.effects,
+            )
+        )
+        self.events.publish("journal", {"id": row["id"], "session": task.session, "principal": task.principal,
+                                        "head": row.get("head", ""), "ok": outcome["ok"], "ref": ref})
+        self.events.publish("session.transcript", {"session": task.session, "ref": ref, "ok": outcome["ok"]})
+        return {
+            "ref": ref,
+            "uri": f"shoal://out/{n}",
+            "ok": outcome["ok"],
+            "status": outcome["status"],
+            "stored": {"out_len": out_info.size, "err_len": err_info.size},
+        }
+
+    def exec_result(self, who: Principal, task: Task, elide: ElideOptions, started: float) -> dict:
+        """``{ref, uri, value, render, elapsed_ms}`` for a finished task."""
+        assert task.result is not None
+        sel = self.select(who, task.result["ref"], "", None)
+        return {
+            "ref": sel.ref,
+            "uri": sel.base_uri,
+            "value": self.encode(sel, elide),
+            "render": self.render(sel, elide),
+            "elapsed_ms": round((time.time() - started) * 1000, 3),
+        }
+
+    # -- values -----------------------------------------------------------------------
+
+    def select(self, who: Principal, ref: str, path: str | None, slice_: Any) -> Selected:
+        base_ref, base_uri, uri_path, node = self._resolve_ref(who, ref)
+        segments = uri_path + (parse_path(path) if path else [])
+        if slice_ is not None:
+            rng = parse_slice(slice_)
+            segments = segments + [rng]
+        selected = self.resolver.select(node, segments)
+        return Selected(base_ref, base_uri, segments, selected)
+
+    def encode(self, sel: Selected, elide: ElideOptions) -> dict:
+        return WireEncoder(elide, sel.base_uri, sel.path, self.resolver.hydrate).encode(sel.node)
+
+    def render(self, sel: Selected, elide: ElideOptions) -> str:
+        return Renderer(elide, sel.ref, sel.base_uri, sel.path, self.resolver).render(sel.node)
+
+    def raw(self, sel: Selected, offset: int, length: int | None, elide: ElideOptions) -> dict:
+        length = elide.max_bytes_raw if length is None else length
+        # A page must encode under the hard cap: base64 grows 4/3, JSON escapes more.
+        length = max(1, min(length, VALUE_HARD_CAP * 3 // 4))
+        page_uri = f"{sel.base_uri}?path={format_path(sel.path)}"
+        page = raw_page(sel.node, offset, length, page_uri)
+        while len(page.get("raw", "").encode()) * 2 > VALUE_HARD_CAP and length > ELIDE_MAX_BYTES_RAW:
+            length //= 2
+            page = raw_page(sel.node, offset, length, page_uri)
+        return page
+
+    def _resolve_ref(self, who: Principal, ref: str) -> tuple[str, str, list[Segment], Any]:
+        """(ref, base uri, path from the URI, stored node) for any ref form."""
+        ref = ref.strip()
+        if ref.startswith("shoal://"):
+            return self._resolve_uri(who, ref)
+        kind, _, rest = ref.partition(":")
+        if kind == "out" and rest.isdigit():
+            return self._out(who, int(rest))
+        if kind == "task":
+            return self._task_value(who, ref, out_only=False)
+        raise RpcError(
+            ErrorCode.UNKNOWN_REF,
+            f"unknown ref {ref!r}",
+            {"ref": ref[:200], "hint": "refs look like out:N, task:N or shoal://out/N"},
+        )
+
+    def _out(self, who: Principal, n: int) -> tuple[str, str, list[Segment], Any]:
+        _, value = self.transcript.get(who.session, n)
+        return f"out:{n}", f"shoal://out/{n}", [], value
+
+    def _resolve_uri(self, who: Principal, uri: str) -> tuple[str, str, list[Segment], Any]:
+        parts = urlsplit(uri)
+        segments = [unquote(p) for p in (parts.netloc + parts.path).split("/") if p]
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        path = parse_path(query["path"]) if query.get("path") else []
+        if ".." in segments or "." in segments:
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}", {"uri": uri[:200]})
+        if len(segments) == 2 and segments[0] == "out" and segments[1].isdigit():
+            ref, base, _, node = self._out(who, int(segments[1]))
+            return ref, base, path, node
+        if len(segments) in (2, 3) and segments[0] == "task":
+            ref, base, _, node = self._task_value(who, f"task:{segments[1]}", out_only=len(segments) == 3)
+            if len(segments) == 3 and segments[2] not in ("out", "err"):
+                raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}")
+            return ref, base, path, node
+        raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref {uri[:200]!r}", {"uri": uri[:200]})
+
+    def _task_value(self, who: Principal, ref: str, out_only: bool) -> tuple[str, str, list[Segment], Any]:
+        task = self.tasks.get(parse_task_id(ref), who.session, who.principal)
+        if task.done.is_set() and task.result is not None:
+            n = int(task.result["ref"].split(":")[1])
+            _, base, _, node = self._out(who, n)
+            if out_only:
+                return task.ref, f"shoal://task/{task.id}/out", [], node.get("out")
+            return task.result["ref"], base, [], node
+        live = {
+            "$": "outcome",
+            "status": None,
+            "ok": None,
+            "out": {"$": "spool", "path": str(task.run.out_path)},
+            "err": {"$": "spool", "path": str(task.run.err_path)},
+            "pid": task.run.pid,
+            "cmd": task.src,
+            "cwd": task.run.cwd,
+        }
+        if out_only:
+            return task.ref, f"shoal://task/{task.id}/out", [], live["out"]
+        return task.ref, f"shoal://task/{task.id}", [], live
+
+
+__all__ = ["Kernel", "KernelConfig", "Principal", "Selected", "bad_selection"]

@@ -1,0 +1,83 @@
+"""exec (run / plan, stmt / value, background, wait budget)."""
+
+from __future__ import annotations
+
+import time
+
+from ...constants import STDERR_TAIL_BYTES, ErrorCode
+from ...errors import RpcError
+from ..elision import ELIDE_SCHEMA, ElideOptions
+from ..registry import BOOL, TIMEOUT_MS, method, obj
+
+SRC = {"type": "string", "maxLength": 1 << 20, "description": "bash source"}
+
+EXEC_SCHEMA = obj(
+    {
+        "src": SRC,
+        "mode": {"type": "string", "enum": ["run", "plan"]},
+        "position": {"type": "string", "enum": ["stmt", "value"]},
+        "background": BOOL,
+        "timeout_ms": TIMEOUT_MS,
+        "elide": ELIDE_SCHEMA,
+    },
+    ("src",),
+)
+
+
+def task_handle(task, **extra) -> dict:
+    return {"task": task.ref, "uri": f"shoal://task/{task.id}", "events": task.channel, **extra}
+
+
+@method("exec", EXEC_SCHEMA, blocking=True)
+def exec_(call, params):
+    kernel = call.kernel
+    who = call.who
+    src = params["src"]
+    elide = ElideOptions.from_params(params.get("elide"))
+    if params.get("mode", "run") == "plan":
+        return kernel.plan(who, src)
+    started = time.time()
+    effects = kernel.gate_exec(who, src)
+    return run_and_wait(call, src, effects, params, elide, started)
+
+
+def run_and_wait(call, src: str, effects: list[dict], params: dict, elide: ElideOptions, started: float) -> dict:
+    """Spawn ``src`` for the caller; background → handle, else wait up to the budget."""
+    kernel = call.kernel
+    who = call.who
+    session = kernel.sessions.get_or_create(who.session)
+    background = params.get("background", False)
+    if background:
+        kernel.check_task_quota(who)
+    task = kernel.start_exec(who, session, src, background, effects)
+    if background:
+        return task_handle(task)
+    call.conn.inflight[call.id] = task
+    try:
+        timeout_ms = params.get("timeout_ms")
+        finished = task.done.wait(None if timeout_ms is None else timeout_ms / 1000)
+    finally:
+        call.conn.inflight.pop(call.id, None)
+    if not finished:
+        kernel.tasks.detach(task)
+        return task_handle(task, timed_out=True)
+    return finished_result(kernel, who, task, elide, started, params.get("position", "stmt"))
+
+
+def finished_result(kernel, who, task, elide: ElideOptions, started: float, position: str) -> dict:
+    """exec's reply for a finished task; ``stmt`` position raises on failure."""
+    if task.result is None:
+        err = task.error or {"code": int(ErrorCode.INTERNAL), "message": "task ended without a result"}
+        raise RpcError(err["code"], err["message"], err.get("data"))
+    result = kernel.exec_result(who, task, elide, started)
+    if position == "stmt" and not task.result["ok"]:
+        sel = kernel.select(who, task.result["ref"], ".err", None)
+        tail = sel.node.read(max(0, sel.node.size - STDERR_TAIL_BYTES)).decode("utf-8", "replace")
+        status = task.result["status"]
+        raise RpcError(
+            ErrorCode.RAISED,
+            f"command failed with exit status {status}" + (" (cancelled)" if task.state == "cancelled" else ""),
+            {"ref": result["ref"], "uri": result["uri"], "status": status, "stderr_tail": tail,
+             "render": result["render"]},
+        )
+    return result

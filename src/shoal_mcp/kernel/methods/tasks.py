@@ -1,0 +1,70 @@
+"""task.list / get / await / cancel / suspend / resume."""
+
+from __future__ import annotations
+
+from ...errors import RpcError, invalid_params
+from ...constants import ErrorCode
+from ..registry import TIMEOUT_MS, method, obj
+
+TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
+
+
+def _task(call, params):
+    return call.kernel.tasks.get(params["task"], call.who.session, call.who.principal,
+                                 see_all=call.kernel.can_see_all_tasks(call.who.principal))
+
+
+@method("task.list", obj({"state": {"type": "string", "enum": ["running", "completed", "failed", "cancelled", "suspended"]}}))
+def task_list(call, params):
+    tasks = call.kernel.tasks.list(call.who.session, call.who.principal,
+                                   see_all=call.kernel.can_see_all_tasks(call.who.principal))
+    records = [t.record() for t in tasks]
+    if "state" in params:
+        records = [r for r in records if r["state"] == params["state"]]
+    return {"tasks": records}
+
+
+@method("task.get", obj({"task": TASK_ID}, ("task",)))
+def task_get(call, params):
+    return _task(call, params).record()
+
+
+@method("task.await", obj({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",)), blocking=True)
+def task_await(call, params):
+    task = _task(call, params)
+    timeout_ms = params.get("timeout_ms", 30_000)
+    task.done.wait(timeout_ms / 1000)
+    record = task.record()
+    record["done"] = task.done.is_set()
+    return record
+
+
+@method(
+    "task.cancel",
+    obj({"task": TASK_ID, "call": {"type": ["string", "integer"], "description": "id of an in-flight exec request on this connection"}}),
+)
+def task_cancel(call, params):
+    if "task" in params:
+        task = _task(call, params)
+    elif "call" in params:
+        task = call.conn.inflight.get(params["call"])
+        if task is None:
+            raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}")
+    else:
+        raise invalid_params("task", "required (or call)")
+    call.kernel.tasks.cancel(task)
+    return {"task": task.ref, "state": task.state}
+
+
+@method("task.suspend", obj({"task": TASK_ID}, ("task",)))
+def task_suspend(call, params):
+    task = _task(call, params)
+    call.kernel.tasks.suspend(task)
+    return {"task": task.ref, "state": task.state}
+
+
+@method("task.resume", obj({"task": TASK_ID}, ("task",)))
+def task_resume(call, params):
+    task = _task(call, params)
+    call.kernel.tasks.resume(task)
+    return {"task": task.ref, "state": task.state}

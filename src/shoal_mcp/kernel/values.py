@@ -1,0 +1,260 @@
+"""Stored values, selection over them, and their bounded wire form (SPEC §4.5).
+
+Stored values are tagged JSON; large str/bytes live in the CAS and appear as
+``{"$": "blob", "hash": …}``. Selecting resolves those into ``TextBlob``/``LinesView``
+views that read only the byte ranges they need (via mmap and the framing slicers), so a
+170 MB output can be addressed line by line without ever being loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..constants import JSON_SELECTOR_MAX
+from ..framing import count_lines, line_offsets, utf8_offset
+from .cas import BlobInfo, BlobSource, ContentStore, FileSource
+from .selectors import (
+    Field,
+    Index,
+    Range,
+    Segment,
+    bad_selection,
+    resolve_index,
+    resolve_range,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlob:
+    """Bytes ``[start, end)`` of a CAS blob; text when the blob is valid UTF-8."""
+
+    source: BlobSource
+    info: BlobInfo
+    start: int = 0
+    end: int = -1
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", self.info.size)
+
+    @property
+    def is_text(self) -> bool:
+        return self.info.utf8
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end == self.info.size
+
+    def read(self, a: int = 0, b: int | None = None) -> bytes:
+        """Bytes ``[a, b)`` relative to this view, clamped; copies only that range."""
+        b = self.size if b is None else min(b, self.size)
+        a = max(0, min(a, b))
+        return self.source.read_range(self.start + a, self.start + b)
+
+    def line_count(self) -> int:
+        if self.whole:
+            return self.info.lines
+        with self.source.open() as buf, memoryview(buf) as mv:
+            with mv[self.start : self.end] as part:
+                return count_lines(part)
+
+    def char_count(self) -> int:
+        if self.whole and self.info.chars is not None:
+            return self.info.chars
+        return len(self.read().decode("utf-8", "replace"))
+
+    def line_span(self, first: int | None, stop: int | None) -> tuple[int, int]:
+        """Byte span (relative) of lines ``[first:stop]`` using the compiled slicer.
+
+        Indexes in the second half of a blob are turned into negative ones so the
+        slicer scans from the end: the last lines of 170 MB cost a few pages, not all.
+        """
+        total = self.info.lines if self.whole else None
+        first = 0 if first is None else first
+        if total is not None:
+            if first >= total:
+                return self.size, self.size
+            if stop is not None and stop <= first:
+                start = self.line_span(first, None)[0]
+                return start, start
+            if first > total // 2:
+                first -= total
+            if stop is not None:
+                stop = None if stop >= total else (stop - total if stop > total // 2 else stop)
+        with self.source.open() as buf, memoryview(buf) as mv:
+            with mv[self.start : self.end] as part:
+                return line_offsets(part, first, stop)
+
+    def char_span(self, first: int, stop: int) -> tuple[int, int]:
+        with self.source.open() as buf, memoryview(buf) as mv:
+            with mv[self.start : self.end] as part:
+                a = utf8_offset(part, first)
+                b = utf8_offset(part, stop - first, a)
+        return a, b
+
+    def sub(self, a: int, b: int) -> TextBlob:
+        return TextBlob(self.source, self.info, self.start + a, self.start + b)
+
+    def decode(self, a: int = 0, b: int | None = None) -> str | bytes:
+        data = self.read(a, b)
+        return data.decode("utf-8", "replace") if self.is_text else data
+
+
+@dataclass(frozen=True, slots=True)
+class LinesView:
+    """Lines ``[first, stop)`` of a TextBlob, addressed without splitting it."""
+
+    blob: TextBlob
+    first: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def items(self, a: int, b: int) -> list[str]:
+        """Lines ``[a, b)`` of this view (relative, already resolved)."""
+        if b <= a:
+            return []
+        s, e = self.blob.line_span(self.first + a, self.first + b)
+        text = self.blob.read(s, e).decode("utf-8", "replace")
+        if text.endswith("\n"):
+            text = text[:-1]
+        return text.split("\n")
+
+    def byte_size(self) -> int:
+        s, e = self.blob.line_span(self.first, self.stop)
+        return e - s
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines split on \\n only, without the empty piece after a final newline."""
+    if not text:
+        return []
+    parts = text.split("\n")
+    return parts[:-1] if text.endswith("\n") else parts
+
+
+class Resolver:
+    """Turns stored nodes into selectable views, and applies path segments."""
+
+    def __init__(self, cas: ContentStore) -> None:
+        self.cas = cas
+
+    def hydrate(self, node: Any) -> Any:
+        """Replace a stored blob node by its TextBlob view (others pass through)."""
+        if isinstance(node, dict) and node.get("$") == "blob":
+            return TextBlob(self.cas.source(node["hash"]), self.cas.info(node["hash"]))
+        if isinstance(node, dict) and node.get("$") == "spool":
+            source = FileSource(node["path"])
+            return TextBlob(source, source.info())
+        return node
+
+    def select(self, node: Any, segments: list[Segment]) -> Any:
+        node = self.hydrate(node)
+        for depth, seg in enumerate(segments):
+            node = self.hydrate(self._step(node, seg, segments[: depth + 1]))
+        return node
+
+    def _step(self, node: Any, seg: Segment, so_far: list[Segment]) -> Any:
+        where = "".join(s.text() for s in so_far)
+        if isinstance(seg, Field):
+            return self._field(node, seg.name, where)
+        if isinstance(seg, Index):
+            return self._index(node, seg.i, where)
+        return self.slice(node, seg, where)
+
+    def _field(self, node: Any, name: str, where: str) -> Any:
+        if name == "lines" and isinstance(node, (TextBlob, str, bytes)):
+            if isinstance(node, TextBlob):
+                return LinesView(node, 0, node.line_count())
+            text = node.decode("utf-8", "replace") if isinstance(node, bytes) else node
+            return split_lines(text)
+        if name == "json" and isinstance(node, (TextBlob, str, bytes)):
+            return self._json(node, where)
+        if isinstance(node, dict) and not _is_opaque_tag(node):
+            if name in node and name != "$":
+                return node[name]
+            keys = [k for k in node if k != "$"]
+            raise bad_selection(f"no field {name!r} at {where}", path=where, fields=keys[:50])
+        raise bad_selection(f"{_kind(node)} has no field {name!r} ({where})", path=where)
+
+    def _json(self, node: Any, where: str) -> Any:
+        if isinstance(node, TextBlob):
+            if node.size > JSON_SELECTOR_MAX:
+                raise bad_selection(
+                    f".json: {node.size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit",
+                    path=where,
+                )
+            raw: bytes | str = node.read()
+        else:
+            raw = node
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
+
+    def _index(self, node: Any, i: int, where: str) -> Any:
+        if isinstance(node, LinesView):
+            j = resolve_index(i, len(node))
+            return node.items(j, j + 1)[0]
+        if isinstance(node, (list, str, bytes)):
+            return node[resolve_index(i, len(node))]
+        if isinstance(node, TextBlob):
+            r = self.slice(node, Range(i, (i + 1) or None), where)
+            if isinstance(r, TextBlob) and r.size == 0:
+                raise bad_selection(f"index {i} out of range at {where}", path=where)
+            return r
+        raise bad_selection(f"{_kind(node)} cannot be indexed ({where})", path=where)
+
+    def slice(self, node: Any, r: Range, where: str = "slice") -> Any:
+        """Lists by item, strings by code point, bytes by byte."""
+        if isinstance(node, LinesView):
+            a, b = resolve_range(r, len(node))
+            return LinesView(node.blob, node.first + a, node.first + b)
+        if isinstance(node, (list, str, bytes)):
+            a, b = resolve_range(r, len(node))
+            return node[a:b]
+        if isinstance(node, TextBlob):
+            if not node.is_text:
+                a, b = resolve_range(r, node.size)
+                return node.sub(a, b)
+            needs_count = any(v is not None and v < 0 for v in (r.start, r.stop)) or r.stop is None
+            n = node.char_count() if needs_count else max(r.start or 0, r.stop or 0)
+            a, b = resolve_range(r, n)
+            s, e = node.char_span(a, b)
+            return node.sub(s, e)
+        raise bad_selection(f"{_kind(node)} cannot be sliced ({where})", path=where)
+
+
+def _is_opaque_tag(node: dict) -> bool:
+    return node.get("$") in ("blob", "ref")
+
+
+def _kind(node: Any) -> str:
+    if isinstance(node, TextBlob):
+        return "str" if node.is_text else "bytes"
+    if isinstance(node, LinesView) or isinstance(node, list):
+        return "list"
+    if isinstance(node, dict):
+        return node.get("$", "record") if isinstance(node.get("$"), str) else "record"
+    if node is None:
+        return "null"
+    return {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}.get(
+        type(node), type(node).__name__
+    )
+
+
+def kind_of(node: Any) -> str:
+    return _kind(node)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

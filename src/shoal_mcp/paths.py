@@ -1,0 +1,44 @@
+"""Where the socket and the state live (SPEC §4.1); shared by kernel, facade and CLI."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def socket_path(explicit: str | None = None) -> Path:
+    """--socket, else $SHOAL_SOCKET, else $XDG_RUNTIME_DIR/shoal/kernel.sock, else /tmp."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("SHOAL_SOCKET")
+    if env:
+        return Path(env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "shoal" / "kernel.sock"
+    return Path(f"/tmp/shoal-{os.geteuid()}") / "kernel.sock"
+
+
+def state_dir(explicit: str | None = None) -> Path:
+    """--state-dir, else $SHOAL_STATE_DIR, else $XDG_STATE_HOME/shoal, else ~/.local/state."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("SHOAL_STATE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "shoal"
+    return Path.home() / ".local" / "state" / "shoal"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make the leaf 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def local_principal() -> str:
+    """The principal of an unauthenticated local connection: the kernel's own user."""
+    return f"uid:{os.geteuid()}"
