@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ...constants import ErrorCode
+import orjson
+
+from ...constants import VALUE_HARD_CAP, ErrorCode
 from ...errors import RpcError, invalid_params
 from ..events import is_client_publishable, validate_channel
 from ..registry import NONEMPTY, method, obj
@@ -25,7 +27,10 @@ def events_publish(call, params):
     validate_channel(channel)
     if not is_client_publishable(channel):
         raise invalid_params("channel", "only user.* channels are publishable")
-    event = call.kernel.events.publish(channel, params.get("payload", {}))
+    payload = params.get("payload", {})
+    if len(orjson.dumps(payload)) > VALUE_HARD_CAP:
+        raise invalid_params("payload", f"encodes to more than {VALUE_HARD_CAP} bytes")
+    event = call.kernel.events.publish(channel, payload)
     return {"channel": channel, "seq": event["seq"]}
 
 
@@ -36,7 +41,10 @@ def events_subscribe(call, params):
     kernel = call.kernel
     kernel.check_channel_access(call.who, channel)
     kernel.check_subscription_quota(call.who, len(call.conn.subscriptions))
-    sub = kernel.events.subscribe(channel, params.get("since"), call.conn.notify_event)
+    subs = call.conn.subscriptions
+    sub = kernel.events.subscribe(
+        channel, params.get("since"), call.conn.notify_event, on_close=lambda s: subs.pop(s.id, None)
+    )
     call.conn.subscriptions[sub.id] = sub
     return {"subscription": sub.id, "channel": channel}
 

@@ -24,9 +24,25 @@ def task_list(call, params):
     return {"tasks": records}
 
 
-@method("task.get", obj({"task": TASK_ID}, ("task",)))
+CALL_ID = {"type": ["string", "integer"], "description": "id of an in-flight exec request on this connection"}
+
+
+@method("task.get", obj({"task": TASK_ID, "call": CALL_ID}))
 def task_get(call, params):
-    return _task(call, params).record()
+    return _task_or_call(call, params).record()
+
+
+def _task_or_call(call, params):
+    """The task named by ``task``, or the one behind in-flight request ``call``."""
+    if "task" in params:
+        return _task(call, params)
+    if "call" in params:
+        task = call.conn.inflight.get(params["call"])
+        if task is None:
+            raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}",
+                           {"call": params["call"]})
+        return task
+    raise invalid_params("task", "required (or call)")
 
 
 @method("task.await", obj({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",)), blocking=True)
@@ -39,19 +55,9 @@ def task_await(call, params):
     return record
 
 
-@method(
-    "task.cancel",
-    obj({"task": TASK_ID, "call": {"type": ["string", "integer"], "description": "id of an in-flight exec request on this connection"}}),
-)
+@method("task.cancel", obj({"task": TASK_ID, "call": CALL_ID}))
 def task_cancel(call, params):
-    if "task" in params:
-        task = _task(call, params)
-    elif "call" in params:
-        task = call.conn.inflight.get(params["call"])
-        if task is None:
-            raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}")
-    else:
-        raise invalid_params("task", "required (or call)")
+    task = _task_or_call(call, params)
     call.kernel.tasks.cancel(task)
     return {"task": task.ref, "state": task.state}
 

@@ -30,6 +30,7 @@ LENGTH = {"type": "integer", "minimum": 1, "maximum": VALUE_HARD_CAP}
             "elide": ELIDE_SCHEMA,
             "offset": OFFSET,
             "length": LENGTH,
+            "with_render": {"type": "boolean", "description": "json format: also return the render"},
         },
         ("ref",),
     ),
@@ -50,6 +51,8 @@ def value_get(call, params):
         out.update(kernel.raw(sel, params.get("offset", 0), params.get("length"), elide))
     else:
         out["value"] = kernel.encode(sel, elide)
+        if params.get("with_render"):
+            out["render"] = kernel.render(sel, elide)
     return out
 
 

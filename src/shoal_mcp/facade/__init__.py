@@ -1,0 +1,1 @@
+"""``shoal-mcp``: the MCP stdio facade. It evaluates nothing; the kernel does."""

@@ -1,0 +1,72 @@
+"""Resource subscriptions mapped onto kernel event channels (SPEC §5.3).
+
+All subscriptions share the link's dedicated events connection. A kernel event on a
+channel becomes ``notifications/resources/updated`` for every URI subscribed to it;
+unsubscribing the last URI of a channel really unsubscribes in the kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..constants import ErrorCode
+from ..errors import RpcError
+from .kernel_link import KernelLink
+from .resources import parse_uri, subscription_channel
+
+
+class Subscriptions:
+    def __init__(self, link: KernelLink, notify: Callable[[str, dict], None]) -> None:
+        self.link = link
+        self.notify = notify
+        self._lock = threading.Lock()
+        self._uris: dict[str, str] = {}  # uri -> channel
+        self._channels: dict[str, str] = {}  # channel -> kernel subscription id
+
+    def subscribe(self, params: dict) -> dict:
+        uri = _uri(params)
+        channel = subscription_channel(parse_uri(uri))
+        with self._lock:
+            if not self.link.events_alive():
+                self._channels.clear()  # a new connection: old kernel subscriptions are gone
+                self._uris.clear()
+            if channel not in self._channels:
+                result = self.link.events().call("events.subscribe", {"channel": channel})
+                self._channels[channel] = result["subscription"]
+            self._uris[uri] = channel
+        return {}
+
+    def unsubscribe(self, params: dict) -> dict:
+        uri = _uri(params)
+        with self._lock:
+            channel = self._uris.pop(uri, None)
+            if channel is None:
+                return {}
+            if channel in self._uris.values():
+                return {}
+            sub_id = self._channels.pop(channel, None)
+        if sub_id is not None and self.link.events_alive():
+            try:
+                self.link.events().call("events.unsubscribe", {"subscription": sub_id})
+            except RpcError:
+                pass
+        return {}
+
+    def on_event(self, event: dict) -> None:
+        channel = event.get("channel")
+        with self._lock:
+            uris = [u for u, c in self._uris.items() if c == channel]
+        for uri in uris:
+            self.notify("notifications/resources/updated", {"uri": uri})
+
+    def active(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._uris)
+
+
+def _uri(params: dict) -> str:
+    uri = params.get("uri")
+    if not isinstance(uri, str):
+        raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"})
+    return uri

@@ -1,0 +1,86 @@
+"""Running a tool call: validate arguments, call the kernel, wait (with progress)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..client import KernelLost
+from ..constants import PROGRESS_INTERVAL_S, ErrorCode
+from ..errors import RpcError
+from ..schema import validate
+from .kernel_link import KernelLink
+from .tools import TOOLS_BY_NAME
+
+TASK_REF = re.compile(r"^(?:task:|shoal://task/)(\d+)$")
+PLAN_REF = re.compile(r"^(?:shoal://plan/)?(plan:[0-9a-f]+)$")
+
+
+class ArgumentError(RpcError):
+    """Bad tool name or arguments: answered as a JSON-RPC error, not an isError result."""
+
+
+class ToolRunner:
+    def __init__(self, link: KernelLink) -> None:
+        self.link = link
+
+    def run(
+        self,
+        name: str,
+        args: dict,
+        progress: Callable[[int | None], None] | None,
+        own_kernel_call: Callable[[Any, int], None],
+    ) -> Any:
+        tool = TOOLS_BY_NAME.get(name)
+        if tool is None:
+            raise ArgumentError(ErrorCode.INVALID_PARAMS, f"unknown tool: {name}", {"tool": name})
+        try:
+            validate(args, tool.schema, "arguments")
+        except RpcError as exc:
+            raise ArgumentError(exc.code, exc.message, exc.data) from None
+        if name == "shoal_get":
+            return self._get(args)
+        method, params = tool.to_kernel(args)
+        client, kernel_id, fut = self.link.start_call(method, params)
+        if tool.cancels_task:
+            own_kernel_call(client, kernel_id)
+        if progress is None:
+            return fut.result()
+        while True:
+            try:
+                return fut.result(timeout=PROGRESS_INTERVAL_S)
+            except TimeoutError:
+                progress(self._out_bytes(client, kernel_id))
+
+    @staticmethod
+    def _out_bytes(client: Any, kernel_id: int) -> int | None:
+        try:
+            record = client.call("task.get", {"call": kernel_id}, timeout=PROGRESS_INTERVAL_S)
+        except (RpcError, KernelLost, TimeoutError):
+            return None
+        return record.get("out_bytes")
+
+    def _get(self, args: dict) -> Any:
+        ref = args["ref"].strip()
+        value_args = {k: args[k] for k in ("path", "slice", "format", "offset", "length", "elide") if k in args}
+        if plan := PLAN_REF.match(ref):
+            return self.link.call("plan.get", {"plan_ref": plan.group(1)})
+        if task := TASK_REF.match(ref):
+            task_ref = f"task:{task.group(1)}"
+            if "wait_ms" in args:
+                record = self.link.call("task.await", {"task": task_ref, "timeout_ms": args["wait_ms"]})
+            else:
+                record = self.link.call("task.get", {"task": task_ref})
+            if "result_ref" not in record:
+                return record
+            value = self._value(record["result_ref"], value_args)
+            value["task"] = record
+            return value
+        return self._value(ref, value_args)
+
+    def _value(self, ref: str, value_args: dict) -> dict:
+        params = {"ref": ref, **value_args}
+        if "format" not in params:
+            params["with_render"] = True
+        return self.link.call("value.get", params)
