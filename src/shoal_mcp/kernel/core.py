@@ -26,6 +26,7 @@ from .events import EventBus, EventStore
 from .guard import Guard
 from .journal import Journal, JournalEntry
 from .plans import Plan, PlanStore, plan_ref
+from .pty import PtyManager
 from .render import Renderer, raw_page
 from .runner import RunningCommand, spawn
 from .selectors import Segment, bad_selection, format_path, parse_path, parse_slice
@@ -87,6 +88,7 @@ class Kernel:
         self.local_principal = local_principal()
         self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
         self.plans = PlanStore()
+        self.ptys = PtyManager(on_screen_change=self._pty_event)
         self._clean_spool()
 
     def _clean_spool(self) -> None:
@@ -96,7 +98,11 @@ class Kernel:
     def info(self) -> dict[str, Any]:
         return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
 
+    def _pty_event(self, pty_id: str, payload: dict) -> None:
+        self.events.publish("pty." + pty_id.split(":")[-1], payload)
+
     def shutdown(self) -> None:
+        self.ptys.close_all()
         self.tasks.shutdown()
         self.events.close()
         self.event_store.close()
@@ -189,7 +195,8 @@ class Kernel:
         if kind == "task":
             self.tasks.get(num, who.session, who.principal, see_all=self.can_see_all_tasks(who.principal))
         elif kind == "pty":
-            self.ptys.read(f"pty:{num}", reader=None, owner=owner_key(who), peek=True)
+            if not any(p["pty_id"] == f"pty:{num}" for p in self.ptys.list(owner_key(who))):
+                raise RpcError(ErrorCode.UNKNOWN_PTY, f"unknown pty pty:{num}", {"pty_id": f"pty:{num}"})
         elif channel == "journal" and not self.journal_read_all(who.principal):
             raise RpcError(ErrorCode.DENIED, "journal events need journal_read = all", {"channel": channel})
         elif channel == "approval" and not self.guard.for_principal(who.principal).approver:
