@@ -103,7 +103,7 @@ def _validate_alternatives(value: Any, options: list[dict], path: str) -> None:
 
 
 def _type_name(value: Any) -> str:
-    for name, types in _TYPES.items():
+    for name in _TYPES:
         if _is_type(value, name):
             return name
     return type(value).__name__

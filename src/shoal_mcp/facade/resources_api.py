@@ -6,7 +6,15 @@ from ..client import KernelLost
 from ..constants import ErrorCode
 from ..errors import RpcError
 from .kernel_link import KernelLink
-from .resources import ROOTS, TEMPLATES, kernel_read, listing_entry, parse_uri, read_contents, unknown
+from .resources import (
+    ROOTS,
+    TEMPLATES,
+    kernel_read,
+    listing_entry,
+    parse_uri,
+    read_contents,
+    unknown,
+)
 
 # Kernel "no such thing" errors become MCP's resource-not-found.
 NOT_FOUND_CODES = {ErrorCode.UNKNOWN_REF, ErrorCode.UNKNOWN_TASK, ErrorCode.UNKNOWN_PLAN, ErrorCode.UNKNOWN_PTY}

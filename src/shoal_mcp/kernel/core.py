@@ -19,8 +19,8 @@ from ..constants import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP, ErrorCode
 from ..errors import RpcError
 from ..framing import BACKEND
 from ..paths import ensure_private_dir, local_principal
-from .cas import ContentStore
 from . import effects as effects_mod
+from .cas import ContentStore
 from .elision import ElideOptions, WireEncoder
 from .events import EventBus, EventStore
 from .guard import Guard
@@ -94,6 +94,11 @@ class Kernel:
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
+
+    def connection_count(self) -> int:
+        """Set by the server; 0 when the kernel runs without one (tests)."""
+        counter = getattr(self, "count_connections", None)
+        return counter() if counter else 0
 
     def info(self) -> dict[str, Any]:
         return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}

@@ -20,7 +20,17 @@ from typing import Any
 from ..constants import MAX_OVERSIZE_PER_CONNECTION, ErrorCode
 from ..errors import RpcError
 from ..framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
-from ..jsonrpc import NO_ID, Invalid, Notification, Request, Response, error_response, oversize_reply, parse_message, response
+from ..jsonrpc import (
+    NO_ID,
+    Invalid,
+    Notification,
+    Request,
+    Response,
+    error_response,
+    oversize_reply,
+    parse_message,
+    response,
+)
 from ..schema import validate
 from .core import Kernel, Principal
 from .registry import REGISTRY, MethodSpec
@@ -95,6 +105,7 @@ class KernelServer:
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self.stopping = threading.Event()
+        kernel.count_connections = lambda: len(self.connections)
 
     def serve_forever(self) -> None:
         # A short accept timeout lets stop() (from a signal) end the loop promptly.

@@ -149,6 +149,10 @@ class TaskManager:
             if t.listed and t.session == session and (see_all or t.principal == principal)
         ]
 
+    def running_total(self) -> int:
+        with self._lock:
+            return sum(1 for t in self._tasks.values() if not t.done.is_set())
+
     def running_count(self, principal: str) -> int:
         with self._lock:
             return sum(1 for t in self._tasks.values() if t.principal == principal and not t.done.is_set())

@@ -9,6 +9,8 @@ views that read only the byte ranges they need (via mmap and the framing slicers
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +64,8 @@ class TextBlob:
     def line_count(self) -> int:
         if self.whole:
             return self.info.lines
-        with self.source.open() as buf, memoryview(buf) as mv:
-            with mv[self.start : self.end] as part:
-                return count_lines(part)
+        with self._view() as part:
+            return count_lines(part)
 
     def char_count(self) -> int:
         if self.whole and self.info.chars is not None:
@@ -89,16 +90,20 @@ class TextBlob:
                 first -= total
             if stop is not None:
                 stop = None if stop >= total else (stop - total if stop > total // 2 else stop)
-        with self.source.open() as buf, memoryview(buf) as mv:
-            with mv[self.start : self.end] as part:
-                return line_offsets(part, first, stop)
+        with self._view() as part:
+            return line_offsets(part, first, stop)
 
     def char_span(self, first: int, stop: int) -> tuple[int, int]:
-        with self.source.open() as buf, memoryview(buf) as mv:
-            with mv[self.start : self.end] as part:
-                a = utf8_offset(part, first)
-                b = utf8_offset(part, stop - first, a)
+        with self._view() as part:
+            a = utf8_offset(part, first)
+            b = utf8_offset(part, stop - first, a)
         return a, b
+
+    @contextmanager
+    def _view(self) -> Iterator[memoryview]:
+        """A zero-copy view of this range over the mmap'd source."""
+        with self.source.open() as buf, memoryview(buf) as mv, mv[self.start : self.end] as part:
+            yield part
 
     def sub(self, a: int, b: int) -> TextBlob:
         return TextBlob(self.source, self.info, self.start + a, self.start + b)
@@ -241,7 +246,7 @@ def _is_opaque_tag(node: dict) -> bool:
 def _kind(node: Any) -> str:
     if isinstance(node, TextBlob):
         return "str" if node.is_text else "bytes"
-    if isinstance(node, LinesView) or isinstance(node, list):
+    if isinstance(node, (LinesView, list)):
         return "list"
     if isinstance(node, dict):
         return node.get("$", "record") if isinstance(node.get("$"), str) else "record"

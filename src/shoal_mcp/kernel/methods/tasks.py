@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...errors import RpcError, invalid_params
 from ...constants import ErrorCode
+from ...errors import RpcError, invalid_params
 from ..registry import TIMEOUT_MS, method, obj
 
 TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}

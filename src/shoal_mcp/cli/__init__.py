@@ -1,0 +1,54 @@
+"""``shoal``: the human CLI over the same kernel the agents use.
+
+Every subcommand takes ``--socket``/``--state-dir`` (or SHOAL_SOCKET/SHOAL_STATE_DIR)
+so CLI and kernel agree; listings take ``--json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..client import KernelLost
+from ..framing import BACKEND
+from .admin import doctor, kernel_group, mcp_config, token_group
+from .common import Ctx, pass_ctx
+from .work import (
+    approve_cmd,
+    deny_cmd,
+    events_group,
+    exec_cmd,
+    get_cmd,
+    journal_cmd,
+    plans_cmd,
+    tasks_group,
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--socket", envvar="SHOAL_SOCKET", help="kernel socket path (SHOAL_SOCKET)")
+@click.option("--state-dir", envvar="SHOAL_STATE_DIR", help="kernel state directory (SHOAL_STATE_DIR)")
+@click.option("--session", envvar="SHOAL_SESSION", default="default", show_default=True, help="session name")
+@click.version_option(__version__, message=f"shoal %(version)s (framing: {BACKEND})")
+@click.pass_context
+def main(ctx: click.Context, socket: str | None, state_dir: str | None, session: str) -> None:
+    """shoal: a shell for AI agents that cannot flood their context."""
+    ctx.obj = Ctx(socket, state_dir, session)
+
+
+for command in (exec_cmd, get_cmd, tasks_group, journal_cmd, events_group, plans_cmd, approve_cmd, deny_cmd,
+                token_group, kernel_group, doctor, mcp_config):
+    main.add_command(command)
+
+
+def run() -> None:
+    try:
+        main()
+    except KernelLost as exc:
+        click.echo(f"shoal: {exc}", err=True)
+        sys.exit(3)
+
+
+__all__ = ["main", "pass_ctx", "run"]

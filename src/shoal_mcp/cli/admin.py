@@ -1,0 +1,244 @@
+"""Operator commands: token, kernel start|stop|status, doctor, mcp-config."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import sys
+import time
+
+import click
+import orjson
+
+from ..client import KernelClient, KernelLost, connect
+from ..framing import BACKEND
+from ..kernel.auth import TokenStore, TokenStoreError
+from .common import Ctx, pass_ctx
+from .output import emit_json, style, table
+
+STOP_TIMEOUT_S = 10.0
+
+
+# -- tokens ----------------------------------------------------------------------------
+
+
+@click.group("token")
+def token_group() -> None:
+    """Bearer tokens for agents (principals)."""
+
+
+def _store(ctx: Ctx) -> TokenStore:
+    return TokenStore(ctx.state_path / "tokens.json")
+
+
+@token_group.command("create")
+@click.argument("principal")
+@click.option("--ttl", type=float, default=None, help="lifetime in seconds")
+@click.option("--label", default=None)
+@pass_ctx
+def token_create(ctx: Ctx, principal: str, ttl: float | None, label: str | None) -> None:
+    """Create a token for PRINCIPAL; the bearer is printed once, alone on the last line."""
+    try:
+        record, bearer = _store(ctx).create(principal, ttl, label)
+    except TokenStoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    expires = record.get("expires", "never")
+    click.echo(f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:")
+    click.echo(bearer)
+
+
+@token_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def token_list(ctx: Ctx, as_json: bool) -> None:
+    """Tokens (never their secrets)."""
+    try:
+        records = _store(ctx).list()
+    except TokenStoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        emit_json(records)
+        return
+    table([[r["id"], r["principal"], r.get("label"), r.get("created"), r.get("expires", "never"),
+            r.get("expired")] for r in records], ["ID", "PRINCIPAL", "LABEL", "CREATED", "EXPIRES", "EXPIRED"])
+
+
+@token_group.command("revoke")
+@click.argument("id_or_principal")
+@pass_ctx
+def token_revoke(ctx: Ctx, id_or_principal: str) -> None:
+    """Revoke by token id or every token of a principal (effective without restart)."""
+    try:
+        n = _store(ctx).revoke(id_or_principal)
+    except TokenStoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if n == 0:
+        raise click.ClickException(f"no token matches {id_or_principal!r}")
+    click.echo(f"revoked {n} token(s)")
+
+
+# -- kernel ----------------------------------------------------------------------------
+
+
+@click.group("kernel")
+def kernel_group() -> None:
+    """Start, stop or inspect the kernel daemon."""
+
+
+@kernel_group.command("start")
+@pass_ctx
+def kernel_start(ctx: Ctx) -> None:
+    """Start the kernel if it is not running."""
+    client = connect(ctx.socket, ctx.state_dir, autostart=True)
+    info = client.call("ping")["kernel"]
+    click.echo(f"kernel running: pid {info['pid']}, socket {ctx.socket_path}")
+
+
+@kernel_group.command("stop")
+@pass_ctx
+def kernel_stop(ctx: Ctx) -> None:
+    """Stop the kernel (SIGTERM: tasks and PTYs are ended, the socket removed)."""
+    try:
+        client = KernelClient(ctx.socket_path)
+    except KernelLost:
+        click.echo("kernel not running")
+        return
+    pid = client.call("ping")["kernel"]["pid"]
+    client.close()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and os.path.exists(ctx.socket_path):
+        time.sleep(0.05)
+    click.echo(f"kernel {pid} stopped")
+
+
+@kernel_group.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def kernel_status(ctx: Ctx, as_json: bool) -> None:
+    """pid, socket, state dir, uptime, sessions, tasks, PTYs, framing backend."""
+    try:
+        client = KernelClient(ctx.socket_path)
+    except KernelLost:
+        if as_json:
+            emit_json({"running": False, "socket": str(ctx.socket_path)})
+        else:
+            click.echo(f"kernel not running (socket {ctx.socket_path})")
+        sys.exit(1)
+    client.call("session.attach", {"session": ctx.session, "client": {"kind": "cli"}})
+    status = client.call("kernel.status")
+    if as_json:
+        emit_json({"running": True, **status})
+        return
+    for key in ("pid", "version", "socket", "state_dir", "uptime_s", "sessions", "tasks_running", "ptys",
+                "connections", "framing_backend"):
+        click.echo(f"{style(key.ljust(16), bold=True)}{status.get(key)}")
+
+
+# -- doctor ----------------------------------------------------------------------------
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def doctor(ctx: Ctx, as_json: bool) -> None:
+    """Check what shoal needs: bash, the bash grammar, pyte, permissions, backend."""
+    checks = [
+        _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
+        _check("tree-sitter-bash", _grammar),
+        _check("pyte", _pyte),
+        _check("framing backend", lambda: BACKEND if BACKEND == "cython" else _warn(
+            "pure-Python fallback (install with a C compiler for the compiled core)")),
+        _check("state dir", lambda: _private(ctx.state_path, 0o700, must_exist=False)),
+        _check("socket dir", lambda: _private(ctx.socket_path.parent, 0o700, must_exist=False)),
+        _check("socket", lambda: _private(ctx.socket_path, 0o600, must_exist=False)),
+    ]
+    if as_json:
+        emit_json([{"check": n, "status": s, "detail": d} for n, s, d in checks])
+    else:
+        colours = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for name, status, detail in checks:
+            click.echo(f"{style(status.upper().ljust(5), fg=colours[status], bold=True)} {name}: {detail}")
+    sys.exit(1 if any(s == "fail" for _, s, _ in checks) else 0)
+
+
+class _Warn(Exception):
+    pass
+
+
+def _raise(message: str):
+    raise RuntimeError(message)
+
+
+def _warn(message: str):
+    raise _Warn(message)
+
+
+def _check(name: str, fn) -> tuple[str, str, str]:
+    try:
+        return name, "ok", str(fn())
+    except _Warn as exc:
+        return name, "warn", str(exc)
+    except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
+        return name, "fail", str(exc)
+
+
+def _grammar() -> str:
+    from ..kernel.effects import parse_summary
+
+    summary = parse_summary("echo hi | grep h > /tmp/x")
+    if not summary.get("ok"):
+        raise RuntimeError("the bash grammar failed to parse a simple pipeline")
+    return "parses bash"
+
+
+def _pyte() -> str:
+    import pyte
+
+    screen = pyte.Screen(10, 2)
+    pyte.Stream(screen).feed("ok")
+    if not screen.display[0].startswith("ok"):
+        raise RuntimeError("pyte did not render")
+    return f"pyte {getattr(pyte, '__version__', '')}".strip()
+
+
+def _private(path, mode: int, must_exist: bool) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if must_exist:
+            raise RuntimeError(f"{path} missing") from None
+        return f"{path} (not created yet)"
+    if st.st_uid != os.geteuid():
+        raise RuntimeError(f"{path} belongs to uid {st.st_uid}")
+    actual = stat.S_IMODE(st.st_mode)
+    if actual & ~mode:
+        raise RuntimeError(f"{path} has mode {actual:o}, expected {mode:o}")
+    return f"{path} mode {actual:o}"
+
+
+# -- MCP client configuration -----------------------------------------------------------
+
+
+@click.command("mcp-config")
+@click.option("--name", default="shoal", show_default=True, help="server name in the client")
+@pass_ctx
+def mcp_config(ctx: Ctx, name: str) -> None:
+    """Print ready-to-paste MCP config for Claude Code, Claude Desktop and generic clients."""
+    command = shutil.which("shoal-mcp") or sys.executable
+    args = [] if command.endswith("shoal-mcp") else ["-m", "shoal_mcp.facade"]
+    env = {"SHOAL_SESSION": ctx.session}
+    if ctx.socket:
+        env["SHOAL_SOCKET"] = str(ctx.socket_path)
+    if ctx.state_dir:
+        env["SHOAL_STATE_DIR"] = str(ctx.state_path)
+    env_flags = " ".join(f"-e {k}={v}" for k, v in env.items())
+    click.echo(style("# Claude Code", bold=True))
+    click.echo(f"claude mcp add {name} {env_flags} -- {command} {' '.join(args)}".rstrip())
+    server = {"command": command, "env": env}
+    if args:
+        server["args"] = args
+    click.echo(style("\n# Claude Desktop (claude_desktop_config.json) and generic mcpServers clients", bold=True))
+    click.echo(orjson.dumps({"mcpServers": {name: server}}, option=orjson.OPT_INDENT_2).decode())
