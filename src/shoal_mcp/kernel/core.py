@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .. import __version__
-from ..constants import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP, ErrorCode
+from ..constants import DURABLE_CHANNELS, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP, ErrorCode
 from ..errors import RpcError
 from ..framing import BACKEND
 from ..paths import ensure_private_dir, local_principal
@@ -202,8 +202,8 @@ class Kernel:
         elif kind == "pty":
             if not any(p["pty_id"] == f"pty:{num}" for p in self.ptys.list(owner_key(who))):
                 raise RpcError(ErrorCode.UNKNOWN_PTY, f"unknown pty pty:{num}", {"pty_id": f"pty:{num}"})
-        elif channel == "journal" and not self.journal_read_all(who.principal):
-            raise RpcError(ErrorCode.DENIED, "journal events need journal_read = all", {"channel": channel})
+        elif channel in DURABLE_CHANNELS and not self.journal_read_all(who.principal):
+            raise RpcError(ErrorCode.DENIED, f"{channel} events need journal_read = all", {"channel": channel})
         elif channel == "approval" and not self.guard.for_principal(who.principal).approver:
             raise RpcError(ErrorCode.DENIED, "approval events are for approvers", {"channel": channel})
 
@@ -322,7 +322,11 @@ class Kernel:
         )
 
     def _out(self, who: Principal, n: int) -> tuple[str, str, list[Segment], Any]:
-        _, value = self.transcript.get(who.session, n)
+        owner, value = self.transcript.get(who.session, n)
+        if owner != who.principal and not self.journal_read_all(who.principal):
+            # Another principal's value in a shared session: as unknown as a missing one.
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref out:{n} in session {who.session!r}",
+                           {"ref": f"out:{n}", "session": who.session})
         return f"out:{n}", f"shoal://out/{n}", [], value
 
     def _resolve_uri(self, who: Principal, uri: str) -> tuple[str, str, list[Segment], Any]:
