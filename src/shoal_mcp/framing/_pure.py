@@ -16,6 +16,9 @@ Conventions shared by both backends:
 * Buffers are anything exporting a C-contiguous buffer (bytes, bytearray, memoryview,
   mmap); they are read as raw bytes whatever their item format.
 * Indexes go through ``operator.index`` (ints only) and are clamped, never rejected.
+* A decoder or reader belongs to one thread at a time (the compiled one releases the
+  GIL mid-call and raises RuntimeError if a second thread enters it). FrameWriter and
+  the free functions are thread-safe.
 """
 
 from __future__ import annotations
@@ -259,7 +262,7 @@ def bound_text(text: str, limit: int = TEXT_LIMIT, uri=None) -> str:
     limit = operator.index(limit)
     if limit < 0:
         raise ValueError("limit must be >= 0")
-    data = text.encode("utf-8", "surrogatepass")
+    data = str.encode(text, "utf-8", "surrogatepass")
     n = len(data)
     if n <= limit:
         return text

@@ -1,0 +1,47 @@
+"""Shared pytest fixtures.
+
+The framing-backend fixtures come first and are self-contained: every framing and
+truncation test runs against both backends (SPEC §3.5). With
+``SHOAL_REQUIRE_COMPILED=1`` a missing compiled module is a loud failure, never a
+silent Python-only run. (Other fixtures go below this block.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shoal_mcp.framing import backends as _framing_backends
+
+FRAMING_BACKENDS = _framing_backends()
+FRAMING_BACKEND_IDS = ("python", "cython")
+_REQUIRE_COMPILED = os.environ.get("SHOAL_REQUIRE_COMPILED", "") not in ("", "0")
+
+
+def _framing_module(name: str):
+    module = FRAMING_BACKENDS.get(name)
+    if module is None:
+        message = (
+            "the compiled framing core shoal_mcp._frame is not built "
+            "(pip install -e . with a C compiler, or python setup.py build_ext --inplace)"
+        )
+        if _REQUIRE_COMPILED:
+            pytest.fail(f"SHOAL_REQUIRE_COMPILED=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return module
+
+
+@pytest.fixture(scope="session", params=FRAMING_BACKEND_IDS)
+def framing_backend(request):
+    """One framing backend module (``_pure`` or ``_frame``), ids "python"/"cython"."""
+    return _framing_module(request.param)
+
+
+@pytest.fixture(scope="session")
+def both_framing_backends():
+    """(python, cython) backend modules, for differential tests."""
+    return _framing_module("python"), _framing_module("cython")
+
+
+# --- other fixtures below ---------------------------------------------------------------
