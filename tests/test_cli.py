@@ -1,0 +1,175 @@
+"""The human CLI against a real kernel (autostarted by the CLI itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import child_env, wait_until
+
+CLI = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
+
+
+@pytest.fixture()
+def env():
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-cli-"))
+    e = child_env({"SHOAL_SOCKET": str(root / "run" / "k.sock"), "SHOAL_STATE_DIR": str(root / "state")})
+    yield e
+    subprocess.run([*CLI, "kernel", "stop"], env=e, capture_output=True, timeout=30)
+
+
+def shoal(env, *args, check=True, timeout=60):
+    proc = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"shoal {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_exec_autostarts_the_kernel_and_prints_render_and_ref(env):
+    proc = shoal(env, "exec", "seq 1 100000")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "1" and lines[-1] == "100000"
+    assert "lines elided" in proc.stdout and "shoal://out/1" in proc.stdout
+    assert "out:1" in proc.stderr
+    assert len(proc.stdout) < 8192
+    # the socket and state dir were created privately
+    assert oct(os.stat(env["SHOAL_SOCKET"]).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(env["SHOAL_STATE_DIR"]).st_mode & 0o777) == "0o700"
+
+
+def test_get_with_path_and_formats(env):
+    shoal(env, "exec", "seq 1 1000")
+    assert shoal(env, "get", "out:1", "--path", ".out.lines[-3..]").stdout.split() == ["998", "999", "1000"]
+    value = json.loads(shoal(env, "get", "out:1", "--path", ".out.lines[0]", "--format", "json").stdout)
+    assert value == {"$": "str", "v": "1"}
+    raw = shoal(env, "get", "out:1", "--path", ".out", "--format", "raw", "--offset", "0", "--length", "4")
+    assert raw.stdout == "1\n2\n" and "more:" in raw.stderr
+    bad = shoal(env, "get", "out:99", check=False)
+    assert bad.returncode == 2 and "-32004" in bad.stderr
+
+
+def test_failed_command_exit_status_and_json(env):
+    proc = shoal(env, "exec", "echo oops >&2; exit 3", check=False)
+    assert proc.returncode == 1
+    assert "[exit 3]" in proc.stdout and "oops" in proc.stdout
+    result = json.loads(shoal(env, "exec", "--json", "echo hi").stdout)
+    assert result["ref"] == "out:2" and result["value"]["ok"] is True
+
+
+def test_tasks_list_show_wait_cancel(env):
+    started = shoal(env, "exec", "--background", "sleep 0.3; echo bg").stdout.split()[0]
+    assert started.startswith("task:")
+    listed = json.loads(shoal(env, "tasks", "--json").stdout)
+    assert [t["task"] for t in listed] == [started]
+    waited = shoal(env, "tasks", "wait", started, "--timeout", "20")
+    assert waited.stdout.strip() == "bg"
+    assert json.loads(shoal(env, "tasks", "show", started).stdout)["state"] == "completed"
+    long = shoal(env, "exec", "--background", "sleep 100").stdout.split()[0]
+    assert "cancelled" in shoal(env, "tasks", "cancel", long).stdout
+    again = shoal(env, "tasks", "cancel", long, check=False)
+    assert again.returncode == 2 and "-32020" in again.stderr
+
+
+def test_journal_filters_and_json(env):
+    shoal(env, "exec", "true")
+    shoal(env, "exec", "false", check=False)
+    rows = [json.loads(block) for block in _json_blocks(shoal(env, "journal", "--json").stdout)]
+    assert [r["src"] for r in rows] == ["true", "false"]
+    failed = list(_json_blocks(shoal(env, "journal", "--failed", "--json").stdout))
+    assert len(failed) == 1 and json.loads(failed[0])["status"] == 1
+    table = shoal(env, "journal").stdout
+    assert "SRC" not in table or "false" in table
+
+
+def _json_blocks(text: str):
+    """Split concatenated pretty-printed JSON objects."""
+    decoder = json.JSONDecoder()
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        obj, end = decoder.raw_decode(text, pos)
+        yield json.dumps(obj)
+        pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+
+
+def test_journal_follow_prints_new_rows(env):
+    shoal(env, "exec", "true")
+    follower = subprocess.Popen([*CLI, "journal", "--follow", "--json"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        shoal(env, "exec", "echo followed")
+        out = []
+
+        def seen():
+            line = follower.stdout.readline()
+            out.append(line)
+            return "echo followed" in "".join(out)
+
+        wait_until(seen, timeout=20)
+    finally:
+        follower.send_signal(signal.SIGINT)
+        follower.wait(10)
+
+
+def test_token_create_list_revoke(env):
+    created = shoal(env, "token", "create", "agent:x", "--ttl", "60", "--label", "ci")
+    bearer = created.stdout.strip().splitlines()[-1]
+    assert bearer.startswith("shoal_")
+    listed = json.loads(shoal(env, "token", "list", "--json").stdout)
+    assert listed[0]["principal"] == "agent:x" and "digest" not in listed[0] and bearer not in json.dumps(listed)
+    assert "revoked 1" in shoal(env, "token", "revoke", "agent:x").stdout
+    assert shoal(env, "token", "revoke", "agent:x", check=False).returncode != 0
+
+
+def test_kernel_status_stop_and_doctor(env):
+    assert shoal(env, "kernel", "status", check=False).returncode == 1
+    shoal(env, "kernel", "start")
+    status = json.loads(shoal(env, "kernel", "status", "--json").stdout)
+    assert status["running"] and status["framing_backend"] in ("cython", "python")
+    assert status["socket"] == env["SHOAL_SOCKET"] and status["pid"] > 0
+    doctor = json.loads(shoal(env, "doctor", "--json").stdout)
+    assert {c["check"] for c in doctor} >= {"bash", "tree-sitter-bash", "pyte", "socket"}
+    assert all(c["status"] != "fail" for c in doctor), doctor
+    shoal(env, "kernel", "stop")
+    assert not os.path.exists(env["SHOAL_SOCKET"])
+
+
+def test_plans_approve_deny_flow_as_local_human(env):
+    shoal(env, "kernel", "start")
+    from shoal_mcp.client import KernelClient
+
+    client = KernelClient(env["SHOAL_SOCKET"])
+    client.call("session.attach", {"session": "agent"})
+    plan = client.call("exec", {"src": "rm -rf /tmp/nothing-here", "mode": "plan"})
+    client.call("cap.request", {"plan_ref": plan["plan_ref"]})
+    listed = json.loads(shoal(env, "plans", "--json").stdout)
+    assert [p["plan_ref"] for p in listed] == [plan["plan_ref"]] and listed[0]["state"] == "requested"
+    assert "approved" in shoal(env, "approve", plan["plan_ref"]).stdout
+    other = client.call("exec", {"src": "rm -rf /tmp/other-thing", "mode": "plan"})
+    assert "denied" in shoal(env, "deny", other["plan_ref"]).stdout
+    assert shoal(env, "approve", other["plan_ref"], check=False).returncode == 2
+    client.close()
+
+
+def test_mcp_config_prints_three_forms(env):
+    out = shoal(env, "mcp-config").stdout
+    assert "claude mcp add shoal" in out
+    config = json.loads(out[out.index("{"):])
+    server = config["mcpServers"]["shoal"]
+    assert server["env"]["SHOAL_SOCKET"] == env["SHOAL_SOCKET"]
+
+
+def test_version_names_the_backend(env):
+    out = shoal(env, "--version").stdout
+    assert "framing:" in out
