@@ -28,6 +28,7 @@ from .jsonrpc import Notification, Response, parse_message, request
 from .paths import ensure_private_dir, socket_path, state_dir
 
 AUTOSTART_POLL_S = 0.05
+CLOSE_JOIN_S = 5.0
 
 
 class KernelLost(ConnectionError):
@@ -41,6 +42,7 @@ class KernelClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
         self.closed = threading.Event()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -56,14 +58,16 @@ class KernelClient:
 
     def start_call(self, method: str, params: dict | None = None) -> tuple[int, Future]:
         """Send a request now; the Future resolves to the result or raises RpcError."""
-        if self.closed.is_set():
-            raise KernelLost("the shoal kernel connection is closed")
         msg_id = next(self._ids)
         fut: Future = Future()
+        frame = encode_frame(request(msg_id, method, params or {}))
         with self._lock:
             self._pending[msg_id] = fut
         try:
-            self.writer.write_frame(encode_frame(request(msg_id, method, params or {})))
+            with self._io_lock:
+                if self.closed.is_set():
+                    raise OSError("the shoal kernel connection is closed")
+                self.writer.write_frame(frame)
         except OSError as exc:
             with self._lock:
                 self._pending.pop(msg_id, None)
@@ -81,14 +85,25 @@ class KernelClient:
             raise
 
     def close(self) -> None:
-        if self.closed.is_set():
-            return
+        """Shut down, let the reader thread finish, then release the fd.
+
+        Closing the fd while the reader may still be about to read it would let that
+        thread read from whatever socket reuses the fd number next and eat its replies.
+        """
         self.closed.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self.sock.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(CLOSE_JOIN_S)
+        self._release_fd()
+
+    def _release_fd(self) -> None:
+        # Under the I/O lock: no writer is between its closed-check and its write.
+        with self._io_lock:
+            self.closed.set()
+            self.sock.close()
 
     # -- demux ------------------------------------------------------------------------
 
@@ -106,6 +121,7 @@ class KernelClient:
         except OSError as exc:
             reason = f"lost the shoal kernel: {exc}"
         self._lost(reason)
+        self._release_fd()  # nothing reads this fd any more
 
     def _dispatch(self, frame: bytes) -> None:
         msg = parse_message(frame)

@@ -41,6 +41,7 @@ from .tools import TOOLS
 log = logging.getLogger("shoal.mcp")
 
 MAX_WORKERS = 64
+CANCEL_TIMEOUT_S = 5.0
 INSTRUCTIONS = (
     "shoal is a bash shell whose output never floods your context. shoal_exec runs a command and "
     "returns a bounded preview (first and last lines) plus a ref like out:3. Fetch exactly what you "
@@ -54,7 +55,7 @@ INSTRUCTIONS = (
 class InFlight:
     request_id: Any
     cancelled: bool = False
-    kernel: tuple[Any, int] | None = None  # (client, kernel request id) of a task-owning call
+    kernel: tuple[Any, int, Any] | None = None  # (client, kernel request id, its future) of a task-owning call
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -182,11 +183,23 @@ class McpServer:
             flight.cancelled = True
             target = flight.kernel
         if target is not None:
-            client, kernel_id = target
-            try:
-                client.start_call("task.cancel", {"call": kernel_id})
-            except KernelLost:
-                pass
+            self._start_cancel(*target)
+
+    def _start_cancel(self, client: Any, kernel_id: int, fut: Any) -> None:
+        # Its own thread: with every pool worker busy on a long call, a queued cancel
+        # would wait for one of them to finish.
+        threading.Thread(target=self._cancel_kernel_call, args=(client, kernel_id, fut),
+                         name="mcp-cancel", daemon=True).start()
+
+    @staticmethod
+    def _cancel_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
+        """Cancel the kernel task behind an in-flight exec (the kernel keeps early cancels)."""
+        if fut.done():
+            return
+        try:
+            client.call("task.cancel", {"call": kernel_id}, timeout=CANCEL_TIMEOUT_S)
+        except (RpcError, KernelLost, TimeoutError) as exc:
+            log.debug("cancel of kernel call %s: %s", kernel_id, exc)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -231,12 +244,12 @@ class McpServer:
                 self.notify("notifications/progress", {"progressToken": token, "progress": round(elapsed, 3),
                                                        "message": message})
 
-        def own_kernel_call(client: Any, kernel_id: int) -> None:
+        def own_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
             with flight.lock:
-                flight.kernel = (client, kernel_id)
+                flight.kernel = (client, kernel_id, fut)
                 cancelled = flight.cancelled
             if cancelled:
-                client.start_call("task.cancel", {"call": kernel_id})
+                self._start_cancel(client, kernel_id, fut)
 
         try:
             result = self.tools.run(params["name"], params.get("arguments") or {}, progress, own_kernel_call)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from ..constants import ErrorCode
 from ..errors import RpcError
 from .kernel_link import KernelLink
-from .resources import parse_uri, subscription_channel
+from .resources import parse_uri, subscription_channel, unknown
+from .resources_api import NOT_FOUND_CODES
 
 
 class Subscriptions:
@@ -32,7 +33,13 @@ class Subscriptions:
                 self._channels.clear()  # a new connection: old kernel subscriptions are gone
                 self._uris.clear()
             if channel not in self._channels:
-                result = self.link.events().call("events.subscribe", {"channel": channel})
+                try:
+                    result = self.link.events().call("events.subscribe", {"channel": channel})
+                except RpcError as exc:
+                    # No such PTY/task (or no such channel): the resource is unknown, as for reads.
+                    if exc.code in NOT_FOUND_CODES or exc.code == ErrorCode.INVALID_PARAMS:
+                        raise unknown(uri) from None
+                    raise
                 self._channels[channel] = result["subscription"]
             self._uris[uri] = channel
         return {}

@@ -30,7 +30,7 @@ class ToolRunner:
         name: str,
         args: dict,
         progress: Callable[[int | None], None] | None,
-        own_kernel_call: Callable[[Any, int], None],
+        own_kernel_call: Callable[[Any, int, Any], None],
     ) -> Any:
         tool = TOOLS_BY_NAME.get(name)
         if tool is None:
@@ -44,7 +44,7 @@ class ToolRunner:
         method, params = tool.to_kernel(args)
         client, kernel_id, fut = self.link.start_call(method, params)
         if tool.cancels_task:
-            own_kernel_call(client, kernel_id)
+            own_kernel_call(client, kernel_id, fut)
         if progress is None:
             return fut.result()
         while True:

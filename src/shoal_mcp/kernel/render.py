@@ -21,6 +21,11 @@ from .values import LinesView, Resolver, TextBlob, split_lines
 RENDER_TAIL_LINES = 10
 """Lines shown after the marker; the head count is ElideOptions.render_head."""
 MARKER_RESERVE = 512
+"""Bytes kept for the elision marker (it names the ref, the path and the URI)."""
+MIN_LINE_BYTES = 16
+"""Below this per shown line, fewer lines are shown instead of narrower ones."""
+MIN_TEXT_BUDGET = 256
+ELLIPSIS = "\u2026".encode()
 
 
 def _cut_bytes(text: str, limit: int) -> str:
@@ -41,7 +46,12 @@ class Renderer:
         self.base_path = base_path
 
     def render(self, node: Any) -> str:
+        """The render of ``node``, never over ``max_bytes`` (itself capped at 64 KiB)."""
         budget = min(self.opts.max_bytes, VALUE_HARD_CAP)
+        # Last line of defence only: the builders below already plan within the budget.
+        return bound_text(self._render(node, budget), budget, self.base_uri)
+
+    def _render(self, node: Any, budget: int) -> str:
         if isinstance(node, dict) and node.get("$") == "outcome":
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
@@ -70,8 +80,9 @@ class Renderer:
             err_tail = self._tail_text(err, STDERR_TAIL_BYTES)
             if err_tail:
                 tail += "\n" + err_tail
+        tail = _cut_bytes(tail, budget // 2)
         body_budget = budget - len(tail.encode()) - 1
-        body = self.text(out, [Field("out")], max(body_budget, 256))
+        body = self.text(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
         if failed:
             return (body + ("\n" if body and not body.endswith("\n") else "") + tail).strip("\n")
         return body
@@ -98,8 +109,12 @@ class Renderer:
         tail_n = RENDER_TAIL_LINES
         total = node.line_count() if isinstance(node, TextBlob) else len(split_lines(node))
         path = format_path(self.base_path + rel)
-        if total > head_n + tail_n:
-            per_line = max(64, (budget - MARKER_RESERVE) // max(1, head_n + tail_n))
+        avail = budget - MARKER_RESERVE
+        # As many head/tail lines as fit at MIN_LINE_BYTES each (a huge render_head shrinks).
+        while head_n + tail_n > 2 and avail // (head_n + tail_n) < MIN_LINE_BYTES:
+            head_n, tail_n = max(1, head_n * 3 // 4), max(1, tail_n * 3 // 4)
+        if total > head_n + tail_n and avail > 0:
+            per_line = avail // (head_n + tail_n) - 1 - len(ELLIPSIS)  # line + "…" + newline
             head, tail, elided_bytes = self._head_tail_lines(node, head_n, tail_n)
             sel = f"{path}.lines[{head_n}..{-tail_n}]"
             marker = (
@@ -110,7 +125,7 @@ class Renderer:
             parts = [_cut_bytes(x, per_line) for x in head] + [marker] + [_cut_bytes(x, per_line) for x in tail]
             return "\n".join(parts)
         # Few but long lines: show byte head and tail, point at raw pages.
-        half = max(64, (budget - MARKER_RESERVE) // 2)
+        half = max(MIN_LINE_BYTES, (budget - MARKER_RESERVE) // 2)
         if isinstance(node, TextBlob):
             head_s = node.read(0, half).decode("utf-8", "ignore")
             tail_s = node.read(max(0, node.size - half), None).decode("utf-8", "ignore")

@@ -49,15 +49,13 @@ def run_and_wait(call, src: str, effects: list[dict], params: dict, elide: Elide
     background = params.get("background", False)
     if background:
         kernel.check_task_quota(who)
-    task = kernel.start_exec(who, session, src, background, effects)
     if background:
-        return task_handle(task)
-    call.conn.inflight[call.id] = task
-    try:
-        timeout_ms = params.get("timeout_ms")
-        finished = task.done.wait(None if timeout_ms is None else timeout_ms / 1000)
-    finally:
-        call.conn.inflight.pop(call.id, None)
+        return task_handle(kernel.start_exec(who, session, src, background, effects))
+    task = kernel.start_exec(who, session, src, background, effects)
+    if call.slot is not None and call.slot.attach(task):
+        kernel.tasks.cancel(task)  # a cancel overtook the spawn
+    timeout_ms = params.get("timeout_ms")
+    finished = task.done.wait(None if timeout_ms is None else timeout_ms / 1000)
     if not finished:
         kernel.tasks.detach(task)
         return task_handle(task, timed_out=True)

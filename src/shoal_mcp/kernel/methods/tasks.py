@@ -29,20 +29,23 @@ CALL_ID = {"type": ["string", "integer"], "description": "id of an in-flight exe
 
 @method("task.get", obj({"task": TASK_ID, "call": CALL_ID}))
 def task_get(call, params):
-    return _task_or_call(call, params).record()
-
-
-def _task_or_call(call, params):
-    """The task named by ``task``, or the one behind in-flight request ``call``."""
     if "task" in params:
-        return _task(call, params)
-    if "call" in params:
-        task = call.conn.inflight.get(params["call"])
-        if task is None:
-            raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}",
-                           {"call": params["call"]})
-        return task
-    raise invalid_params("task", "required (or call)")
+        return _task(call, params).record()
+    task = _inflight(call, params).task
+    if task is None:
+        return {"call": params["call"], "state": "starting", "out_bytes": 0, "err_bytes": 0}
+    return task.record()
+
+
+def _inflight(call, params):
+    """The in-flight exec behind request id ``call`` on this connection."""
+    if "call" not in params:
+        raise invalid_params("task", "required (or call)")
+    slot = call.conn.inflight.get(params["call"])
+    if slot is None:
+        raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}",
+                       {"call": params["call"]})
+    return slot
 
 
 @method("task.await", obj({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",)), blocking=True)
@@ -57,7 +60,12 @@ def task_await(call, params):
 
 @method("task.cancel", obj({"task": TASK_ID, "call": CALL_ID}))
 def task_cancel(call, params):
-    task = _task_or_call(call, params)
+    if "task" in params:
+        task = _task(call, params)
+    else:
+        task = _inflight(call, params).request_cancel()
+        if task is None:  # not spawned yet: it is cancelled the moment it is
+            return {"call": params["call"], "state": "cancelled"}
     call.kernel.tasks.cancel(task)
     return {"task": task.ref, "state": task.state}
 

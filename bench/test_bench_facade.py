@@ -1,0 +1,204 @@
+"""Round-trip cost of ``shoal_exec "true"`` through shoal-mcp, against two baselines.
+
+* ``bare``: ``subprocess.run(["bash", "-c", "true"])`` in this process, the floor;
+* ``fastmcp``: a minimal MCP exec server on the SDK's MCPServer (bench/fastmcp_exec_server.py);
+* ``facade``: ``tools/call shoal_exec {"src": "true"}`` through shoal-mcp and a real kernel
+  (spawn, spool to CAS, journal row, transcript entry, render, bounded MCP result).
+
+Both MCP servers are driven identically: one already-initialized raw-pipe client reused
+across rounds (a request line out, the response line back), so the numbers measure the
+servers rather than a client library. Ratios of medians (facade/bare, facade/fastmcp) are
+printed at the end and written to bench/.results/facade.json.
+
+``SHOAL_BENCH_QUICK=1`` runs a handful of rounds (a smoke test of the bench itself).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / ".results" / "facade.json"
+QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
+ROUNDS = 5 if QUICK else 200
+WARMUP = 1 if QUICK else 10
+GROUP = "exec-true-round-trip"
+
+MEDIANS: dict[str, float] = {}
+
+
+class PipeClient:
+    """A synchronous MCP client over a server's stdio: one request, one reply line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        )
+        self._ids = itertools.count(1)
+        reply = self.request("initialize", {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "shoal-bench", "version": "0"},
+        })
+        assert "result" in reply, reply
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(orjson.dumps(message) + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict) -> dict:
+        msg_id = next(self._ids)
+        self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("server closed stdout")
+            message = orjson.loads(line)
+            if message.get("id") == msg_id and "method" not in message:
+                return message
+
+    def call_tool(self, name: str, arguments: dict) -> dict:
+        reply = self.request("tools/call", {"name": name, "arguments": arguments})
+        result = reply["result"]
+        assert result.get("isError") is False, result
+        return result
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def kernel_env():
+    tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-bench-"))
+    sock, state = tmp / "run" / "kernel.sock", tmp / "state"
+    env = dict(os.environ, SHOAL_SOCKET=str(sock), SHOAL_STATE_DIR=str(state), SHOAL_NO_AUTOSTART="1")
+    env.pop("SHOAL_TOKEN", None)
+    env.pop("SHOAL_SESSION", None)
+    kernel = subprocess.Popen(
+        [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(sock), "--state-dir", str(state)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 15
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(sock))
+            break
+        except OSError:
+            if kernel.poll() is not None or time.monotonic() > deadline:
+                kernel.kill()
+                raise RuntimeError("kernel did not start") from None
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    yield env
+    kernel.send_signal(signal.SIGTERM)
+    try:
+        kernel.wait(15)
+    except subprocess.TimeoutExpired:
+        kernel.kill()
+        kernel.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def facade(kernel_env):
+    client = PipeClient([sys.executable, "-m", "shoal_mcp.facade"], kernel_env)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def fastmcp():
+    client = PipeClient([sys.executable, str(HERE / "fastmcp_exec_server.py")], dict(os.environ))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ratio_report(request):
+    yield
+    if not {"bare", "fastmcp", "facade"} <= MEDIANS.keys():
+        return
+    ratios = {
+        "facade_over_bare": MEDIANS["facade"] / MEDIANS["bare"],
+        "facade_over_fastmcp": MEDIANS["facade"] / MEDIANS["fastmcp"],
+        "fastmcp_over_bare": MEDIANS["fastmcp"] / MEDIANS["bare"],
+    }
+    from shoal_mcp.framing import BACKEND
+
+    results = {
+        "what": 'median seconds per round trip of exec "true"',
+        "quick": QUICK,
+        "rounds": ROUNDS,
+        "framing_backend": BACKEND,
+        "medians_s": MEDIANS,
+        "ratios": ratios,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    lines = [f"{name:>8}: {MEDIANS[name] * 1e3:8.3f} ms median" for name in ("bare", "fastmcp", "facade")]
+    lines += [f"{name}: {value:.2f}" for name, value in ratios.items()]
+    lines.append(f"saved to {RESULTS}")
+    # Printed in the terminal summary, after pytest-benchmark's table (a late-registered
+    # plugin: bench/conftest.py belongs to the framing bench).
+    request.config.pluginmanager.register(_Summary(f"facade round-trip ratios (median, {BACKEND} framing)", lines))
+
+
+class _Summary:
+    def __init__(self, title: str, lines: list[str]) -> None:
+        self.title = title
+        self.lines = lines
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        terminalreporter.write_sep("-", self.title)
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+def _run(benchmark, name: str, fn) -> None:
+    benchmark.group = GROUP
+    benchmark.pedantic(fn, rounds=ROUNDS, iterations=1, warmup_rounds=WARMUP)
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None and getattr(stats, "stats", None) is not None:
+        MEDIANS[name] = stats.stats.median
+
+
+def test_bench_exec_true_bare(benchmark):
+    def bare():
+        subprocess.run(["bash", "-c", "true"], check=True)
+
+    _run(benchmark, "bare", bare)
+
+
+def test_bench_exec_true_fastmcp(benchmark, fastmcp):
+    _run(benchmark, "fastmcp", lambda: fastmcp.call_tool("exec", {"src": "true"}))
+
+
+def test_bench_exec_true_facade(benchmark, facade):
+    result = facade.call_tool("shoal_exec", {"src": "true"})
+    assert result["structuredContent"]["value"]["ok"] is True
+    _run(benchmark, "facade", lambda: facade.call_tool("shoal_exec", {"src": "true"}))
