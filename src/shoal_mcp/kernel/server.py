@@ -52,7 +52,7 @@ class Connection:
     oversize: int = 0
     closed: threading.Event = field(default_factory=threading.Event)
     subscriptions: dict[str, Any] = field(default_factory=dict)
-    inflight: dict[Any, Any] = field(default_factory=dict)  # request id -> Task (exec)
+    inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -73,24 +73,56 @@ class Connection:
             frame = encode_frame(
                 error_response(message.get("id"), ErrorCode.INTERNAL, "result too large for one frame")
             )
-        try:
-            self.writer.write_frame(frame)
-        except OSError:
-            self.closed.set()
-            return False
+        # Checked and written under ``lock``, which _close_conn also takes before closing
+        # the fd: a reply can never go to a recycled fd (another client's connection).
+        with self.lock:
+            if self.closed.is_set():
+                return False
+            try:
+                self.writer.write_frame(frame)
+            except OSError:
+                self.closed.set()
+                return False
         return True
 
     def notify_event(self, event: dict) -> None:
         self.send({"jsonrpc": "2.0", "method": "event", "params": event})
 
 
+class InflightCall:
+    """A blocking call known by its request id, from receipt to reply.
+
+    An exec attaches its task here once spawned; a ``task.cancel {call}`` that arrives
+    earlier is remembered and applied at the spawn.
+    """
+
+    def __init__(self) -> None:
+        self.task: Any = None
+        self.cancel_requested = False
+        self._lock = threading.Lock()
+
+    def attach(self, task: Any) -> bool:
+        """Record the spawned task; True when a cancel already arrived for it."""
+        with self._lock:
+            self.task = task
+            return self.cancel_requested
+
+    def request_cancel(self) -> Any:
+        """The task to cancel now, or None when not spawned yet (then cancelled on spawn)."""
+        with self._lock:
+            if self.task is None:
+                self.cancel_requested = True
+            return self.task
+
+
 @dataclass
 class Call:
-    """What a handler sees: the kernel, the connection, and the caller."""
+    """What a handler sees: the kernel, the connection, the caller and (if blocking) its slot."""
 
     kernel: Kernel
     conn: Connection
     id: Any
+    slot: InflightCall | None = None
 
     @property
     def who(self) -> Principal:
@@ -139,7 +171,9 @@ class KernelServer:
         with self._lock:
             conns = list(self.connections)
         for conn in conns:
-            _close_conn(conn)
+            # Shut down only: each reader thread wakes with EOF and closes its own fd in
+            # _cleanup, so no thread is left reading an fd number the OS may reuse.
+            _close_conn(conn, close_fd=False)
 
     # -- per connection -----------------------------------------------------------------
 
@@ -190,6 +224,8 @@ class KernelServer:
             )
             return
         if spec.blocking:
+            # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
+            conn.inflight[msg.id] = InflightCall()
             threading.Thread(
                 target=self._run, args=(conn, spec, msg), name=f"call-{msg.method}", daemon=True
             ).start()
@@ -202,7 +238,7 @@ class KernelServer:
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
             validate(params, spec.schema)
-            result = spec.func(Call(self.kernel, conn, msg.id), params)
+            result = spec.func(Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id)), params)
             reply = response(msg.id, result)
         except RpcError as exc:
             reply = error_response(msg.id, exc.code, exc.message, exc.data)
@@ -211,6 +247,8 @@ class KernelServer:
             reply = error_response(
                 msg.id, ErrorCode.INTERNAL, f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500]
             )
+        if spec.blocking:
+            conn.inflight.pop(msg.id, None)
         conn.send(reply)
 
     def _cleanup(self, conn: Connection) -> None:
@@ -228,16 +266,19 @@ class KernelServer:
             self.connections.discard(conn)
 
 
-def _close_conn(conn: Connection) -> None:
+def _close_conn(conn: Connection, close_fd: bool = True) -> None:
     conn.closed.set()
     try:
-        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.sock.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on a slow peer
     except OSError:
         pass
-    try:
-        conn.sock.close()
-    except OSError:
-        pass
+    if not close_fd:
+        return
+    with conn.lock:  # no send() is between its closed-check and its write
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
 
 
 def _refuse(sock: socket.socket) -> None:
