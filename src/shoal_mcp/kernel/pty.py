@@ -94,6 +94,7 @@ from ..constants import (
     ErrorCode,
 )
 from ..errors import RpcError, invalid_params
+from .termfilter import OscFilter
 
 __all__ = ["PtyManager", "encode_input", "KEY_NAMES"]
 
@@ -382,6 +383,7 @@ class _Pty:
         self.cmd = cmd
         self.screen = _Screen(cols, rows, PTY_SCROLLBACK_LINES)
         self.stream = pyte.ByteStream(self.screen)
+        self.osc_filter = OscFilter()  # pyte would buffer an unterminated OSC without bound
         self.lock = threading.Lock()  # screen, caches, version, exit, pending, closed
         self.write_lock = threading.Lock()  # whole `send`s never interleave
         self.reap_lock = threading.Lock()  # waitpid and signals to the child's group
@@ -928,7 +930,7 @@ class PtyManager:
             c = s.cursor
             before = (c.x, c.y, c.hidden)
             try:
-                p.stream.feed(data)
+                p.stream.feed(p.osc_filter.feed(data))
             except Exception as e:  # a malformed sequence must not stop the terminal
                 log.debug("%s: emulator error: %r", p.id, e)
             c = s.cursor
