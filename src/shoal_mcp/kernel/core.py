@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import orjson
+
 from .. import __version__
-from ..constants import DURABLE_CHANNELS, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP, ErrorCode
-from ..errors import RpcError
-from ..framing import BACKEND
+from ..constants import DURABLE_CHANNELS, VALUE_HARD_CAP, ErrorCode
+from ..errors import RpcError, is_disk_full, state_dir_full
+from ..framing import BACKEND, bound_text
 from ..paths import ensure_private_dir, local_principal
 from . import effects as effects_mod
 from .cas import ContentStore
@@ -37,6 +41,9 @@ from .transcript import TranscriptStore
 from .values import Resolver
 
 log = logging.getLogger(__name__)
+
+RAW_PAGE_RESERVE = 1024
+"""Room in a 64 KiB response for what surrounds a raw page (ref, uri, path, next)."""
 
 
 @dataclass
@@ -89,6 +96,9 @@ class Kernel:
         self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
         self.plans = PlanStore()
         self.ptys = PtyManager(on_screen_change=self._pty_event)
+        self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._quota_guard = threading.Lock()
+        self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._clean_spool()
 
     def _clean_spool(self) -> None:
@@ -119,8 +129,32 @@ class Kernel:
         self, who: Principal, session: Session, src: str, background: bool, effects: list[dict] | None = None
     ) -> Task:
         cwd, env = session.snapshot()
-        run = spawn(src, cwd, env, self.spool_dir)
-        return self.tasks.start(who.session, who.principal, src, run, background, effects or [])
+        if not background:
+            run = spawn(src, cwd, env, self.spool_dir)
+            return self.tasks.start(who.session, who.principal, src, run, background, effects or [])
+        # Check and start as one step per principal, so parallel calls cannot overshoot max_tasks.
+        with self.quota_lock(who.principal, "max_tasks"):
+            self.check_task_quota(who)
+            run = spawn(src, cwd, env, self.spool_dir)
+            return self.tasks.start(who.session, who.principal, src, run, background, effects or [])
+
+    def detach_task(self, who: Principal, task: Task) -> None:
+        """A foreground exec outlived its wait: it becomes a listed task within max_tasks.
+
+        Over the quota it is cancelled and -32031 raised instead, so timed-out (or
+        abandoned) foreground calls cannot pile up running commands past the quota.
+        """
+        with self.quota_lock(who.principal, "max_tasks"):
+            try:
+                self.check_task_quota(who)
+            except RpcError:
+                if not task.done.is_set():
+                    try:
+                        self.tasks.cancel(task)
+                    except RpcError:
+                        pass  # it finished meanwhile
+                raise
+            self.tasks.detach(task)
 
     # -- access, policy, plans ------------------------------------------------------------
 
@@ -175,7 +209,27 @@ class Kernel:
         self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
 
     def check_subscription_quota(self, who: Principal, current: int) -> None:
-        self.guard.check_quota(who.principal, "max_subscriptions", current)
+        """max_subscriptions counts the principal's subscriptions on every connection."""
+        with self._quota_guard:
+            total = len(self._subscriptions.get(who.principal, ()))
+        self.guard.check_quota(who.principal, "max_subscriptions", max(current, total))
+
+    def track_subscription(self, principal: str, sub_id: str, live: bool) -> None:
+        with self._quota_guard:
+            ids = self._subscriptions.setdefault(principal, set())
+            if live:
+                ids.add(sub_id)
+            else:
+                ids.discard(sub_id)
+
+    def quota_lock(self, principal: str, what: str) -> threading.Lock:
+        """Serialises one principal's check-then-create for quota ``what``."""
+        with self._quota_guard:
+            return self._quota_locks.setdefault((principal, what), threading.Lock())
+
+    def pty_count(self, principal: str) -> int:
+        """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""
+        return sum(1 for p in self.ptys.list(None) if p.get("owner", "").split("\x00", 1)[-1] == principal)
 
     def can_see_all_tasks(self, principal: str) -> bool:
         return self.guard.for_principal(principal).tasks_read == "all"
@@ -211,8 +265,20 @@ class Kernel:
         """Ingest the spools, store ``out:N``, journal it; runs once per task."""
         run: RunningCommand = task.run
         code = run.proc.returncode
-        out_info = self.cas.ingest(run.out_path)
-        err_info = self.cas.ingest(run.err_path)
+        try:
+            full = self._spool_full(run)
+            if full:
+                raise state_dir_full(full)
+            out_info = self.cas.ingest(run.out_path)
+            err_info = self.cas.ingest(run.err_path)
+        except BaseException as exc:
+            # Output that did not fit is incomplete: drop this run's spools so the
+            # space comes back and the kernel keeps serving (SPEC §4.11: clean -32603).
+            for path in (run.out_path, run.err_path, run.state_path):
+                path.unlink(missing_ok=True)
+            if is_disk_full(exc):
+                raise state_dir_full(f"cannot store output: {exc.strerror}") from exc
+            raise
         state = run.read_state()
         run.discard_state()
         dur_ns = (run.finished_ns or time.monotonic_ns()) - run.started_ns
@@ -265,6 +331,28 @@ class Kernel:
             "stored": {"out_len": out_info.size, "err_len": err_info.size},
         }
 
+    def _spool_full(self, run: RunningCommand) -> str | None:
+        """Why ``run``'s spooled output is incomplete for lack of room, or None.
+
+        The child's writes fail inside bash where the kernel cannot see them, so look
+        at the result: a file system left with no free block, or a spool that reached
+        this process's RLIMIT_FSIZE (the child was stopped by SIGXFSZ / EFBIG).
+        """
+        try:
+            st = os.statvfs(self.spool_dir)
+        except OSError:
+            return None
+        free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+        sizes = run.output_sizes()
+        if free == 0:
+            return (f"no space left on device while spooling output ({sizes[0]} bytes stdout, "
+                    f"{sizes[1]} bytes stderr written before it filled); the partial output was discarded")
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and max(sizes) >= limit:
+            return (f"output reached the file size limit (RLIMIT_FSIZE {limit} bytes); "
+                    "the partial output was discarded")
+        return None
+
     def exec_result(self, who: Principal, task: Task, elide: ElideOptions, started: float) -> dict:
         """``{ref, uri, value, render, elapsed_ms}`` for a finished task."""
         assert task.result is not None
@@ -289,10 +377,23 @@ class Kernel:
         return Selected(base_ref, base_uri, segments, selected)
 
     def encode(self, sel: Selected, elide: ElideOptions) -> dict:
-        return WireEncoder(elide, sel.base_uri, sel.path, self.resolver.hydrate).encode(sel.node)
+        # The encoder budgets values, not the previews inside refs (preview_chars x
+        # preview_items, render_head lines, JSON escapes up to 6x): enforce the hard cap
+        # on the result, retrying with smaller previews.
+        for opts in _shrinking(elide):
+            wire = WireEncoder(opts, sel.base_uri, sel.path, self.resolver.hydrate).encode(sel.node)
+            if len(orjson.dumps(wire)) <= VALUE_HARD_CAP:
+                return wire
+        path = format_path(sel.path)
+        return {"$": "ref", "uri": f"{sel.base_uri}?path={path}" if path else sel.base_uri}
 
     def render(self, sel: Selected, elide: ElideOptions) -> str:
-        return Renderer(elide, sel.ref, sel.base_uri, sel.path, self.resolver).render(sel.node)
+        # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
+        for opts in _shrinking(elide):
+            text = Renderer(opts, sel.ref, sel.base_uri, sel.path, self.resolver).render(sel.node)
+            if len(orjson.dumps(text)) <= VALUE_HARD_CAP:
+                return text
+        return bound_text(text, VALUE_HARD_CAP // 7, sel.base_uri)  # even all-escapes fit
 
     def raw(self, sel: Selected, offset: int, length: int | None, elide: ElideOptions) -> dict:
         length = elide.max_bytes_raw if length is None else length
@@ -300,7 +401,8 @@ class Kernel:
         length = max(1, min(length, VALUE_HARD_CAP * 3 // 4))
         page_uri = f"{sel.base_uri}?path={format_path(sel.path)}"
         page = raw_page(sel.node, offset, length, page_uri)
-        while len(page.get("raw", "").encode()) * 2 > VALUE_HARD_CAP and length > ELIDE_MAX_BYTES_RAW:
+        # JSON escapes can grow text up to 6x (control characters): measure, then shrink.
+        while len(orjson.dumps(page)) > VALUE_HARD_CAP - RAW_PAGE_RESERVE and length > 1:
             length //= 2
             page = raw_page(sel.node, offset, length, page_uri)
         return page
@@ -322,6 +424,8 @@ class Kernel:
         )
 
     def _out(self, who: Principal, n: int) -> tuple[str, str, list[Segment], Any]:
+        if n >= 2**63:  # beyond SQLite INTEGER: no such value (not an OverflowError)
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref out:{n}"[:200], {"ref": f"out:{n}"[:200]})
         owner, value = self.transcript.get(who.session, n)
         if owner != who.principal and not self.journal_read_all(who.principal):
             # Another principal's value in a shared session: as unknown as a missing one.
@@ -367,6 +471,16 @@ class Kernel:
         if out_only:
             return task.ref, f"shoal://task/{task.id}/out", [], live["out"]
         return task.ref, f"shoal://task/{task.id}", [], live
+
+
+def _shrinking(elide: ElideOptions):
+    """``elide``, then ever smaller previews and budgets, for results over the hard cap."""
+    yield elide
+    opts = replace(elide, preview_items=min(elide.preview_items, 5), preview_chars=min(elide.preview_chars, 256),
+                   render_head=min(elide.render_head, 10))
+    for max_bytes in (elide.max_bytes, VALUE_HARD_CAP // 4, VALUE_HARD_CAP // 16):
+        yield replace(opts, max_bytes=max(256, min(max_bytes, elide.max_bytes)))
+    yield replace(opts, max_bytes=256, preview_items=0, preview_chars=0, render_head=0)
 
 
 __all__ = ["Kernel", "KernelConfig", "Principal", "Selected", "bad_selection"]

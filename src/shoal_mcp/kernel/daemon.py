@@ -65,11 +65,28 @@ def probe_socket(path: Path) -> str:
         probe.close()
 
 
-def check_socket_dir(directory: Path) -> None:
-    ensure_private_dir(directory)
-    st = os.stat(directory)
+def check_private_dir(directory: Path, what: str) -> Path:
+    """Create ``directory`` 0700, or tighten an existing one of ours.
+
+    A foreign or shared directory (sticky or world-writable, e.g. ``--socket /tmp/k.sock``)
+    is refused before anything is changed: as root, chmod-ing /tmp to 0700 would break
+    every other user of the machine.
+    """
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return ensure_private_dir(directory)
     if st.st_uid != os.geteuid():
-        raise StartRefused(f"socket directory {directory} belongs to uid {st.st_uid}")
+        raise StartRefused(f"{what} {directory} belongs to uid {st.st_uid}")
+    if st.st_mode & (stat.S_ISVTX | stat.S_IWOTH):
+        raise StartRefused(
+            f"{what} {directory} is shared (mode {stat.S_IMODE(st.st_mode):o}); use a private subdirectory"
+        )
+    return ensure_private_dir(directory)
+
+
+def check_socket_dir(directory: Path) -> None:
+    check_private_dir(directory, "socket directory")
 
 
 def bind_listener(path: Path) -> socket.socket:
@@ -95,8 +112,8 @@ def setup_logging(state: Path, level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sock_path = socket_path(args.socket)
-    state = ensure_private_dir(state_dir(args.state_dir))
     try:
+        state = check_private_dir(state_dir(args.state_dir), "state directory")
         check_socket_dir(sock_path.parent)
     except (StartRefused, OSError) as exc:
         print(f"shoal-kernel: {exc}", file=sys.stderr)
@@ -105,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        # Another kernel holds the lock. If it already serves the socket this is a start
+        # over a live listener (refused, status 2); if it is still starting we merely lost
+        # the start-up race (status 0) — docs/decisions.md.
+        os.close(lock_fd)
+        try:
+            live = probe_socket(sock_path) == "live"
+        except StartRefused:
+            live = False
+        if live:
+            print(f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr)
+            return EXIT_REFUSED
         print("shoal-kernel: another kernel holds the lock; exiting", file=sys.stderr)
         return EXIT_OK
     try:
@@ -122,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) -> int:
+    from . import methods  # noqa: F401 - registers every handler
     from .core import Kernel, KernelConfig
     from .server import KernelServer
-    from . import methods  # noqa: F401 - registers every handler
 
     policy = Path(args.policy) if args.policy else (state / "policy.toml")
     config = KernelConfig(

@@ -154,10 +154,22 @@ class TaskManager:
             return sum(1 for t in self._tasks.values() if not t.done.is_set())
 
     def running_count(self, principal: str) -> int:
+        """Unfinished *listed* tasks (background or detached) of ``principal``: the
+        ``max_tasks`` quota. Foreground execs still being waited for do not count, so
+        concurrent foreground calls never make a background start fail."""
         with self._lock:
-            return sum(1 for t in self._tasks.values() if t.principal == principal and not t.done.is_set())
+            return sum(1 for t in self._tasks.values()
+                       if t.principal == principal and t.listed and not t.done.is_set())
 
     # -- control --------------------------------------------------------------------------
+
+    def forget(self, task: Task) -> None:
+        """Drop a finished, unlisted (foreground) task: nothing can look it up any more."""
+        with task.lock:
+            if not task.done.is_set() or task.listed:
+                return
+        with self._lock:
+            self._tasks.pop(task.id, None)
 
     def detach(self, task: Task) -> None:
         """A foreground exec ran past its wait budget: it becomes a listed task."""

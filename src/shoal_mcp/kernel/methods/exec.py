@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 
 from ...constants import STDERR_TAIL_BYTES, ErrorCode
-from ...errors import RpcError
+from ...errors import RpcError, invalid_params
 from ..elision import ELIDE_SCHEMA, ElideOptions
 from ..registry import BOOL, TIMEOUT_MS, method, obj
+
+DISCONNECT_POLL_S = 0.25
+"""How often a foreground exec checks that its caller is still connected."""
 
 SRC = {"type": "string", "maxLength": 1 << 20, "description": "bash source"}
 
@@ -33,6 +36,8 @@ def exec_(call, params):
     kernel = call.kernel
     who = call.who
     src = params["src"]
+    if "\x00" in src:  # bash -c cannot take a NUL byte; say so instead of failing inside spawn
+        raise invalid_params("src", "must not contain NUL characters")
     elide = ElideOptions.from_params(params.get("elide"))
     if params.get("mode", "run") == "plan":
         return kernel.plan(who, src)
@@ -55,11 +60,25 @@ def run_and_wait(call, src: str, effects: list[dict], params: dict, elide: Elide
     if call.slot is not None and call.slot.attach(task):
         kernel.tasks.cancel(task)  # a cancel overtook the spawn
     timeout_ms = params.get("timeout_ms")
-    finished = task.done.wait(None if timeout_ms is None else timeout_ms / 1000)
-    if not finished:
-        kernel.tasks.detach(task)
-        return task_handle(task, timed_out=True)
-    return finished_result(kernel, who, task, elide, started, params.get("position", "stmt"))
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while True:
+        step = DISCONNECT_POLL_S
+        if deadline is not None:
+            step = min(step, max(0.0, deadline - time.monotonic()))
+        if task.done.wait(step):
+            break
+        if call.conn.closed.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            # Past the wait budget, or the caller hung up (nobody will read the reply): the
+            # command keeps running as a listed task, visible in task.list and cancellable,
+            # instead of an unlisted process nobody can name.
+            kernel.detach_task(who, task)  # within max_tasks, else cancelled + -32031
+            return task_handle(task, timed_out=True)
+    try:
+        return finished_result(kernel, who, task, elide, started, params.get("position", "stmt"))
+    finally:
+        # A finished foreground exec is never named again (its value is out:N in the
+        # transcript): drop the task record so the kernel's memory stays flat.
+        kernel.tasks.forget(task)
 
 
 def finished_result(kernel, who, task, elide: ElideOptions, started: float, position: str) -> dict:

@@ -14,6 +14,17 @@ def _task(call, params):
                                  see_all=call.kernel.can_see_all_tasks(call.who.principal))
 
 
+def _steerable(call, params):
+    """The task, if the caller may control it: tasks_read = all lets one see others'
+    tasks, not cancel or stop them; only the creator or an approver may."""
+    task = _task(call, params)
+    who = call.who.principal
+    if task.principal != who and not call.kernel.guard.for_principal(who).approver:
+        raise RpcError(ErrorCode.DENIED, f"{task.ref} belongs to {task.principal}; only it or an approver may control it",
+                       {"task": task.ref, "principal": task.principal})
+    return task
+
+
 @method("task.list", obj({"state": {"type": "string", "enum": ["running", "completed", "failed", "cancelled", "suspended"]}}))
 def task_list(call, params):
     tasks = call.kernel.tasks.list(call.who.session, call.who.principal,
@@ -61,7 +72,7 @@ def task_await(call, params):
 @method("task.cancel", obj({"task": TASK_ID, "call": CALL_ID}))
 def task_cancel(call, params):
     if "task" in params:
-        task = _task(call, params)
+        task = _steerable(call, params)
     else:
         task = _inflight(call, params).request_cancel()
         if task is None:  # not spawned yet: it is cancelled the moment it is
@@ -72,13 +83,13 @@ def task_cancel(call, params):
 
 @method("task.suspend", obj({"task": TASK_ID}, ("task",)))
 def task_suspend(call, params):
-    task = _task(call, params)
+    task = _steerable(call, params)
     call.kernel.tasks.suspend(task)
     return {"task": task.ref, "state": task.state}
 
 
 @method("task.resume", obj({"task": TASK_ID}, ("task",)))
 def task_resume(call, params):
-    task = _task(call, params)
+    task = _steerable(call, params)
     call.kernel.tasks.resume(task)
     return {"task": task.ref, "state": task.state}
