@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from .constants import ErrorCode
@@ -30,4 +31,21 @@ def invalid_params(field: str, why: str) -> RpcError:
     """-32602 naming the bad field, the shape every validator uses."""
     return RpcError(
         ErrorCode.INVALID_PARAMS, f"invalid params: {field}: {why}", {"field": field, "reason": why}
+    )
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError meaning "no room left" (full disk, file size limit, quota)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def state_dir_full(reason: str) -> RpcError:
+    """-32603 for a write the state dir had no room for; the kernel keeps serving."""
+    return RpcError(
+        ErrorCode.INTERNAL,
+        f"state dir full: {reason}",
+        {"reason": reason, "hint": "free space in the shoal state directory, then retry"},
     )

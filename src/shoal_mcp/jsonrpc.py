@@ -145,25 +145,79 @@ def notification(method: str, params: Any = None) -> dict:
     return out
 
 
-# An id member that appears before any params/result payload in the frame's head.
-_ID_RE = re.compile(rb'"id"\s*:\s*(-?\d+(?:\.\d+)?|"(?:[^"\\]|\\.){0,256}")')
-_PAYLOAD_RE = re.compile(rb'"(?:params|result|error)"\s*:')
+# One JSON token of a frame head: a complete string, a structural character, a bare
+# literal (number, true, false, null), or anything else (an unterminated string...).
+_TOKEN_RE = re.compile(rb'\s*(?:("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^\s"{}\[\]:,]+)|(.))', re.S)
 
 
 def recover_id(head: bytes) -> Any:
     """The request id from the head of an oversize frame, or NO_ID when not recoverable.
 
-    Only an ``"id"`` member that comes before the payload members is trusted, so an
-    ``"id"`` key nested inside params is never mistaken for the request's own.
+    The head is tokenised with nesting tracked, so only a member ``"id"`` of the
+    top-level object counts (an ``"id"`` inside params, or inside any nested value, is
+    never mistaken for the request's own). A number is trusted only once the token after
+    it is in the head (the head may cut ``1234`` to ``12``; ``1e5`` is read whole). No
+    id, two top-level ids, or a head that is not a JSON object → NO_ID. Linear in the
+    head: scanning stops at the first token that cannot continue a valid object.
     """
-    match = _ID_RE.search(head)
-    if not match:
-        return NO_ID
-    payload = _PAYLOAD_RE.search(head)
-    if payload and payload.start() < match.start():
+    depth = 0
+    state = "open"  # open | key | colon | value | after
+    is_id = False
+    pending: bytes | None = None  # a number/literal id waiting for its terminator
+    found: list[bytes] = []
+    for match in _TOKEN_RE.finditer(head):
+        string, punct, literal, junk = match.groups()
+        if junk is not None:
+            break
+        if depth == 0:
+            if state != "open" or punct != b"{":
+                break
+            depth, state = 1, "key"
+        elif depth > 1:
+            if punct in (b"{", b"["):
+                depth += 1
+            elif punct in (b"}", b"]"):
+                depth -= 1
+                if depth == 1:
+                    state = "after"
+        elif state == "key":
+            if string is None:
+                break
+            try:
+                is_id = orjson.loads(string) == "id"
+            except orjson.JSONDecodeError:
+                break
+            state = "colon"
+        elif state == "colon":
+            if punct != b":":
+                break
+            state = "value"
+        elif state == "value":
+            if punct in (b"{", b"["):
+                depth += 1
+                state = "nested"
+                if is_id:
+                    found.append(b"")  # an object/array id: counted, never valid
+            elif punct is not None:
+                break
+            elif is_id and string is not None:
+                found.append(string)
+            elif is_id:
+                pending = literal
+            state = "after" if state == "value" else state
+        elif state == "after":
+            if punct not in (b",", b"}"):
+                break
+            if pending is not None:
+                found.append(pending)
+                pending = None
+            if punct == b"}":
+                break
+            state = "key"
+    if len(found) != 1:
         return NO_ID
     try:
-        value = orjson.loads(match.group(1))
+        value = orjson.loads(found[0])
     except orjson.JSONDecodeError:
         return NO_ID
     return value if _valid_id(value) else NO_ID

@@ -21,18 +21,24 @@ class Subscriptions:
     def __init__(self, link: KernelLink, notify: Callable[[str, dict], None]) -> None:
         self.link = link
         self.notify = notify
+        # _lock guards the two maps and is never held across a kernel call: on_event runs
+        # on the events connection's demux thread, which is also the thread that delivers
+        # the reply a subscribe/unsubscribe waits for. _ops serialises those calls.
         self._lock = threading.Lock()
+        self._ops = threading.Lock()
         self._uris: dict[str, str] = {}  # uri -> channel
         self._channels: dict[str, str] = {}  # channel -> kernel subscription id
 
     def subscribe(self, params: dict) -> dict:
         uri = _uri(params)
         channel = subscription_channel(parse_uri(uri))
-        with self._lock:
-            if not self.link.events_alive():
-                self._channels.clear()  # a new connection: old kernel subscriptions are gone
-                self._uris.clear()
-            if channel not in self._channels:
+        with self._ops:
+            with self._lock:
+                if not self.link.events_alive():
+                    self._channels.clear()  # a new connection: old kernel subscriptions are gone
+                    self._uris.clear()
+                needed = channel not in self._channels
+            if needed:
                 try:
                     result = self.link.events().call("events.subscribe", {"channel": channel})
                 except RpcError as exc:
@@ -40,24 +46,27 @@ class Subscriptions:
                     if exc.code in NOT_FOUND_CODES or exc.code == ErrorCode.INVALID_PARAMS:
                         raise unknown(uri) from None
                     raise
-                self._channels[channel] = result["subscription"]
-            self._uris[uri] = channel
+                with self._lock:
+                    self._channels[channel] = result["subscription"]
+            with self._lock:
+                self._uris[uri] = channel
         return {}
 
     def unsubscribe(self, params: dict) -> dict:
         uri = _uri(params)
-        with self._lock:
-            channel = self._uris.pop(uri, None)
-            if channel is None:
-                return {}
-            if channel in self._uris.values():
-                return {}
-            sub_id = self._channels.pop(channel, None)
-        if sub_id is not None and self.link.events_alive():
-            try:
-                self.link.events().call("events.unsubscribe", {"subscription": sub_id})
-            except RpcError:
-                pass
+        with self._ops:
+            with self._lock:
+                channel = self._uris.pop(uri, None)
+                if channel is None:
+                    return {}
+                if channel in self._uris.values():
+                    return {}
+                sub_id = self._channels.pop(channel, None)
+            if sub_id is not None and self.link.events_alive():
+                try:
+                    self.link.events().call("events.unsubscribe", {"subscription": sub_id})
+                except RpcError:
+                    pass
         return {}
 
     def on_event(self, event: dict) -> None:

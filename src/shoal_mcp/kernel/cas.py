@@ -19,7 +19,7 @@ from typing import Protocol
 import blake3
 
 from ..constants import ErrorCode, MiB
-from ..errors import RpcError
+from ..errors import RpcError, is_disk_full, state_dir_full
 from ..framing import count_lines
 from .store import Database
 
@@ -119,16 +119,25 @@ class ContentStore:
             lines += 1
         info = BlobInfo(hasher.hexdigest(), size, lines, chars if utf8 else None, utf8)
         target = self.path_of(info.hash)
-        if target.exists():
-            os.unlink(spool)
-        else:
-            target.parent.mkdir(exist_ok=True, mode=0o700)
-            os.replace(spool, target)
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
-                (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
-            )
+        placed = False
+        try:
+            if target.exists():
+                os.unlink(spool)
+            else:
+                target.parent.mkdir(exist_ok=True, mode=0o700)
+                os.replace(spool, target)
+                placed = True
+            with self.db.transaction() as conn:
+                conn.execute(
+                    "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
+                    (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
+                )
+        except BaseException as exc:
+            if placed:  # never leave a blob on disk that no row describes
+                target.unlink(missing_ok=True)
+            if is_disk_full(exc):
+                raise state_dir_full(f"cannot store output blob: {exc.strerror}") from exc
+            raise
         return info
 
     def info(self, digest: str) -> BlobInfo:

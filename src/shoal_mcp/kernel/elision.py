@@ -8,8 +8,8 @@ their largest children up as refs first, then themselves, so the result always f
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, fields
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson

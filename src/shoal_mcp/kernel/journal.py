@@ -93,12 +93,13 @@ class Journal:
         """
         where: list[str] = []
         args: list[Any] = []
+        # ts is REAL: bind floats, so a JSON integer past 64 bits cannot overflow SQLite.
         if since is not None:
             where.append("ts >= ?")
-            args.append(since)
+            args.append(float(since))
         if until is not None:
             where.append("ts <= ?")
-            args.append(until)
+            args.append(float(until))
         if principal is not None:
             where.append("principal = ?")
             args.append(principal)

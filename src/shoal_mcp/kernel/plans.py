@@ -108,10 +108,30 @@ class PlanStore:
             ]
         return sorted((p for p in plans if state is None or p.state == state), key=lambda p: p.created)
 
+    def claim(self, plan: Plan) -> str:
+        """Mark ``plan`` applied, atomically, so concurrent applies run it once; returns
+        the state it had. Denied and applied plans raise -32010."""
+        with self._lock:
+            if plan.state == DENIED:
+                raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
+            if plan.state == APPLIED:
+                raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
+            previous, plan.state = plan.state, APPLIED
+            return previous
+
+    def unclaim(self, plan: Plan, previous: str) -> None:
+        """Undo ``claim`` when nothing was started (e.g. the task quota refused it)."""
+        with self._lock:
+            if plan.state == APPLIED:
+                plan.state = previous
+
     @staticmethod
     def request(plan: Plan) -> None:
         if plan.state == DENIED:
             raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
+        if plan.verdict == "deny":
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
+                           {"plan_ref": plan.ref, "reasons": plan.reasons})
         if plan.state in (PENDING,):
             plan.state = REQUESTED
 
@@ -125,6 +145,9 @@ class PlanStore:
             plan.state = DENIED
             plan.decided_by = approver
             return
+        if plan.verdict == "deny":  # deny beats ask beats allow: no approval overrides the policy
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
+                           {"plan_ref": plan.ref, "reasons": plan.reasons})
         needed = plan.effect_kinds()
         granted = set(kinds) if kinds is not None else needed
         missing = needed - granted

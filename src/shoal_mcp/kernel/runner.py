@@ -17,8 +17,12 @@ from pathlib import Path
 
 from ..constants import CANCEL_GRACE_S, ErrorCode
 from ..errors import RpcError
+from ..framing import write_all
 
 BASH_ARGV = ["bash", "--noprofile", "--norc", "-c"]
+MAX_ARG_BYTES = 120 * 1024
+"""Longest script passed as the ``-c`` argument (Linux caps one argv string at 128 KiB);
+longer sources are read by bash from a descriptor (``. /dev/fd/N``)."""
 
 
 def _prelude(fd: int) -> str:
@@ -127,14 +131,26 @@ def spawn(src: str, cwd: str, env: dict[str, str], spool_dir: Path) -> RunningCo
             fds.append(fd)
             paths.append(Path(name))
         out_fd, err_fd, state_fd = fds
+        script = _prelude(state_fd) + src
+        pass_fds = [state_fd]
+        if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
+            # Too long for one argv string (E2BIG): bash reads the source from an
+            # inherited descriptor of an already unlinked file instead.
+            src_fd, src_name = tempfile.mkstemp(prefix="run-", suffix=".src", dir=spool_dir)
+            fds.append(src_fd)
+            os.unlink(src_name)
+            write_all(src_fd, src.encode("utf-8", "surrogatepass"))
+            os.lseek(src_fd, 0, os.SEEK_SET)
+            pass_fds.append(src_fd)
+            script = _prelude(state_fd) + f". /dev/fd/{src_fd}"
         proc = subprocess.Popen(
-            [*BASH_ARGV, _prelude(state_fd) + src],
+            [*BASH_ARGV, script],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out_fd,
             stderr=err_fd,
-            pass_fds=(state_fd,),
+            pass_fds=tuple(pass_fds),
             start_new_session=True,
             close_fds=True,
         )

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import state_dir_full
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
     hash TEXT PRIMARY KEY,
@@ -56,47 +58,123 @@ CREATE TABLE IF NOT EXISTS sessions (
 
 
 class Database:
-    """Thread-local connections to one SQLite file."""
+    """A bounded pool of connections to one SQLite file, leased per operation.
+
+    A connection is leased by the calling thread for one ``transaction()`` or
+    ``query()`` (re-entrant on that thread) and then returned to the pool, so the
+    kernel's short-lived call and task threads never leave connections (and their file
+    descriptors and page caches) behind. At most ``MAX_OPEN`` are open at once (a
+    caller waits for a free one: leases last one statement or one short transaction,
+    and SQLite has one writer anyway), which also bounds the db fds SQLite keeps open
+    for reuse after a close while other connections hold locks on the file.
+    """
+
+    MAX_OPEN = 8
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._idle: list[sqlite3.Connection] = []
+        self._leased: set[sqlite3.Connection] = set()
         self._all_lock = threading.Lock()
-        self.conn().executescript(SCHEMA)  # executescript manages its own transaction
+        self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
+        self._closed = False
+        with self._lease() as conn:
+            conn.executescript(SCHEMA)  # executescript manages its own transaction
 
-    def conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
+        except sqlite3.Error:
+            conn.close()
+            raise
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def _lease(self) -> Iterator[sqlite3.Connection]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:  # nested use on the same thread shares the lease
+            yield conn
+            return
+        self._slots.acquire()
+        try:
             with self._all_lock:
-                self._all.append(conn)
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = _translate(self._connect)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._all_lock:
+            self._leased.add(conn)
+        self._local.conn = conn
+        try:
+            yield conn
+        finally:
+            self._local.conn = None
+            with self._all_lock:
+                self._leased.discard(conn)
+                keep = not self._closed and not conn.in_transaction
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+            self._slots.release()
+
+    def conn(self) -> sqlite3.Connection:
+        """The connection this thread currently leases (only inside an operation)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            raise RuntimeError("Database.conn() outside transaction()/query()")
         return conn
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE … COMMIT, so read-modify-write sequences are atomic."""
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        """BEGIN IMMEDIATE … COMMIT, so read-modify-write sequences are atomic.
+
+        A failed COMMIT (e.g. the disk is full) rolls back, so the connection goes back
+        to the pool without a write lock; SQLITE_FULL becomes a clean -32603.
+        """
+        with self._lease() as conn:
+            _translate(conn.execute, "BEGIN IMMEDIATE")
+            try:
+                yield conn
+                _translate(conn.execute, "COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                raise
 
     def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
-        return self.conn().execute(sql, params).fetchall()
+        with self._lease() as conn:
+            return _translate(lambda: conn.execute(sql, params).fetchall())
 
     def close(self) -> None:
         with self._all_lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
+            self._closed = True
+            conns = self._idle + list(self._leased)
+            self._idle.clear()
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+
+_SQLITE_FULL = 13
+
+
+def _translate(func, *args):
+    """Run ``func``; a full disk (SQLITE_FULL) becomes RpcError -32603 with a reason."""
+    try:
+        return func(*args)
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(exc):
+            raise state_dir_full(str(exc)) from exc
+        raise

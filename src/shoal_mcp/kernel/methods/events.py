@@ -40,12 +40,22 @@ def events_subscribe(call, params):
     validate_channel(channel)
     kernel = call.kernel
     kernel.check_channel_access(call.who, channel)
-    kernel.check_subscription_quota(call.who, len(call.conn.subscriptions))
+    principal = call.who.principal
     subs = call.conn.subscriptions
-    sub = kernel.events.subscribe(
-        channel, params.get("since"), call.conn.notify_event, on_close=lambda s: subs.pop(s.id, None)
-    )
-    call.conn.subscriptions[sub.id] = sub
+
+    def closed(s) -> None:
+        subs.pop(s.id, None)
+        kernel.track_subscription(principal, s.id, live=False)
+
+    # max_subscriptions is per principal (all its connections); check and subscribe as one step.
+    with kernel.quota_lock(principal, "max_subscriptions"):
+        kernel.check_subscription_quota(call.who, len(subs))
+        sub = kernel.events.subscribe(channel, params.get("since"), call.conn.notify_event, on_close=closed)
+        kernel.track_subscription(principal, sub.id, live=True)
+    subs[sub.id] = sub
+    if sub.closed or call.conn.closed.is_set():  # closed meanwhile: give the slot back
+        sub.close()
+        kernel.track_subscription(principal, sub.id, live=False)
     return {"subscription": sub.id, "channel": channel}
 
 

@@ -57,8 +57,23 @@ def plan_apply(call, params):
         if verdict.verdict != "allow":
             raise RpcError(ErrorCode.APPROVAL_REQUIRED, "approval required",
                            {"plan_ref": plan.ref, "uri": plan.uri, "effects": plan.effects, "state": plan.state})
-    plan.state = APPLIED
-    return run_and_wait(call, plan.src, plan.effects, params, ElideOptions.from_params(params.get("elide")), time.time())
+    else:
+        # The approval covers the effects derived in the plan's cwd and env; if the session
+        # moved since (cd, export, HOME), the same source would touch other things.
+        analysis, cwd = kernel.analyze(call.who, plan.src)
+        if cwd != plan.cwd or analysis.effects != plan.effects:
+            raise RpcError(ErrorCode.APPROVAL_REQUIRED,
+                           "the session's cwd or environment changed since this plan was approved; plan it again",
+                           {"plan_ref": plan.ref, "uri": plan.uri, "effects": analysis.effects, "cwd": cwd,
+                            "plan_cwd": plan.cwd, "state": plan.state})
+    previous = kernel.plans.claim(plan)  # atomic: concurrent applies run it once
+    try:
+        return run_and_wait(call, plan.src, plan.effects, params, ElideOptions.from_params(params.get("elide")),
+                            time.time())
+    except RpcError as exc:
+        if exc.code == ErrorCode.QUOTA and params.get("background"):
+            kernel.plans.unclaim(plan, previous)  # refused before anything started
+        raise
 
 
 @method("cap.request", obj({"plan_ref": PLAN_REF, "effects": KINDS}, ("plan_ref",)))
@@ -68,7 +83,9 @@ def cap_request(call, params):
     PlanStore.request(plan)
     kernel.events.publish("approval", {"kind": "requested", "plan_ref": plan.ref, "principal": plan.principal,
                                        "session": plan.session, "src": plan.src[:512],
-                                       "effects": params.get("effects") or sorted(plan.effect_kinds())})
+                                       # what the plan really does, never what the caller claims
+                                       "effects": sorted(plan.effect_kinds()),
+                                       "requested_effects": params.get("effects") or sorted(plan.effect_kinds())})
     return {"plan_ref": plan.ref, "state": "approval_pending" if plan.state != APPROVED else APPROVED}
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from ...constants import PTY_MAX_DIM, PTY_MIN_DIM
+from ...errors import invalid_params
 from ..core import owner_key
 from ..registry import NONEMPTY, method, obj
 
 DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
 PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 INPUT = {
     "anyOf": [
         {"type": "string"},
@@ -37,21 +40,31 @@ def pty_open(call, params):
     kernel = call.kernel
     who = call.who
     argv = [params["cmd"], *params.get("args", [])]
-    kernel.gate_exec(who, shlex.join(argv))  # spawning a PTY is policy-gated like exec
+    variables = params.get("env", {})
+    for name, value in variables.items():
+        if not ENV_NAME.fullmatch(name):
+            raise invalid_params(f"env.{name[:64]}", "must be a shell variable name")
+        if "\x00" in value:
+            raise invalid_params(f"env.{name}", "must not contain NUL characters")
+    # Spawning a PTY is policy-gated like exec, and its env like `NAME=value cmd` (env_write):
+    # LD_PRELOAD, PATH or BASH_ENV must not slip past the grants.
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in variables.items()]
+    kernel.gate_exec(who, " ".join([*assignments, shlex.join(argv)]))
     owner = owner_key(who)
-    kernel.guard.check_quota(who.principal, "max_ptys", kernel.ptys.count(owner))
-    session = kernel.sessions.get_or_create(who.session)
-    cwd, env = session.snapshot()
-    env.update(params.get("env", {}))
-    return kernel.ptys.open(
-        cmd=params["cmd"],
-        args=params.get("args"),
-        cols=params.get("cols", 80),
-        rows=params.get("rows", 24),
-        env=env,
-        cwd=cwd,
-        owner=owner,
-    )
+    with kernel.quota_lock(who.principal, "max_ptys"):  # check and open as one step
+        kernel.guard.check_quota(who.principal, "max_ptys", kernel.pty_count(who.principal))
+        session = kernel.sessions.get_or_create(who.session)
+        cwd, env = session.snapshot()
+        env.update(variables)
+        return kernel.ptys.open(
+            cmd=params["cmd"],
+            args=params.get("args"),
+            cols=params.get("cols", 80),
+            rows=params.get("rows", 24),
+            env=env,
+            cwd=cwd,
+            owner=owner,
+        )
 
 
 @method("pty.send", obj({"pty_id": PTY_ID, "input": INPUT}, ("pty_id", "input")), blocking=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 
 from ...constants import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
+from ..core import RAW_PAGE_RESERVE
 from ..elision import ELIDE_SCHEMA, ElideOptions
 from ..registry import REF, method, obj
 
@@ -16,7 +17,8 @@ SLICE = {
     "maxItems": 2,
 }
 OFFSET = {"type": "integer", "minimum": 0}
-LENGTH = {"type": "integer", "minimum": 1, "maximum": VALUE_HARD_CAP}
+# Any page size may be asked for; it is clamped to what encodes under the hard cap.
+LENGTH = {"type": "integer", "minimum": 1}
 
 
 @method(
@@ -65,7 +67,8 @@ def blob_get(call, params):
     info = kernel.cas.info(params["hash"])
     kernel.check_blob_access(call.who, info.hash)
     offset = min(params.get("offset", 0), info.size)
-    length = min(params.get("length", ELIDE_MAX_BYTES_RAW), VALUE_HARD_CAP * 3 // 4)
+    # base64 grows 4/3: the whole reply (hash, next URI included) stays under the hard cap.
+    length = min(params.get("length", ELIDE_MAX_BYTES_RAW), (VALUE_HARD_CAP - RAW_PAGE_RESERVE) * 3 // 4)
     data = kernel.cas.read_range(info.hash, offset, offset + length)
     out = {
         "hash": info.hash,
