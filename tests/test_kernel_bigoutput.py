@@ -181,3 +181,16 @@ def test_memory_still_flat_after_tail_selections(big):
     FIGURES["vm_hwm_kib_after_selections"] = hwm
     print(f"\nVmHWM after tail selections: {hwm} KiB; figures {FIGURES}")
     assert hwm < HWM_LIMIT_KIB
+
+
+@pytest.mark.parametrize("k", [5_000, 7_654_321, 10_000_000, 12_345_678, N - 5_000])
+def test_middle_lines_by_path_keep_memory_flat(big, k):
+    """Lines in the middle are found by counting pread blocks, not by mapping 169 MB."""
+    kernel, c, result, _ = big
+    got = c.call("value.get", {"ref": result["ref"], "path": f".out.lines[{k}..{k + 3}]"}, timeout=60)
+    assert got["value"] == {"$": "list", "v": [{"$": "str", "v": str(k + j + 1)} for j in range(3)]}
+    one = c.call("value.get", {"ref": result["ref"], "path": f".out.lines[{k}]"}, timeout=60)
+    assert one["value"] == {"$": "str", "v": str(k + 1)}
+    hwm = kernel.vm_hwm_kib()
+    FIGURES[f"vm_hwm_kib_after_line_{k}"] = hwm
+    assert hwm < HWM_LIMIT_KIB, f"VmHWM {hwm} KiB after selecting line {k}"

@@ -20,10 +20,11 @@ import blake3
 
 from ..constants import ErrorCode, MiB
 from ..errors import RpcError, is_disk_full, state_dir_full
-from ..framing import count_lines
 from .store import Database
 
 INGEST_BLOCK = 1 * MiB
+SCAN_BLOCK = 1 * MiB
+"""Block size for scans that must not map a whole blob (line lookups, counts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +47,15 @@ class BlobSource(Protocol):
 
     def read_range(self, start: int, end: int) -> bytes: ...
 
+    def blocks(self, start: int, end: int, backward: bool = False) -> Iterator[tuple[int, bytes]]: ...
+
 
 class FileSource:
-    """A file read through mmap; used for a running task's growing spool."""
+    """A stored blob or a running task's growing spool.
+
+    Reads and scans use pread in bounded blocks; ``open()`` maps the file for the
+    slicers, which touch only the pages near what they look for.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -69,15 +76,62 @@ class FileSource:
             os.close(fd)
 
     def read_range(self, start: int, end: int) -> bytes:
-        with self.open() as buf:
-            return bytes(buf[max(0, start) : max(0, end)])
+        """Bytes ``[start, end)`` via pread: nothing stays mapped, so RSS stays flat."""
+        start = max(0, start)
+        length = max(0, end - start)
+        fd = self._fd()
+        try:
+            parts = []
+            while length > 0:
+                data = os.pread(fd, min(length, SCAN_BLOCK), start)
+                if not data:
+                    break
+                parts.append(data)
+                start += len(data)
+                length -= len(data)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def blocks(self, start: int, end: int, backward: bool = False) -> Iterator[tuple[int, bytes]]:
+        """``(offset, bytes)`` blocks of ``[start, end)`` in order (or reversed), via pread."""
+        fd = self._fd()
+        try:
+            if backward:
+                pos = end
+                while pos > start:
+                    lo = max(start, pos - SCAN_BLOCK)
+                    yield lo, os.pread(fd, pos - lo, lo)
+                    pos = lo
+            else:
+                pos = start
+                while pos < end:
+                    data = os.pread(fd, min(SCAN_BLOCK, end - pos), pos)
+                    if not data:
+                        return
+                    yield pos, data
+                    pos += len(data)
+        finally:
+            os.close(fd)
+
+    def _fd(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available") from exc
 
     def info(self) -> BlobInfo:
         """Metadata computed now (the file may still be growing)."""
-        with self.open() as buf:
-            size = len(buf)
-            lines = count_lines(buf) if size else 0
+        size = os.stat(self.path).st_size if self.path.exists() else 0
+        lines = count_newlines(self, 0, size)
+        if size and self.read_range(size - 1, size) != b"\n":
+            lines += 1
         return BlobInfo(hash="", size=size, lines=lines, chars=None, utf8=True)
+
+
+def count_newlines(source: FileSource, start: int, end: int) -> int:
+    """Newlines in ``[start, end)``, counted in pread blocks (memchr speed, flat memory)."""
+    return sum(block.count(b"\n") for _, block in source.blocks(start, end))
 
 
 class ContentStore:

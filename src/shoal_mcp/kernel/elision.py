@@ -205,7 +205,8 @@ class WireEncoder:
         elif isinstance(node, LinesView):
             out["n"] = len(node)
             out["preview"] = [
-                _cut_chars(x, opts.preview_chars) for x in node.items(0, min(len(node), opts.preview_items))
+                _cut_chars(x, opts.preview_chars)
+                for x in node.items(0, min(len(node), opts.preview_items), cap=opts.preview_chars * 4)
             ]
         elif isinstance(node, list):
             out["n"] = len(node)

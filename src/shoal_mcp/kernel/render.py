@@ -57,7 +57,11 @@ class Renderer:
         if isinstance(node, (TextBlob, str, bytes)):
             return self.text(node, [], budget)
         if isinstance(node, (LinesView, list)) and self._is_lines(node):
-            items = node.items(0, len(node)) if isinstance(node, LinesView) and len(node) <= 2 * self.opts.max_items else None
+            items = (
+                node.items(0, len(node), cap=budget)
+                if isinstance(node, LinesView) and len(node) <= 2 * self.opts.max_items
+                else None
+            )
             if items is not None:
                 return self.text("\n".join(items), [], budget)
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(node)
@@ -115,7 +119,7 @@ class Renderer:
             head_n, tail_n = max(1, head_n * 3 // 4), max(1, tail_n * 3 // 4)
         if total > head_n + tail_n and avail > 0:
             per_line = avail // (head_n + tail_n) - 1 - len(ELLIPSIS)  # line + "…" + newline
-            head, tail, elided_bytes = self._head_tail_lines(node, head_n, tail_n)
+            head, tail, elided_bytes = self._head_tail_lines(node, head_n, tail_n, per_line)
             sel = f"{path}.lines[{head_n}..{-tail_n}]"
             marker = (
                 f"\u2026 {total - head_n - tail_n} lines elided ({elided_bytes} bytes) \u2026 "
@@ -142,11 +146,11 @@ class Renderer:
         return head_s + marker + tail_s
 
     @staticmethod
-    def _head_tail_lines(node: Any, head_n: int, tail_n: int) -> tuple[list[str], list[str], int]:
+    def _head_tail_lines(node: Any, head_n: int, tail_n: int, cap: int) -> tuple[list[str], list[str], int]:
         if isinstance(node, TextBlob):
             lines = LinesView(node, 0, node.line_count())
-            head = lines.items(0, head_n)
-            tail = lines.items(len(lines) - tail_n, len(lines))
+            head = lines.items(0, head_n, cap=cap + 1)  # +1 so _cut_bytes sees the cut
+            tail = lines.items(len(lines) - tail_n, len(lines), cap=cap + 1)
             s, _ = node.line_span(head_n, None)
             e, _ = node.line_span(-tail_n, None)
             return head, tail, max(0, e - s)
