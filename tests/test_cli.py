@@ -173,3 +173,13 @@ def test_mcp_config_prints_three_forms(env):
 def test_version_names_the_backend(env):
     out = shoal(env, "--version").stdout
     assert "framing:" in out
+
+
+def test_state_files_are_private(env):
+    shoal(env, "exec", "echo private")
+    state = Path(env["SHOAL_STATE_DIR"])
+    files = [state / "journal.sqlite3", state / "kernel.log", state / "kernel.out"]
+    files += [p for p in (state / "cas").rglob("*") if p.is_file()]
+    assert len(files) > 3
+    for path in files:
+        assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"

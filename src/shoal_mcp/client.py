@@ -154,7 +154,7 @@ class KernelClient:
 def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
     """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir."""
     ensure_private_dir(state)
-    log = open(state / "kernel.out", "ab")  # noqa: SIM115 - handed to the child
+    log = os.fdopen(os.open(state / "kernel.out", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600), "ab")
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(sock), "--state-dir", str(state)],

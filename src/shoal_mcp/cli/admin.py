@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -201,7 +202,7 @@ def _pyte() -> str:
     pyte.Stream(screen).feed("ok")
     if not screen.display[0].startswith("ok"):
         raise RuntimeError("pyte did not render")
-    return f"pyte {getattr(pyte, '__version__', '')}".strip()
+    return f"pyte {importlib.metadata.version('pyte')}"
 
 
 def _private(path, mode: int, must_exist: bool) -> str:

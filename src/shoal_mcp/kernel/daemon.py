@@ -102,7 +102,9 @@ def bind_listener(path: Path) -> socket.socket:
 
 
 def setup_logging(state: Path, level: str) -> None:
-    handler = logging.FileHandler(state / "kernel.log")
+    log_path = state / "kernel.log"
+    os.close(os.open(log_path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))  # private from birth
+    handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
