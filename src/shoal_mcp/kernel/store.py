@@ -6,6 +6,7 @@ connection sets WAL and a busy timeout so readers never block the writer.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -73,6 +74,8 @@ class Database:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        # Created 0600 before SQLite opens it; its -wal/-shm files copy the mode.
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         self._local = threading.local()
         self._idle: list[sqlite3.Connection] = []
         self._leased: set[sqlite3.Connection] = set()
@@ -143,12 +146,14 @@ class Database:
             try:
                 yield conn
                 _translate(conn.execute, "COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if conn.in_transaction:
                     try:
                         conn.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass
+                if _is_full(exc):  # an INSERT in the body hit the full disk
+                    raise state_dir_full(str(exc)) from exc
                 raise
 
     def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
@@ -175,6 +180,12 @@ def _translate(func, *args):
     try:
         return func(*args)
     except sqlite3.OperationalError as exc:
-        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(exc):
+        if _is_full(exc):
             raise state_dir_full(str(exc)) from exc
         raise
+
+
+def _is_full(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and (
+        getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(exc)
+    )
