@@ -61,6 +61,24 @@ PTY_DEFAULT_COLS = 80
 PTY_DEFAULT_ROWS = 24
 PTY_SCROLLBACK_LINES = 1000
 PTY_EVENT_INTERVAL_S = 0.2
+PTY_TERM = "xterm-256color"
+"""TERM given to every PTY program."""
+PTY_READ_CHUNK = 32 * KiB
+"""Bytes read from the master per wake-up (bounds how long one feed holds the screen lock)."""
+PTY_MAX_CELL_CHARS = 8
+"""Code points kept per screen cell (base + combining marks)."""
+PTY_MAX_READERS = 64
+"""Readers remembered per PTY for `changed`."""
+PTY_WINDOW_MIN_ROWS = 24
+"""Fewer rows than this in a row window -> window the columns too."""
+PTY_SEND_TIMEOUT_S = 5.0
+"""How long `pty.send` waits for a program that does not read its input."""
+PTY_IDLE_POLL_S = 0.25
+"""Reader thread wake-up period (child-exit check while the terminal is still held)."""
+PTY_MAX_CMD_LEN = 4096
+"""Longest `cmd` accepted by `pty.open`, in characters."""
+PTY_SPAWN_TIMEOUT_S = 10.0
+"""Longest wait for the spawn trampoline to exec the program."""
 
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
