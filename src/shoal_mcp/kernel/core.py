@@ -19,7 +19,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import orjson
 
 from .. import __version__
-from ..constants import DURABLE_CHANNELS, VALUE_HARD_CAP, ErrorCode
+from ..constants import (
+    DURABLE_CHANNELS,
+    ELIDE_MAX_ITEMS,
+    ELIDE_MAX_ROWS,
+    VALUE_HARD_CAP,
+    ErrorCode,
+)
 from ..errors import RpcError, is_disk_full, state_dir_full
 from ..framing import BACKEND, bound_text
 from ..paths import ensure_private_dir, local_principal
@@ -474,10 +480,15 @@ class Kernel:
 
 
 def _shrinking(elide: ElideOptions):
-    """``elide``, then ever smaller previews and budgets, for results over the hard cap."""
+    """``elide``, then ever smaller previews and budgets, for results over the hard cap.
+
+    Retries also drop item/row limits back to the defaults, so they never again
+    materialise the many items that made the first attempt too big (or slow).
+    """
     yield elide
     opts = replace(elide, preview_items=min(elide.preview_items, 5), preview_chars=min(elide.preview_chars, 256),
-                   render_head=min(elide.render_head, 10))
+                   render_head=min(elide.render_head, 10), max_items=min(elide.max_items, ELIDE_MAX_ITEMS),
+                   max_rows=min(elide.max_rows, ELIDE_MAX_ROWS))
     for max_bytes in (elide.max_bytes, VALUE_HARD_CAP // 4, VALUE_HARD_CAP // 16):
         yield replace(opts, max_bytes=max(256, min(max_bytes, elide.max_bytes)))
     yield replace(opts, max_bytes=256, preview_items=0, preview_chars=0, render_head=0)
