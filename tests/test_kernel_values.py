@@ -259,3 +259,20 @@ def test_hard_cap_holds_whatever_is_asked(vc):
     c, refs = vc
     got = get(c, refs["big"], path=".out.lines", elide={"max_bytes": VALUE_HARD_CAP, "max_items": 100000})
     assert len(orjson.dumps(got["value"])) <= VALUE_HARD_CAP
+
+
+def test_render_of_many_long_lines_is_bounded_and_its_marker_resolves(vc):
+    """A list of 1,000 lines of 5,000 bytes renders as head, marker, tail within max_bytes.
+
+    Guards the regression where each line was looked up from the start of the blob
+    (quadratic) and every line was materialised before bounding.
+    """
+    c, _ = vc
+    ref = c.call("exec", {"src": "head -c 5000000 /dev/zero | tr '\\0' a | fold -w 5000"}, timeout=60)["ref"]
+    got = get(c, ref, path=".out.lines", format="render", elide={"max_items": 100000, "max_bytes": 4096})
+    render = got["render"]
+    assert len(render.encode()) <= 4096
+    marker = next(line for line in render.split("\n") if "lines elided" in line)
+    assert ".out.lines[10..-10]" in marker
+    middle = get(c, ref, path=".out.lines[10..-10]")
+    assert middle["value"]["$"] == "ref" and middle["value"]["n"] == 980

@@ -56,21 +56,17 @@ class Renderer:
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
             return self.text(node, [], budget)
-        if isinstance(node, (LinesView, list)) and self._is_lines(node):
-            items = (
-                node.items(0, len(node), cap=budget)
-                if isinstance(node, LinesView) and len(node) <= 2 * self.opts.max_items
-                else None
-            )
-            if items is not None:
-                return self.text("\n".join(items), [], budget)
+        if isinstance(node, LinesView):
+            # The lines are a byte span of the blob: render that span (head, marker, tail).
+            s, e = node.blob.line_span(node.first, node.stop)
+            if e > s and node.blob.read(e - 1, e) == b"\n":
+                e -= 1  # lines join with newlines; the last one's terminator is not shown
+            return self.text(node.blob.sub(s, e), [], budget, lines_selector="")
+        if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
+            return self.text("\n".join(node), [], budget, lines_selector="")
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(node)
         pretty = orjson.dumps(wire, option=orjson.OPT_INDENT_2).decode()
         return bound_text(pretty, budget, self.base_uri)
-
-    @staticmethod
-    def _is_lines(node: Any) -> bool:
-        return isinstance(node, LinesView) or all(isinstance(x, str) for x in node)
 
     def _outcome(self, node: dict, budget: int) -> str:
         out = self.resolver.hydrate(node.get("out", ""))
@@ -102,8 +98,12 @@ class Renderer:
         lines = split_lines(text)
         return "\n".join(lines[-RENDER_TAIL_LINES:])
 
-    def text(self, node: Any, rel: list[Segment], budget: int) -> str:
-        """Whole text when it fits ``budget``; else head lines, marker, tail lines."""
+    def text(self, node: Any, rel: list[Segment], budget: int, lines_selector: str = ".lines") -> str:
+        """Whole text when it fits ``budget``; else head lines, marker, tail lines.
+
+        ``lines_selector`` is how the marker's path reaches the lines: ``.lines`` on text,
+        nothing when the value already is a list of lines.
+        """
         if isinstance(node, bytes):
             node = node.decode("utf-8", "replace")
         size = node.size if isinstance(node, TextBlob) else len(node.encode("utf-8", "surrogatepass"))
@@ -120,7 +120,7 @@ class Renderer:
         if total > head_n + tail_n and avail > 0:
             per_line = avail // (head_n + tail_n) - 1 - len(ELLIPSIS)  # line + "…" + newline
             head, tail, elided_bytes = self._head_tail_lines(node, head_n, tail_n, per_line)
-            sel = f"{path}.lines[{head_n}..{-tail_n}]"
+            sel = f"{path}{lines_selector}[{head_n}..{-tail_n}]"
             marker = (
                 f"\u2026 {total - head_n - tail_n} lines elided ({elided_bytes} bytes) \u2026 "
                 f'fetch with shoal_get {{"ref": "{self.ref}", "path": "{sel}"}} '

@@ -122,6 +122,30 @@ class TextBlob:
             b = utf8_offset(part, stop - first, a)
         return a, b
 
+    def capped_lines(self, s: int, e: int, keep: int) -> list[bytes]:
+        """The lines of relative span ``[s, e)``, each truncated to ``keep`` bytes.
+
+        One sequential pass in pread blocks: memory is ``keep`` per line, whatever the
+        lines' real lengths.
+        """
+        lines: list[bytes] = []
+        current = bytearray()
+        for _, block in self.source.blocks(self.start + s, self.start + e):
+            pos = 0
+            while pos < len(block):
+                nl = block.find(b"\n", pos)
+                end = len(block) if nl < 0 else nl
+                if len(current) < keep:
+                    current += block[pos : min(end, pos + keep - len(current))]
+                if nl < 0:
+                    break
+                lines.append(bytes(current))
+                current = bytearray()
+                pos = nl + 1
+        if current or (e > s and self.read(e - 1, e) != b"\n"):
+            lines.append(bytes(current))
+        return lines
+
     @contextmanager
     def _view(self) -> Iterator[memoryview]:
         """A zero-copy view of this range over the mmap'd source."""
@@ -153,8 +177,8 @@ class LinesView:
             return []
         s, e = self.blob.line_span(self.first + a, self.first + b)
         if cap is not None and e - s > (cap + 1) * (b - a):
-            # Some line is long: read each one only as far as the cap.
-            return [_cut_line(self.line(j).read(0, cap + 1), cap) for j in range(a, b)]
+            # Some line is long: one pass over the span keeping at most cap+1 bytes a line.
+            return [_cut_line(line, cap) for line in self.blob.capped_lines(s, e, cap + 1)]
         raw = self.blob.read(s, e)
         if raw.endswith(b"\n"):
             raw = raw[:-1]
