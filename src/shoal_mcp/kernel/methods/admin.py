@@ -11,11 +11,16 @@ from ..registry import method
 @method("kernel.status")
 def kernel_status(call, params):
     kernel = call.kernel
-    return {
+    status = {
         **kernel.info(),
         "socket": str(kernel.config.socket),
-        "state_dir": str(kernel.config.state_dir),
         "uptime_s": round(time.time() - kernel.started, 3),
+    }
+    if not kernel.guard.for_principal(call.who.principal).approver:
+        return status  # operators' view only: other sessions and paths are not an agent's business
+    return {
+        **status,
+        "state_dir": str(kernel.config.state_dir),
         "sessions": kernel.sessions.names(),
         "tasks_running": kernel.tasks.running_total(),
         "ptys": len(kernel.ptys.list(None)),
