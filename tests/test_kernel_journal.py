@@ -205,3 +205,34 @@ def test_limit_defaults_and_bounds(jk, matrix_rows):
     err = call_err(human, "journal.query", {"ok": "yes"})
     assert err.code == ErrorCode.INVALID_PARAMS and err.data["field"] == "ok"
     assert q(human, session="j-main", limit=1)[0]["id"] == max(r["id"] for r in q(human, session="j-main"))
+
+
+def test_policy_refusals_are_journaled(tmp_path):
+    """An exec that policy denies or holds for approval still leaves a row (not ok)."""
+    from kernel_fixtures import KernelProcess, start
+    from shoal_mcp.kernel.auth import TokenStore
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[principal."agent:j"]\nproc_spawn = ["echo"]\nungranted = "ask"\n'
+                      '[principal."agent:d"]\nproc_spawn = ["echo"]\n')
+    k = KernelProcess(tmp_path, "--policy", str(policy))
+    _, ask_token = TokenStore(k.state / "tokens.json").create("agent:j")
+    _, deny_token = TokenStore(k.state / "tokens.json").create("agent:d")
+    start(k)
+    try:
+        asker, denied = k.client("j", token=ask_token), k.client("d", token=deny_token)
+        for client in (asker, denied):
+            try:
+                client.call("exec", {"src": "rm -rf /tmp/journal-refusal-probe"}, timeout=30)
+            except Exception as exc:  # noqa: BLE001 - the refusal itself is the point
+                assert getattr(exc, "code", None) in (-32010, -32011)
+            else:
+                raise AssertionError("policy should have refused")
+        held = asker.call("journal.query", {}, timeout=30)["rows"]
+        refused = denied.call("journal.query", {}, timeout=30)["rows"]
+        assert [(r["kind"], r["ok"]) for r in held] == [("approval_required", False)]
+        assert held[0]["ref"].startswith("plan:")
+        assert [(r["kind"], r["ok"]) for r in refused] == [("denied", False)]
+        assert any(e["kind"] == "fs_delete" for e in refused[0]["effects"])
+    finally:
+        k.stop()

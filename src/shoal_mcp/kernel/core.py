@@ -203,13 +203,20 @@ class Kernel:
         if verdict.verdict == "allow":
             return plan.effects
         if verdict.verdict == "deny":
+            self._journal_refusal(who, plan, "denied", None)
             raise RpcError(ErrorCode.DENIED, "denied by policy", {"effects": plan.effects, "reasons": plan.reasons})
         plan = self.plans.put(plan)
+        self._journal_refusal(who, plan, "approval_required", plan.ref)
         raise RpcError(
             ErrorCode.APPROVAL_REQUIRED,
             "approval required: call cap.request, then plan.apply once approved",
             {"plan_ref": plan.ref, "uri": plan.uri, "effects": plan.effects, "reasons": plan.reasons},
         )
+
+    def _journal_refusal(self, who: Principal, plan: Plan, kind: str, ref: str | None) -> None:
+        """An exec that policy stopped still gets its journal row: operators see attempts."""
+        self.journal.record(JournalEntry(session=who.session, principal=who.principal, cwd=plan.cwd,
+                                         src=plan.src, kind=kind, effects=plan.effects, ok=False, ref=ref))
 
     def check_task_quota(self, who: Principal) -> None:
         self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))

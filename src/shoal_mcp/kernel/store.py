@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS journal (
     cwd TEXT,
     src TEXT NOT NULL,
     head TEXT,
-    kind TEXT NOT NULL,       -- exec | plan | apply
+    kind TEXT NOT NULL,       -- exec | plan | apply | denied | approval_required
     effects TEXT NOT NULL,    -- JSON list of effect kinds+targets
     effect_kinds TEXT NOT NULL,  -- ",kind1,kind2," for SQL filtering
     status INTEGER,
