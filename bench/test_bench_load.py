@@ -1,0 +1,66 @@
+"""Load bench (issue #9): N concurrent shoal-mcp facades × M mixed pipelined calls
+against one kernel, over raw stdio pipes.
+
+Reports calls/s and p50/p99 latency (printed and saved to ``bench/.results/load.json``).
+No assertion on time; correctness is asserted (every id answered once, each result
+matching its own call). ``SHOAL_BENCH_QUICK=1`` shrinks it to CI size.
+
+    pytest bench/test_bench_load.py -s             # 32 facades x 200 calls
+    SHOAL_BENCH_QUICK=1 pytest bench/test_bench_load.py -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from harness import KernelProcess, wait_until  # noqa: E402
+from reliability_support import children, fd_count, run_load, short_tmp, threads  # noqa: E402
+from shoal_mcp.framing import BACKEND  # noqa: E402
+
+QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
+FACADES = 8 if QUICK else 32
+CALLS = 50 if QUICK else 200
+WINDOW = 4
+RESULTS = Path(__file__).resolve().parent / ".results" / "load.json"
+
+
+def test_load_many_facades(benchmark):
+    tmp = short_tmp("shbl-")
+    kernel = KernelProcess(tmp).start()
+    figures: dict = {}
+    try:
+        pid = kernel.pid
+        before = {"fds": fd_count(pid), "threads": threads(pid)}
+
+        def once():
+            figures.update(run_load(kernel.socket, kernel.state, FACADES, CALLS, WINDOW,
+                                    timeout=900.0, log_dir=tmp))
+
+        benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
+        wait_until(lambda: not children(pid), timeout=60, interval=0.2)
+        after = {"fds": fd_count(pid), "threads": threads(pid)}
+    finally:
+        kernel.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    figures.update(backend=BACKEND, quick=QUICK, kernel_before=before, kernel_after=after,
+                   cpus=os.cpu_count())
+    benchmark.extra_info.update({k: figures[k] for k in ("calls_per_s", "p50_ms", "p99_ms", "calls")})
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({k: v for k, v in figures.items() if k != "bad_lines"}, indent=2) + "\n")
+    print(
+        f"\nload: {FACADES} facades x {CALLS} calls (window {WINDOW}, {BACKEND}): "
+        f"{figures['answered']}/{figures['calls']} answered in {figures['wall_s']} s = "
+        f"{figures['calls_per_s']} calls/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms; "
+        f"kernel fds {before['fds']} -> {after['fds']}, threads {before['threads']} -> {after['threads']}; "
+        f"saved to {RESULTS}"
+    )
+    assert figures["errors"] == []
+    assert figures["duplicates"] == {}
+    assert figures["answered"] == FACADES * CALLS

@@ -1,0 +1,308 @@
+"""Reliability under faults (issue #9): a full state dir, a SIGKILLed kernel, SIGTERM
+with running tasks. Real processes only.
+
+Full disk, two honest mechanisms:
+* ``tmpfs`` — the state dir is a 4 MiB tmpfs (needs ``mount``: root with
+  CAP_SYS_ADMIN; skipped where mounting is refused);
+* ``rlimit`` — the kernel runs with RLIMIT_FSIZE = 4 MiB (children inherit it), so a
+  spool write past the limit fails exactly like a full disk does for one file.
+Either way a command whose output does not fit gets a clean ``-32603`` whose message
+starts ``state dir full`` and whose data carries the ``reason``; the kernel drops that
+run's partial spool and keeps serving.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import KernelProcess, wait_until
+from reliability_support import (
+    McpPipe,
+    children,
+    facade_env,
+    kill_group,
+    pgid_members,
+    short_tmp,
+    structured,
+    wire_text,
+)
+from shoal_mcp.client import KernelClient, KernelLost
+from shoal_mcp.constants import ErrorCode
+from shoal_mcp.errors import RpcError
+
+FS_LIMIT = 4 * 1024 * 1024
+BIG = "head -c 12000000 /dev/zero"
+
+
+def _can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    probe = short_tmp("shmnt-")
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                            capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", str(probe)], check=False)
+        return ok
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+CAN_MOUNT = _can_mount_tmpfs()
+
+
+class LimitedKernel(KernelProcess):
+    """A kernel started with RLIMIT_FSIZE set (the fallback full-disk mechanism)."""
+
+    def __init__(self, tmp: Path, fsize: int) -> None:
+        super().__init__(tmp)
+        self.fsize = fsize
+
+    def start(self, wait: bool = True) -> LimitedKernel:
+        fsize = self.fsize
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(self.socket),
+             "--state-dir", str(self.state)],
+            env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=limit,
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+
+@pytest.fixture(params=["tmpfs", "rlimit"])
+def full_kernel(request):
+    tmp = short_tmp()
+    state = tmp / "state"
+    state.mkdir(mode=0o700)
+    mounted = False
+    if request.param == "tmpfs":
+        if not CAN_MOUNT:
+            pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN); rlimit covers it")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)],
+                       check=True)
+        mounted = True
+        k = KernelProcess(tmp).start()
+    else:
+        k = LimitedKernel(tmp, FS_LIMIT).start()
+    k.mechanism = request.param
+    try:
+        yield k
+    finally:
+        k.stop()
+        if mounted:
+            subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _assert_state_dir_full(exc: RpcError) -> None:
+    assert exc.code == ErrorCode.INTERNAL, exc
+    assert exc.message.startswith("state dir full"), exc.message
+    assert isinstance(exc.data, dict) and exc.data.get("reason"), exc.data
+    assert "Traceback" not in exc.message
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bfree * st.f_frsize
+
+
+def test_output_larger_than_the_state_dir(full_kernel):
+    k = full_kernel
+    c = k.client("full")
+    try:
+        ok = c.call("exec", {"src": "echo before"}, timeout=30)
+        assert ok["value"]["out"]["v"] == "before\n"
+        with pytest.raises(RpcError) as info:
+            c.call("exec", {"src": BIG, "position": "value"}, timeout=60)
+        _assert_state_dir_full(info.value)
+        reason = info.value.data["reason"]
+        assert ("no space left" in reason) if k.mechanism == "tmpfs" else ("file size limit" in reason)
+        # The kernel dropped the partial spool itself and keeps serving.
+        assert list((k.state / "spool").glob("run-*")) == []
+        again = c.call("exec", {"src": "echo after"}, timeout=30)
+        assert again["value"]["out"]["v"] == "after\n"
+        assert c.call("value.get", {"ref": ok["ref"], "path": ".out"}, timeout=30)["value"]["v"] == "before\n"
+        assert k.proc.poll() is None
+    finally:
+        c.close()
+
+
+def test_output_larger_than_the_state_dir_through_the_facade(full_kernel):
+    k = full_kernel
+    pipe = McpPipe(facade_env(k.socket, k.state, "fullmcp"))
+    try:
+        pipe.initialize()
+        reply = pipe.call_tool("shoal_exec", {"src": BIG})
+        result = reply["result"]
+        assert result["isError"] is True, result
+        err = result["structuredContent"]["error"]
+        assert err["code"] == ErrorCode.INTERNAL and err["message"].startswith("state dir full")
+        assert "state dir full" in result["content"][0]["text"]
+        assert "Traceback" not in result["content"][0]["text"]
+        sc = structured(pipe.call_tool("shoal_exec", {"src": "echo still-serving"}))
+        assert wire_text(sc["value"]["out"]) == "still-serving\n"
+        assert pipe.alive()
+    finally:
+        assert pipe.close() == 0
+
+
+@pytest.mark.skipif(not CAN_MOUNT, reason="needs a tmpfs mount")
+def test_disk_filled_by_someone_else_then_freed():
+    """Another writer fills the disk: the next exec fails cleanly; once space is freed
+    (the filler removed) the kernel serves again without a restart."""
+    tmp = short_tmp()
+    state = tmp / "state"
+    state.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)], check=True)
+    k = KernelProcess(tmp).start()
+    filler = state / "filler"
+    try:
+        c = k.client("filled")
+        c.call("exec", {"src": "echo warm"}, timeout=30)
+        with open(filler, "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        assert _free_bytes(state) == 0
+        with pytest.raises(RpcError) as info:
+            c.call("exec", {"src": "echo hello; seq 1 100000"}, timeout=30)
+        _assert_state_dir_full(info.value)
+        assert k.proc.poll() is None
+        assert c.call("ping", {}, timeout=10)["pong"] is True
+        filler.unlink()
+        r = c.call("exec", {"src": "echo recovered"}, timeout=30)
+        assert r["value"]["out"]["v"] == "recovered\n"
+        rows = c.call("journal.query", {"limit": 5}, timeout=30)["rows"]
+        assert rows[0]["src"] == "echo recovered"
+        c.close()
+    finally:
+        k.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- kernel loss ----------------------------------------------------------------------
+
+
+def _kernel_pid(socket: Path) -> int:
+    c = KernelClient(socket)
+    try:
+        return c.call("ping", {}, timeout=10)["kernel"]["pid"]
+    finally:
+        c.close()
+
+
+def _stop_pid(pid: int, timeout: float = 15.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_kernel_sigkilled_mid_call_facade_recovers():
+    tmp = short_tmp()
+    k = KernelProcess(tmp).start()
+    env = facade_env(k.socket, k.state, "crash", SHOAL_NO_AUTOSTART="0")
+    pipe = McpPipe(env, stderr_path=tmp / "facade.err")
+    orphans: list[int] = []
+    new_pid = None
+    try:
+        pipe.initialize()
+        before = structured(pipe.call_tool("shoal_exec", {"src": "echo durable-before"}))
+        assert before["ref"] == "out:1"
+        # Two calls in flight when the kernel dies: a long exec and a task wait.
+        bg = structured(pipe.call_tool("shoal_exec", {"src": "sleep 60", "background": True}))
+        slow = pipe.tool("shoal_exec", {"src": "sleep 60"})
+        waiting = pipe.tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
+        wait_until(lambda: len(children(k.pid)) >= 2, timeout=15)
+        orphans = [pid for pid, _ in children(k.pid)]
+        k.proc.send_signal(signal.SIGKILL)
+        k.proc.wait(10)
+        for msg_id in (slow, waiting):
+            reply = pipe.wait(msg_id, timeout=30)
+            assert "error" in reply, reply
+            assert reply["error"]["code"] == ErrorCode.INTERNAL
+            assert "kernel" in reply["error"]["message"]
+            assert "Traceback" not in reply["error"]["message"]
+        # The next call autostarts a new kernel on the same socket and state dir.
+        after = structured(pipe.call_tool("shoal_exec", {"src": "echo after-restart"}, timeout=60))
+        assert wire_text(after["value"]["out"]) == "after-restart\n"
+        new_pid = _kernel_pid(k.socket)
+        assert new_pid != k.pid
+        # Durable transcript and journal survived the SIGKILL.
+        old = structured(pipe.call_tool("shoal_get", {"ref": "out:1", "path": ".out"}))
+        assert wire_text(old["value"]) == "durable-before\n"
+        rows = structured(pipe.call_tool("shoal_journal", {"limit": 20}))["rows"]
+        assert "echo durable-before" in [r["src"] for r in rows]
+        assert after["ref"] != "out:1"
+        assert pipe.alive()
+    finally:
+        pipe.close()
+        for pid in orphans:  # the SIGKILLed kernel could not reap its tasks
+            kill_group(pid)
+        if new_pid is None:
+            try:
+                new_pid = _kernel_pid(k.socket)
+            except KernelLost:
+                new_pid = None
+        if new_pid is not None:
+            _stop_pid(new_pid)
+        k.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_sigterm_kills_running_tasks_and_removes_socket():
+    tmp = short_tmp()
+    k = KernelProcess(tmp).start()
+    c = k.client("term")
+    groups: list[int] = []
+    try:
+        for src in ("sleep 60", "trap '' TERM; sleep 60; sleep 60", "sleep 60 & sleep 60; wait"):
+            handle = c.call("exec", {"src": src, "background": True}, timeout=30)
+            groups.append(c.call("task.get", {"task": handle["task"]}, timeout=30)["pid"])
+        _, inflight = c.start_call("exec", {"src": "sleep 60"})
+        wait_until(lambda: len(children(k.pid)) >= 4, timeout=15)
+        groups += [pid for pid, _ in children(k.pid) if pid not in groups]
+        assert all(pgid_members(g) for g in groups)
+        code = k.stop(signal.SIGTERM, timeout=30)
+        assert code == 0, k.proc.stderr.read().decode(errors="replace")[-2000:]
+        assert not k.socket.exists()
+        with pytest.raises((KernelLost, RpcError)):
+            inflight.result(timeout=10)
+        # Every task's process group is gone (the TERM-ignoring one was SIGKILLed).
+        wait_until(lambda: not any(pgid_members(g) for g in groups), timeout=15)
+        assert "shutting down" in k.log()
+    finally:
+        c.close()
+        for g in groups:
+            kill_group(g)
+        k.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
