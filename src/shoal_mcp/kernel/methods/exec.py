@@ -88,7 +88,7 @@ def finished_result(kernel, who, task, elide: ElideOptions, started: float, posi
         raise RpcError(err["code"], err["message"], err.get("data"))
     result = kernel.exec_result(who, task, elide, started)
     if position == "stmt" and not task.result["ok"]:
-        sel = kernel.select(who, task.result["ref"], ".err", None)
+        sel = kernel.values.select(who, task.result["ref"], ".err", None)
         tail = sel.node.read(max(0, sel.node.size - STDERR_TAIL_BYTES)).decode("utf-8", "replace")
         status = task.result["status"]
         raise RpcError(

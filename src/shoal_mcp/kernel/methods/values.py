@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 
 from ...constants import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
-from ..core import RAW_PAGE_RESERVE
 from ..elision import ELIDE_SCHEMA, ElideOptions
+from ..refs import RAW_PAGE_RESERVE
 from ..registry import REF, method, obj
 
 SLICE = {
@@ -40,7 +40,7 @@ LENGTH = {"type": "integer", "minimum": 1}
 def value_get(call, params):
     kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
-    sel = kernel.select(call.who, params["ref"], params.get("path"), params.get("slice"))
+    sel = kernel.values.select(call.who, params["ref"], params.get("path"), params.get("slice"))
     fmt = params.get("format", "json")
     out = {"ref": sel.ref, "uri": sel.base_uri}
     if sel.path:
@@ -48,13 +48,13 @@ def value_get(call, params):
 
         out["path"] = format_path(sel.path)
     if fmt == "render":
-        out["render"] = kernel.render(sel, elide)
+        out["render"] = kernel.values.render(sel, elide)
     elif fmt == "raw":
-        out.update(kernel.raw(sel, params.get("offset", 0), params.get("length"), elide))
+        out.update(kernel.values.raw(sel, params.get("offset", 0), params.get("length"), elide))
     else:
-        out["value"] = kernel.encode(sel, elide)
+        out["value"] = kernel.values.encode(sel, elide)
         if params.get("with_render"):
-            out["render"] = kernel.render(sel, elide)
+            out["render"] = kernel.values.render(sel, elide)
     return out
 
 
