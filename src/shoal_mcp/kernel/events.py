@@ -50,28 +50,21 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from ..constants import DURABLE_CHANNELS, EVENT_RING, SUBSCRIBER_QUEUE, ErrorCode
 from ..errors import RpcError, invalid_params
+from .eventstore import Event, EventStore, dumps_payload
+from .eventsub import Sink, Subscription, gap_summary
 
 log = logging.getLogger(__name__)
-
-Event = dict[str, Any]
-Sink = Callable[[Event], None]
 
 MAX_CHANNEL_LEN = 256
 """Longest accepted channel name, in characters."""
 READ_MAX_EVENTS = EVENT_RING
 """Most events one ``read`` returns, whatever ``limit`` asks (keeps a response framable)."""
-REPLAY_PAGE = EVENT_RING
-"""Rows fetched from SQLite per step when a subscription replays a durable channel."""
 MAX_CHANNELS = 256
 """Channels whose ring is kept in memory before least-recently-used ones are evicted."""
 MAX_TOMBSTONES = 64 * 1024
 """Evicted channel names whose next seq is remembered (an int each)."""
-STORE_BUSY_TIMEOUT_MS = 5000
-"""SQLite busy_timeout: the db file is shared with the journal's connections."""
 CLOSE_JOIN_S = 1.0
 """How long ``EventBus.close`` waits, in total, for delivery threads to finish."""
 
@@ -141,288 +134,6 @@ def _check_limit(limit: Any) -> int | None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise invalid_params("limit", "must be a non-negative integer")
     return limit
-
-
-def _dumps_payload(payload: Any) -> str:
-    try:
-        return orjson.dumps(payload).decode()
-    except TypeError as exc:
-        raise invalid_params("payload", f"not JSON-serializable: {exc}") from None
-
-
-# --- durable store ------------------------------------------------------------------------
-
-
-class EventStore:
-    """Durable events for DURABLE_CHANNELS in SQLite (WAL).
-
-    Table ``events(channel TEXT, seq INTEGER, ts REAL, payload TEXT, PRIMARY KEY(channel,
-    seq)) WITHOUT ROWID``; ``payload`` is compact JSON. The db file is shared with the
-    kernel's other tables through other connections: this class creates and touches only
-    ``events``. One connection (``check_same_thread=False``) guarded by a lock, autocommit,
-    ``busy_timeout`` = ``STORE_BUSY_TIMEOUT_MS``, ``synchronous=NORMAL``.
-    """
-
-    def __init__(self, db_path: str) -> None:
-        self._lock = threading.Lock()
-        self._closed = False
-        self._conn = sqlite3.connect(
-            db_path,
-            check_same_thread=False,
-            isolation_level=None,
-            timeout=STORE_BUSY_TIMEOUT_MS / 1000,
-        )
-        with self._lock:
-            conn = self._conn
-            conn.execute(f"PRAGMA busy_timeout = {STORE_BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if not mode or str(mode[0]).lower() != "wal":
-                log.warning("events: %s is not in WAL mode (%r)", db_path, mode)
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS events ("
-                " channel TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL,"
-                " payload TEXT NOT NULL, PRIMARY KEY (channel, seq)) WITHOUT ROWID"
-            )
-
-    def append(self, event: Event) -> None:
-        """Insert one event ``{"channel", "seq", "ts", "payload"}`` (its own transaction)."""
-        self._insert(event["channel"], event["seq"], event["ts"], _dumps_payload(event["payload"]))
-
-    def _insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO events (channel, seq, ts, payload) VALUES (?, ?, ?, ?)",
-                (channel, seq, ts, payload_json),
-            )
-
-    def since(
-        self, channel: str, since: int | None, limit: int | None, *, until: int | None = None
-    ) -> list[Event]:
-        """Events with ``since < seq`` (``<= until`` when given), ascending; ``limit`` keeps
-        the newest ``limit`` of them. ``since=None`` means from the first; ``limit=None`` all."""
-        sql = "SELECT seq, ts, payload FROM events WHERE channel = ? AND seq > ?"
-        args: list[Any] = [channel, -1 if since is None else since]
-        if until is not None:
-            sql += " AND seq <= ?"
-            args.append(until)
-        if limit is None:
-            sql += " ORDER BY seq ASC"
-        else:
-            sql += " ORDER BY seq DESC LIMIT ?"
-            args.append(limit)
-        rows = self._query(sql, args)
-        if limit is not None:
-            rows.reverse()
-        return [_row_event(channel, row) for row in rows]
-
-    def page(self, channel: str, after: int, until: int, limit: int) -> list[Event]:
-        """The oldest ``limit`` events with ``after < seq <= until``, ascending (forward paging)."""
-        rows = self._query(
-            "SELECT seq, ts, payload FROM events WHERE channel = ? AND seq > ? AND seq <= ?"
-            " ORDER BY seq ASC LIMIT ?",
-            [channel, after, until, limit],
-        )
-        return [_row_event(channel, row) for row in rows]
-
-    def last_seq(self, channel: str) -> int:
-        """Highest stored seq of ``channel``; -1 when none."""
-        rows = self._query("SELECT MAX(seq) FROM events WHERE channel = ?", [channel])
-        value = rows[0][0] if rows else None
-        return -1 if value is None else int(value)
-
-    def _query(self, sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._conn.execute(sql, args).fetchall()
-
-    def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._conn.close()
-
-
-def _row_event(channel: str, row: tuple[Any, ...]) -> Event:
-    seq, ts, payload = row
-    return {"channel": channel, "seq": seq, "ts": ts, "payload": orjson.loads(payload)}
-
-
-# --- subscriptions ------------------------------------------------------------------------
-
-
-class Subscription:
-    """One consumer of one channel: a bounded queue drained by its own delivery thread.
-
-    The thread first delivers the replay (events after ``since``: from SQLite for durable
-    channels, then from the ring snapshot taken at registration; or a ``truncated`` gap
-    summary for what a non-durable ring no longer holds), then live events in seq order.
-    Live events arriving meanwhile wait in the queue (``queue_size`` events, plus at most one
-    pending summary); when it is full the newest events are dropped and counted, and a single
-    summary (module docstring) is delivered before anything published after them.
-
-    ``sink(event)`` runs on the delivery thread only, one call at a time, and may block as
-    long as it likes: publishers never wait for it. If it raises, the subscription logs the
-    error and closes itself.
-
-    ``close()`` is idempotent and callable from any thread, the sink included. After it
-    returns no new sink call starts, except at most the one already in flight (dequeued
-    before ``close`` took the lock; it may still be running or about to enter the sink).
-    ``join(timeout)`` waits for the delivery thread to finish. ``on_close(sub)``, if given,
-    runs exactly once, on the thread that closed the subscription, outside every bus lock.
-    """
-
-    def __init__(
-        self,
-        bus: EventBus,
-        sub_id: str,
-        channel: str,
-        sink: Sink,
-        queue_size: int,
-        on_close: Callable[[Subscription], None] | None,
-    ) -> None:
-        self.id = sub_id
-        self.channel = channel
-        self.delivered = 0
-        """Sink calls that returned normally (summaries included)."""
-        self.dropped_total = 0
-        """Live events dropped on overflow over the subscription's life."""
-        self._bus = bus
-        self._sink = sink
-        self._queue_size = queue_size
-        self._on_close = on_close
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[Event] = deque()
-        self._dropped = 0
-        self._dropped_seq = -1
-        self._closed = False
-        self._floor = -1  # live events with seq <= floor are not delivered (since > latest)
-        self._gap: Event | None = None
-        self._replay_store: tuple[int, int] | None = None
-        self._replay: list[Event] = []
-        self._thread = threading.Thread(target=self._run, name=f"shoal-{sub_id}", daemon=True)
-
-    def __repr__(self) -> str:
-        return f"Subscription({self.id!r}, {self.channel!r}, closed={self._closed})"
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.clear()
-            self._replay = []
-            self._cond.notify_all()
-        self._bus._detach(self)
-        if self._on_close is not None:
-            try:
-                self._on_close(self)
-            except Exception:
-                log.exception("events: on_close callback of %s failed", self.id)
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait for the delivery thread to end; True when it has (or never started)."""
-        if self._thread is threading.current_thread() or self._thread.ident is None:
-            return not self._thread.is_alive()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    # -- publisher side (called under the channel lock; never blocks on the sink) ----------
-
-    def _offer(self, event: Event) -> None:
-        with self._cond:
-            if self._closed or event["seq"] <= self._floor:
-                return
-            if len(self._queue) >= self._queue_size:
-                self._dropped += 1
-                self._dropped_seq = event["seq"]
-                self.dropped_total += 1
-                return
-            if self._dropped:
-                self._queue.append(self._take_summary())
-            self._queue.append(event)
-            self._cond.notify()
-
-    def _take_summary(self) -> Event:
-        n, seq = self._dropped, self._dropped_seq
-        self._dropped = 0
-        return _summary(self.channel, n, seq)
-
-    # -- delivery thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._replay_phase()
-            self._live_phase()
-        except Exception:
-            log.exception("events: delivery of %s on %s failed; closing", self.id, self.channel)
-            self.close()
-
-    def _replay_phase(self) -> None:
-        if self._gap is not None and not self._deliver(self._gap):
-            return
-        self._gap = None
-        if self._replay_store is not None:
-            after, until = self._replay_store
-            store = self._bus._store
-            while store is not None and after < until and not self._closed:
-                page = store.page(self.channel, after, until, REPLAY_PAGE)
-                if not page:
-                    break
-                for event in page:
-                    if not self._deliver(event):
-                        return
-                after = page[-1]["seq"]
-        replay, self._replay = self._replay, []
-        for event in replay:
-            if not self._deliver(event):
-                return
-
-    def _live_phase(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and not self._queue and not self._dropped:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                event = self._queue.popleft() if self._queue else self._take_summary()
-            if not self._deliver(event):
-                return
-
-    def _deliver(self, event: Event) -> bool:
-        with self._cond:
-            if self._closed:
-                return False
-        try:
-            self._sink(event)
-        except Exception:
-            log.warning(
-                "events: sink of %s on %s raised; closing it", self.id, self.channel, exc_info=True
-            )
-            self.close()
-            return False
-        with self._cond:
-            self.delivered += 1
-        return True
-
-
-def _summary(channel: str, n: int, seq: int, *, truncated: bool = False) -> Event:
-    event: Event = {
-        "channel": channel,
-        "seq": seq,
-        "ts": time.time(),
-        "payload": {"dropped": n, "latest_seq": seq},
-        "dropped": n,
-    }
-    if truncated:
-        event["truncated"] = True
-    return event
-
-
-# --- the bus ------------------------------------------------------------------------------
 
 
 class _Channel:
@@ -544,7 +255,7 @@ class EventBus:
             ch = self._channel(channel, create=True)
             assert ch is not None
             if ch.durable and payload_json is None:
-                payload_json = _dumps_payload(payload)
+                payload_json = dumps_payload(payload)
             with ch.lock:
                 if ch.evicted:
                     continue  # lost a race with eviction: look the channel up again
@@ -675,7 +386,7 @@ class EventBus:
                         if ch.durable:
                             sub._replay_store = (since, first - 1)
                         else:
-                            sub._gap = _summary(channel, first - lo, first - 1, truncated=True)
+                            sub._gap = gap_summary(channel, first - lo, first - 1, truncated=True)
                 ch.subs = (*ch.subs, sub)
             break
         sub._thread.start()
@@ -720,3 +431,6 @@ def _ring_slice(ring: deque[Event], start: int, stop: int) -> list[Event]:
     if start >= stop:
         return []
     return list(itertools.islice(ring, start, stop))
+
+
+__all__ = ["EventBus", "EventStore", "Subscription", "is_client_publishable", "validate_channel"]
