@@ -7,8 +7,8 @@ and one facade can serve a whole test module. Server notifications (e.g.
 ``notifications/resources/updated``) are collected and can be awaited with a deadline.
 
 No mocks: the facade is ``python -m shoal_mcp.facade`` talking to a real kernel (start one
-with ``test_mcp_support.start_kernel`` and pass ``test_mcp_support.facade_env(kernel)``).
-Complements ``test_mcp_support.RawFacade`` (raw pipes) for tests that want the SDK.
+with ``mcp_support.start_kernel`` and pass ``mcp_support.facade_env(kernel)``).
+Complements ``mcp_support.RawFacade`` (raw pipes) for tests that want the SDK.
 """
 
 from __future__ import annotations

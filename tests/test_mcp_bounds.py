@@ -17,8 +17,8 @@ import re
 import orjson
 import pytest
 
+from mcp_support import RawFacade, facade_env, start_kernel, stop_kernel
 from shoal_mcp.constants import ELIDE_MAX_BYTES, TEXT_LIMIT
-from test_mcp_support import RawFacade, facade_env, start_kernel, stop_kernel
 
 MARKER_RE = re.compile(r"…\((\d+) more lines, (\d+) more bytes(?:, fetch via (\S+))?\)$")
 

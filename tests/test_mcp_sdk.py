@@ -22,9 +22,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
 from harness import KernelProcess
-from shoal_mcp import __version__
-from shoal_mcp.constants import TEXT_LIMIT
-from test_mcp_support import (
+from mcp_support import (
     facade_env,
     find_nulls,
     kill_pids,
@@ -32,6 +30,8 @@ from test_mcp_support import (
     start_kernel,
     stop_kernel,
 )
+from shoal_mcp import __version__
+from shoal_mcp.constants import TEXT_LIMIT
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 

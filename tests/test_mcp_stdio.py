@@ -17,8 +17,7 @@ import orjson
 import pytest
 
 from harness import child_env
-from shoal_mcp.constants import MAX_FRAME
-from test_mcp_support import (
+from mcp_support import (
     RawFacade,
     facade_env,
     find_nulls,
@@ -29,6 +28,7 @@ from test_mcp_support import (
     stop_kernel,
     vm_hwm_kib,
 )
+from shoal_mcp.constants import MAX_FRAME
 
 MiB = 1024 * 1024
 FACADE_RSS_LIMIT_KIB = 64 * 1024
