@@ -100,7 +100,7 @@ class KernelProcess:
         return path.read_text() if path.exists() else ""
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
     """Poll ``predicate`` until truthy (returned) or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -108,5 +108,5 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)

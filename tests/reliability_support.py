@@ -9,9 +9,11 @@ zombie, thread and memory counts of the kernel.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from harness import KernelProcess
 
 CALL_TIMEOUT = 60.0
 PROTOCOL = "2025-06-18"
@@ -526,3 +530,15 @@ class RawKernel:
 
     def call(self, method: str, params: Any = None, timeout: float = CALL_TIMEOUT) -> dict:
         return self.wait(self.send(method, params), timeout)
+
+
+@contextlib.contextmanager
+def fresh_kernel():
+    """A kernel on a short temporary socket path, stopped and removed afterwards."""
+    tmp = short_tmp()
+    k = KernelProcess(tmp).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,7 @@ import orjson
 import pyte
 import pytest
 
+from harness import wait_until
 from shoal_mcp.constants import (
     PTY_EVENT_INTERVAL_S,
     PTY_SCROLLBACK_LINES,
@@ -31,14 +32,7 @@ DEADLINE_S = 15.0
 
 
 def wait_for(predicate, timeout: float = DEADLINE_S, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(predicate, timeout, what=what)
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -5,20 +5,19 @@ bounded. Counts come from /proc of the live kernel; no wall-clock asserts.
 
 from __future__ import annotations
 
-import shutil
 import threading
 
 import pytest
 
-from harness import KernelProcess, wait_until
+from harness import wait_until
 from reliability_support import (
     McpPipe,
     RawKernel,
     children,
     facade_env,
     fd_count,
+    fresh_kernel,
     rss_kib,
-    short_tmp,
     threads,
     zombies,
 )
@@ -42,13 +41,8 @@ RSS_BOUND_KIB = 24 * 1024
 
 @pytest.fixture
 def kernel():
-    tmp = short_tmp()
-    k = KernelProcess(tmp).start()
-    try:
+    with fresh_kernel() as k:
         yield k
-    finally:
-        k.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _idle(pid: int) -> tuple[int, int]:

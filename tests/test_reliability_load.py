@@ -7,16 +7,14 @@ The timed version with 32 × 200 calls is ``bench/test_bench_load.py``.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from harness import KernelProcess, wait_until
+from harness import wait_until
 from reliability_support import (
     children,
     fd_count,
+    fresh_kernel,
     run_load,
-    short_tmp,
     threads,
     zombies,
 )
@@ -33,13 +31,8 @@ THREAD_SLACK = 4
 
 @pytest.fixture
 def kernel():
-    tmp = short_tmp()
-    k = KernelProcess(tmp).start()
-    try:
+    with fresh_kernel() as k:
         yield k
-    finally:
-        k.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _settled(pid: int, fds: int, thr: int):
