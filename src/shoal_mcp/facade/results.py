@@ -34,8 +34,9 @@ def tool_result(result: Any) -> dict:
     text = structured.get("render") if isinstance(structured.get("render"), str) else None
     if text is None:
         text = _pretty(structured)
-    elif "ref" in structured:
-        text = f"{text}\n\n[{structured['ref']} · {uri}]" if uri else text
+    elif "ref" in structured and uri:
+        body = text.rstrip("\n")
+        text = f"{body}\n\n[{structured['ref']} · {uri}]" if body else f"[{structured['ref']} · {uri}]"
     content: list[dict] = [{"type": "text", "text": bound_text(text, TEXT_LIMIT, uri)}]
     if uri:
         content.append(_link(uri, structured.get("ref") or structured.get("task") or structured.get("plan_ref")))

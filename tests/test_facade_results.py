@@ -1,0 +1,44 @@
+"""The MCP result envelope built from kernel results and errors (SPEC §5.2)."""
+
+from __future__ import annotations
+
+from shoal_mcp.constants import TEXT_LIMIT
+from shoal_mcp.errors import RpcError
+from shoal_mcp.facade.results import error_result, tool_result
+
+
+def test_render_then_one_blank_line_then_the_ref():
+    result = tool_result({"ref": "out:1", "uri": "shoal://out/1", "render": "hi\n", "value": {}})
+    assert result["content"][0]["text"] == "hi\n\n[out:1 · shoal://out/1]"
+    assert result["content"][1] == {"type": "resource_link", "uri": "shoal://out/1", "name": "out:1",
+                                    "mimeType": "text/plain"}
+    assert result["isError"] is False and result["structuredContent"]["ref"] == "out:1"
+
+
+def test_empty_render_is_just_the_ref():
+    result = tool_result({"ref": "out:2", "uri": "shoal://out/2", "render": "", "value": {}})
+    assert result["content"][0]["text"] == "[out:2 · shoal://out/2]"
+
+
+def test_no_render_gives_pretty_json_and_no_link_without_uri():
+    result = tool_result({"rows": [], "count": 0})
+    assert result["content"][0]["text"].startswith("{\n")
+    assert len(result["content"]) == 1
+
+
+def test_text_is_bounded_with_a_marker_naming_the_uri():
+    big = "x\n" * 100_000
+    result = tool_result({"ref": "out:3", "uri": "shoal://out/3", "render": big})
+    text = result["content"][0]["text"]
+    assert len(text.encode()) <= TEXT_LIMIT
+    assert text.endswith("fetch via shoal://out/3)")
+
+
+def test_kernel_error_is_an_is_error_result_with_its_stderr():
+    exc = RpcError(-32002, "command failed with exit status 1",
+                   {"ref": "out:4", "uri": "shoal://out/4", "status": 1, "stderr_tail": "boom\n"})
+    result = error_result(exc)
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"]["code"] == -32002
+    assert "boom" in result["content"][0]["text"]
+    assert result["content"][1]["uri"] == "shoal://out/4"
