@@ -453,6 +453,7 @@ class PtyManager:
                 timeout = PTY_IDLE_POLL_S
                 if p.pending:
                     timeout = max(0.0, p.last_emit + PTY_EVENT_INTERVAL_S - time.monotonic())
+                drained = True  # nothing was waiting on the master this round
                 for fd, _ev in poller.poll(timeout * 1000):
                     if fd == p.wake_r:
                         with contextlib.suppress(OSError):
@@ -467,12 +468,15 @@ class PtyManager:
                     if not data:
                         eof = p.eof = True
                         break
+                    drained = False
                     self._feed(p, data)
                 self._emit_screen(p)
                 if eof:
                     break
                 now = time.monotonic()
-                if now >= next_check:
+                # Only once the master is drained: an exit recorded while output is still
+                # buffered would report a finished program with a half-drawn screen.
+                if now >= next_check and drained:
                     next_check = now + PTY_IDLE_POLL_S
                     if p.exit is None and self._record_exit(p):
                         # The child is gone but someone (a background job) holds the tty.
