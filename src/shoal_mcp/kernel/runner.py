@@ -8,6 +8,7 @@ environment through an extra descriptor so ``cd``/``export`` persist (SPEC §4.4
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -48,6 +49,17 @@ class RunningCommand:
     started_ns: int = field(default_factory=time.monotonic_ns)
     finished_ns: int | None = None
     cancelled: bool = False
+    # A pidfd becomes readable when the child exits: waiting with a timeout then wakes
+    # at the exit itself, where Popen.wait(timeout) would poll with growing sleeps.
+    pidfd: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        opener = getattr(os, "pidfd_open", None)  # Linux 5.3+; elsewhere Popen polls
+        if opener is not None:
+            try:
+                self.pidfd = opener(self.proc.pid)
+            except OSError:
+                self.pidfd = None
 
     @property
     def pid(self) -> int:
@@ -55,13 +67,28 @@ class RunningCommand:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for exit; the returncode, or None when ``timeout`` elapsed first."""
+        pidfd = self.pidfd
+        if self.proc.returncode is None and timeout is not None and pidfd is not None:
+            try:
+                ready, _, _ = select.select([pidfd], [], [], timeout)
+            except (OSError, ValueError):  # another waiter reaped it and closed the pidfd
+                ready = [pidfd]
+            if not ready:
+                return None
+            timeout = None  # exited: the reap below does not block
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
         if self.finished_ns is None:
             self.finished_ns = time.monotonic_ns()
+        self._close_pidfd()
         return code
+
+    def _close_pidfd(self) -> None:
+        fd, self.pidfd = self.pidfd, None
+        if fd is not None:
+            os.close(fd)
 
     def output_sizes(self) -> tuple[int, int]:
         return _size(self.out_path), _size(self.err_path)
