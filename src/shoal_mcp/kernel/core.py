@@ -11,6 +11,7 @@ import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from .transcript import TranscriptStore
 from .values import Resolver
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class KernelConfig:
@@ -73,16 +75,12 @@ class Kernel:
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._quota_guard = threading.Lock()
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
+        self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
         self._clean_spool()
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
-
-    def connection_count(self) -> int:
-        """Set by the server; 0 when the kernel runs without one (tests)."""
-        counter = getattr(self, "count_connections", None)
-        return counter() if counter else 0
 
     def info(self) -> dict[str, Any]:
         return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}

@@ -137,7 +137,7 @@ class KernelServer:
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self.stopping = threading.Event()
-        kernel.count_connections = lambda: len(self.connections)
+        kernel.connection_count = lambda: len(self.connections)
 
     def serve_forever(self) -> None:
         # A short accept timeout lets stop() (from a signal) end the loop promptly.
