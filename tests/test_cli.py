@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -183,3 +184,63 @@ def test_state_files_are_private(env):
     assert len(files) > 3
     for path in files:
         assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
+
+
+def test_events_tail_prints_published_events(env):
+    shoal(env, "kernel", "start")
+    tail = subprocess.Popen([*CLI, "events", "tail", "user.cli", "--json"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
+    reader.start()
+    from shoal_mcp.client import KernelClient
+
+    client = KernelClient(env["SHOAL_SOCKET"])
+    try:
+        client.call("session.attach", {})
+
+        def published_and_seen():
+            client.call("events.publish", {"channel": "user.cli", "payload": {"n": 1}})
+            time.sleep(0.1)
+            return any('"channel": "user.cli"' in line for line in list(lines))
+
+        wait_until(published_and_seen, timeout=20, what="the published event in the tail")
+    finally:
+        client.close()
+        tail.send_signal(signal.SIGINT)
+        tail.wait(10)
+
+
+def test_ctrl_c_cancels_the_running_command(env):
+    shoal(env, "kernel", "start")
+    proc = subprocess.Popen([*CLI, "exec", "sleep 37.25"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    from shoal_mcp.client import KernelClient
+
+    client = KernelClient(env["SHOAL_SOCKET"])
+    client.call("session.attach", {})
+    try:
+        # the sleep is running under the kernel before we interrupt the CLI
+        wait_until(lambda: _running(b"sleep\x0037.25\x00"), timeout=20, what="sleep 37.25 to start")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert "cancelled" in err
+        rows = client.call("journal.query", {"head": "sleep"})["rows"]
+        assert rows and rows[0]["ok"] is False
+        wait_until(lambda: not _running(b"sleep\x0037.25\x00"), timeout=10, what="the sleep to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        client.close()
+
+
+def _running(cmdline: bytes) -> bool:
+    """Whether a process with exactly this /proc cmdline exists."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == cmdline:
+                    return True
+            except OSError:
+                continue
+    return False
