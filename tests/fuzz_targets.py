@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from framing_vectors import reference_events  # the one oracle of the framing rules
 from shoal_mcp.constants import MAX_FRAME, OVERSIZE_HEAD, ErrorCode
 from shoal_mcp.framing import Oversize, backends
 from shoal_mcp.jsonrpc import (
@@ -40,24 +41,6 @@ MAX_FRAMES = (1, 2, 3, 5, 8, 16, 64, 100, 255, 1024, OVERSIZE_HEAD - 1, OVERSIZE
 
 
 # -- frames ---------------------------------------------------------------------------
-
-
-def reference_events(data: bytes, max_frame: int) -> list:
-    """What a correct reader reports for ``data`` then EOF (SPEC §3.1), by definition."""
-    out: list = []
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the last newline: unterminated, delivered at EOF if non-empty
-    if tail:
-        lines.append(tail)
-    for line in lines:
-        if len(line) > max_frame:
-            out.append(Oversize(len(line), line[:OVERSIZE_HEAD]))
-            continue
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if line:
-            out.append(line)
-    return out
 
 
 def chunk_cuts(length: int, seed: int) -> list[int]:

@@ -211,6 +211,16 @@ def _find(a: Recorder, name: str, args: Args) -> bool:
     return read_only
 
 
+def _sources_and_dest(opts, pos: list) -> tuple[list, str | None, bool] | None:
+    """(sources, destination, whether -t named it) for cp/mv-style argv; None if too few."""
+    target = values(opts, "-t", "--target-directory")
+    if target:
+        return pos, target[-1], True
+    if len(pos) >= 2:
+        return pos[:-1], pos[-1], False
+    return None
+
+
 @command("cp", "install")
 def _cp(a: Recorder, name: str, args: Args) -> bool:
     opts, pos = options(args, "tSmogT" if name == "install" else "tS",
@@ -220,14 +230,11 @@ def _cp(a: Recorder, name: str, args: Args) -> bool:
             a.write(p, name)
         return True
     rec = has(opts, "-r", "-R", "-a", "--recursive", "--archive")
-    target = values(opts, "-t", "--target-directory")
-    if target:
-        srcs, dest, into = pos, target[-1], True
-    elif len(pos) >= 2:
-        srcs, dest = pos[:-1], pos[-1]
-        into = len(srcs) > 1 or (dest or "").endswith("/")
-    else:
+    split = _sources_and_dest(opts, pos)
+    if split is None:
         return True
+    srcs, dest, explicit = split
+    into = explicit or len(srcs) > 1 or (dest or "").endswith("/")
     for s in srcs:
         a.read(s, name, rec)
         if into and s is not None and dest is not None and not rec:
@@ -242,13 +249,10 @@ def _cp(a: Recorder, name: str, args: Args) -> bool:
 @command("mv")
 def _mv(a: Recorder, name: str, args: Args) -> bool:
     opts, pos = options(args, "tS", ("--target-directory", "--suffix"))
-    target = values(opts, "-t", "--target-directory")
-    if target:
-        srcs, dest = pos, target[-1]
-    elif len(pos) >= 2:
-        srcs, dest = pos[:-1], pos[-1]
-    else:
+    split = _sources_and_dest(opts, pos)
+    if split is None:
         return True
+    srcs, dest, _ = split
     for s in srcs:
         a.delete(s, name)
     a.write(dest, name)
