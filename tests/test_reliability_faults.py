@@ -284,7 +284,8 @@ def test_sigterm_kills_running_tasks_and_removes_socket():
     c = k.client("term")
     groups: list[int] = []
     try:
-        for src in ("sleep 60", "trap '' TERM; sleep 60; sleep 60", "sleep 60 & sleep 60; wait"):
+        srcs = ("sleep 60", "trap '' TERM; sleep 60; sleep 60", "sleep 60 & sleep 60; wait")
+        for src in srcs:
             handle = c.call("exec", {"src": src, "background": True}, timeout=30)
             groups.append(c.call("task.get", {"task": handle["task"]}, timeout=30)["pid"])
         _, inflight = c.start_call("exec", {"src": "sleep 60"})
@@ -299,6 +300,15 @@ def test_sigterm_kills_running_tasks_and_removes_socket():
         # Every task's process group is gone (the TERM-ignoring one was SIGKILLed).
         wait_until(lambda: not any(pgid_members(g) for g in groups), timeout=15)
         assert "shutting down" in k.log()
+        # The kernel stored every killed command's result before it closed its
+        # databases: a new kernel on the same state dir journals all four, failed.
+        c.close()
+        k = KernelProcess(tmp).start()
+        c = k.client("term")
+        rows = c.call("journal.query", {"session": "term", "limit": 20}, timeout=30)["rows"]
+        killed = [r for r in rows if "sleep 60" in r["src"]]
+        assert sorted(r["src"] for r in killed) == sorted(srcs + ("sleep 60",)), rows
+        assert all(r["ok"] is False for r in killed), killed
     finally:
         c.close()
         for g in groups:

@@ -48,6 +48,9 @@ DURABLE_CHANNELS = ("journal", "session.transcript")
 # --- processes ---------------------------------------------------------------------
 CANCEL_GRACE_S = 2.0
 """SIGTERM → SIGKILL grace for task.cancel and kernel shutdown."""
+SHUTDOWN_DRAIN_S = 10.0
+"""Kernel exit: how long to wait for killed tasks' results and running calls to be
+stored before the databases close (each phase)."""
 TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
 """Throttle for `output` events on task.N channels."""
 PROGRESS_INTERVAL_S = 1.0

@@ -88,9 +88,13 @@ class Kernel:
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish("pty." + pty_id.split(":")[-1], payload)
 
-    def shutdown(self) -> None:
+    def stop_work(self, drain_s: float) -> bool:
+        """Kernel exit, first half: close PTYs, kill tasks and store their results."""
         self.ptys.close_all()
-        self.tasks.shutdown()
+        return self.tasks.shutdown(drain_s)
+
+    def close(self) -> None:
+        """Kernel exit, second half: close the event bus and the databases."""
         self.events.close()
         self.event_store.close()
         self.db.close()

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from .. import __version__
+from ..constants import SHUTDOWN_DRAIN_S
 from ..paths import ensure_private_dir, socket_path, state_dir
 
 log = logging.getLogger("shoal.kernel")
@@ -190,7 +191,13 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
                 os.unlink(sock_path)
         except FileNotFoundError:
             pass
-        kernel.shutdown()
+        # Order matters: the stores close only after killed tasks and the calls still
+        # running have written their results (docs/decisions.md, "Kernel exit").
+        if not kernel.stop_work(SHUTDOWN_DRAIN_S):
+            log.warning("tasks still finalizing after %ss; closing anyway", SHUTDOWN_DRAIN_S)
+        if not server.drain(SHUTDOWN_DRAIN_S):
+            log.warning("calls still running after %ss; closing anyway", SHUTDOWN_DRAIN_S)
+        kernel.close()
         log.info("shoal-kernel stopped")
         os.close(lock_fd)
     return EXIT_OK

@@ -136,6 +136,8 @@ class KernelServer:
         self.listener = listener
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
+        self._workers = 0  # connection and blocking-call threads still running
+        self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
         kernel.connection_count = lambda: len(self.connections)
 
@@ -160,7 +162,27 @@ class KernelServer:
             conn = Connection(sock, self.kernel, peer_pid=pid)
             with self._lock:
                 self.connections.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name=f"conn-{conn.id}", daemon=True).start()
+            self._start_worker(self._serve, (conn,), f"conn-{conn.id}")
+
+    def _start_worker(self, target: Any, args: tuple, name: str) -> None:
+        # Counted before start, so drain() cannot miss a thread that has not run yet.
+        with self._lock:
+            self._workers += 1
+
+        def work() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self._workers -= 1
+                    self._workers_done.notify_all()
+
+        threading.Thread(target=work, name=name, daemon=True).start()
+
+    def drain(self, timeout: float) -> bool:
+        """After stop(): wait until every connection and call thread has finished."""
+        with self._lock:
+            return self._workers_done.wait_for(lambda: self._workers == 0, timeout)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -226,9 +248,7 @@ class KernelServer:
         if spec.blocking:
             # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
             conn.inflight[msg.id] = InflightCall()
-            threading.Thread(
-                target=self._run, args=(conn, spec, msg), name=f"call-{msg.method}", daemon=True
-            ).start()
+            self._start_worker(self._run, (conn, spec, msg), f"call-{msg.method}")
         else:
             self._run(conn, spec, msg)
 

@@ -161,9 +161,15 @@ class Database:
             return _translate(lambda: conn.execute(sql, params).fetchall())
 
     def close(self) -> None:
+        """Close the idle connections; a leased one closes when its lease ends.
+
+        Closing a connection another thread is executing on crashes the interpreter
+        (the sqlite3 module does not guard it), so leased connections are never
+        closed from here — ``_lease`` sees ``_closed`` and closes them on return.
+        """
         with self._all_lock:
             self._closed = True
-            conns = self._idle + list(self._leased)
+            conns = list(self._idle)
             self._idle.clear()
         for conn in conns:
             try:

@@ -204,8 +204,12 @@ class TaskManager:
             task.state = becomes
         self.events.publish(task.channel, {"kind": becomes, "task": task.ref})
 
-    def shutdown(self) -> None:
-        """Kernel exit: terminate every running task's process group."""
+    def shutdown(self, drain_s: float) -> bool:
+        """Kernel exit: terminate every running task's process group, then wait (up to
+        ``drain_s``) until each result is stored, so killed commands reach the journal.
+
+        False if some task is still finalizing when the time is up.
+        """
         with self._lock:
             running = [t for t in self._tasks.values() if not t.done.is_set()]
         threads = [threading.Thread(target=t.run.terminate, daemon=True) for t in running]
@@ -213,6 +217,8 @@ class TaskManager:
             th.start()
         for th in threads:
             th.join()
+        deadline = time.monotonic() + drain_s
+        return all(t.done.wait(max(0.0, deadline - time.monotonic())) for t in running)
 
 
 def parse_task_id(value: int | str) -> int:

@@ -1,0 +1,80 @@
+"""Database pool: closing it while other threads hold leases (kernel exit) is safe.
+
+The sqlite3 module does not guard a connection closed under a running statement; the
+interpreter crashes (CI saw the kernel die with SIGSEGV on SIGTERM). ``close()`` must
+leave leased connections to their holders.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+from shoal_mcp.kernel.store import Database
+
+
+def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:
+    db = Database(tmp_path / "db.sqlite3")
+    with db.transaction() as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    leased = threading.Event()
+    closed = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with db.transaction() as conn:
+                conn.execute("INSERT INTO t VALUES (1)")
+                leased.set()
+                closed.wait(10)
+                conn.execute("INSERT INTO t VALUES (2)")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    assert leased.wait(10)
+    db.close()
+    closed.set()
+    th.join(10)
+    assert not errors, errors
+    # The lease closed its connection on return; a new pool sees both rows committed.
+    assert not db._idle and not db._leased
+    assert [r[0] for r in Database(tmp_path / "db.sqlite3").query("SELECT x FROM t ORDER BY x")] == [1, 2]
+
+
+def test_close_under_concurrent_writers_does_not_crash(tmp_path: Path) -> None:
+    # In a child: before the fix this died with SIGSEGV within a few runs.
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from pathlib import Path
+        from shoal_mcp.kernel.store import Database
+        db = Database(Path({str(tmp_path / "stress.sqlite3")!r}))
+        with db.transaction() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+        stop = threading.Event()
+        def work():
+            while not stop.is_set():
+                with db.transaction() as c:
+                    for i in range(200):
+                        c.execute("INSERT INTO t VALUES (?)", (i,))
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        db.close()
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join()
+        print("clean")
+        """
+    )
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+        assert proc.stdout.strip() == b"clean"
