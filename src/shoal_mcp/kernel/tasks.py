@@ -88,13 +88,21 @@ class TaskManager:
         self._tasks: dict[int, Task] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._closing = False  # set by shutdown(): no task may start behind its back
 
     def start(
         self, session: str, principal: str, src: str, run: RunningCommand, background: bool, effects: list[dict]
     ) -> Task:
         task = Task(next(self._ids), session, principal, src, run, listed=background, effects=effects)
         with self._lock:
-            self._tasks[task.id] = task
+            closing = self._closing
+            if not closing:
+                self._tasks[task.id] = task
+        if closing:
+            # A call that spawned while the kernel began to exit: shutdown() has already
+            # taken its list of tasks to kill, so this one dies here, not as an orphan.
+            run.terminate()
+            raise RpcError(ErrorCode.INTERNAL, "kernel is shutting down; the command was not run")
         self.events.publish(task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]})
         threading.Thread(target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True).start()
         return task
@@ -211,6 +219,7 @@ class TaskManager:
         False if some task is still finalizing when the time is up.
         """
         with self._lock:
+            self._closing = True
             running = [t for t in self._tasks.values() if not t.done.is_set()]
         threads = [threading.Thread(target=t.run.terminate, daemon=True) for t in running]
         for th in threads:

@@ -1,19 +1,31 @@
-"""Database pool: closing it while other threads hold leases (kernel exit) is safe.
+"""Kernel exit, piece by piece: the database pool and the task manager.
 
 The sqlite3 module does not guard a connection closed under a running statement; the
 interpreter crashes (CI saw the kernel die with SIGSEGV on SIGTERM). ``close()`` must
-leave leased connections to their holders.
+leave leased connections to their holders, and the task manager must store every killed
+task's result, and start no new one, before the daemon closes the databases. The whole
+sequence on a live kernel is in ``test_reliability_faults.py`` (SIGTERM test).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
+import pytest
+
+from kernel_fixtures import pid_alive
+from shoal_mcp.constants import ErrorCode
+from shoal_mcp.errors import RpcError
+from shoal_mcp.kernel.events import EventBus
+from shoal_mcp.kernel.runner import spawn
 from shoal_mcp.kernel.store import Database
+from shoal_mcp.kernel.tasks import TaskManager
 
 
 def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:
@@ -78,3 +90,26 @@ def test_close_under_concurrent_writers_does_not_crash(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
         assert proc.stdout.strip() == b"clean"
+
+
+def test_task_shutdown_waits_for_results_then_refuses_new_tasks(tmp_path: Path) -> None:
+    stored: list[int] = []
+
+    def slow_finalize(task) -> dict:
+        time.sleep(0.3)  # storing the result takes a while; shutdown must wait for it
+        stored.append(task.id)
+        return {"ok": False, "ref": f"out:{task.id}", "uri": f"shoal://x/{task.id}"}
+
+    tasks = TaskManager(EventBus(), slow_finalize)
+    env = dict(os.environ)
+    first = tasks.start("s", "p", "sleep 60", spawn("sleep 60", str(tmp_path), env, tmp_path), True, [])
+    assert tasks.shutdown(drain_s=10) is True
+    assert stored == [first.id] and first.done.is_set()
+    assert not pid_alive(first.run.pid)
+    # A call that spawns after shutdown began: the command is killed, the caller told why.
+    late = spawn("sleep 60", str(tmp_path), env, tmp_path)
+    with pytest.raises(RpcError) as info:
+        tasks.start("s", "p", "sleep 60", late, False, [])
+    assert info.value.code == ErrorCode.INTERNAL and "shutting down" in info.value.message
+    assert not pid_alive(late.pid)
+    assert stored == [first.id]
