@@ -8,9 +8,13 @@ backend shows up as a vector failure, not just as a disagreement between the two
 from __future__ import annotations
 
 import base64
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shoal_mcp.constants import OVERSIZE_HEAD
+from shoal_mcp.constants import MAX_FRAME, OVERSIZE_HEAD, READ_CHUNK
 from shoal_mcp.framing import Oversize
 
 # --- decoder / reader -----------------------------------------------------------------
@@ -367,3 +371,31 @@ def reference_utf8_slice(buf: bytes, char_start: int, char_end: int) -> str:
     begin = reference_utf8_offset(buf, char_start)
     finish = reference_utf8_offset(buf, char_end - char_start, begin)
     return buf[begin:finish].decode("utf-8", "replace")
+
+
+# --- a real pipe ------------------------------------------------------------------------
+
+
+@contextmanager
+def pipe_reader(backend, pieces: Iterable[bytes], max_frame: int = MAX_FRAME, chunk: int = READ_CHUNK) -> Iterator:
+    """A ``backend.FrameReader`` on a pipe a writer thread fills with ``pieces``, one
+    ``write()`` each, then closes. The read end is closed on exit (before the join, so a
+    writer blocked on a full pipe gets EPIPE instead of hanging the test)."""
+    rfd, wfd = os.pipe()
+
+    def write() -> None:
+        try:
+            for piece in pieces:
+                os.write(wfd, piece)
+        except BrokenPipeError:
+            pass  # the test stopped reading early; its assertions say why
+        finally:
+            os.close(wfd)
+
+    thread = threading.Thread(target=write, name="pipe-writer")
+    thread.start()
+    try:
+        yield backend.FrameReader(rfd, max_frame, chunk)
+    finally:
+        os.close(rfd)
+        thread.join()

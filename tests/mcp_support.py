@@ -12,8 +12,6 @@ import queue
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from facade_process import FacadeProcess, jsonrpc_frame
 from harness import KernelProcess, child_env
 
 READY_TIMEOUT_S = 15.0
@@ -144,38 +143,23 @@ def jsonrpc_problems(message: Any) -> list[str]:
     return problems
 
 
-class RawFacade:
+class RawFacade(FacadeProcess):
     """``shoal-mcp`` over raw pipes: write bytes, read parsed frames, keep every line."""
 
     def __init__(self, env: dict[str, str], cwd: str | Path | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.facade"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-        )
         self.lines: list[bytes] = []
         self.messages: queue.Queue[dict] = queue.Queue()
         self.stderr = bytearray()
         self._ids = iter(range(1000, 10**9))
-        self._write_lock = threading.Lock()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
+        super().__init__(env, cwd)
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _read_stdout(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            try:
-                self.messages.put(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                self.messages.put({"__unparseable__": line[:200].decode("utf-8", "replace")})
+    def on_line(self, line: bytes) -> None:
+        self.lines.append(line)
+        try:
+            self.messages.put(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            self.messages.put({"__unparseable__": line[:200].decode("utf-8", "replace")})
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -184,29 +168,14 @@ class RawFacade:
 
     # -- writing -----------------------------------------------------------------------
 
-    def send_bytes(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        with self._write_lock:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-
     def send(self, message: dict, eol: bytes = b"\n") -> None:
-        self.send_bytes(orjson.dumps(message) + eol)
+        self.write(orjson.dumps(message) + eol)
 
     def request(self, method: str, params: dict | None = None, msg_id: Any = None) -> Any:
         """Send a request; returns its id."""
         msg_id = next(self._ids) if msg_id is None else msg_id
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": msg_id, "method": method}
-        if params is not None:
-            message["params"] = params
-        self.send(message)
+        self.write(jsonrpc_frame(method, params, msg_id))
         return msg_id
-
-    def notify(self, method: str, params: dict | None = None) -> None:
-        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self.send(message)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -247,20 +216,6 @@ class RawFacade:
 
     def tool(self, name: str, arguments: dict, timeout: float = 30.0) -> dict:
         return self.call("tools/call", {"name": name, "arguments": arguments}, timeout)
-
-    # -- teardown ----------------------------------------------------------------------
-
-    def close(self, timeout: float = 5.0) -> int:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
     def invalid_lines(self) -> list[tuple[bytes, list[str]]]:
         """Every stdout line that is not exactly one valid JSON-RPC frame."""

@@ -15,7 +15,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from facade_process import FacadeProcess, jsonrpc_frame
 from harness import KernelProcess
 
 CALL_TIMEOUT = 60.0
@@ -48,21 +48,12 @@ def facade_env(socket: Path, state: Path, session: str, **extra: str) -> dict[st
     return env
 
 
-class McpPipe:
-    """One ``python -m shoal_mcp.facade`` child spoken to over raw pipes."""
+class McpPipe(FacadeProcess):
+    """One ``shoal-mcp`` child over raw pipes; responses are filed by id as they arrive."""
 
     def __init__(self, env: dict[str, str], cwd: str | None = None, stderr_path: Path | None = None) -> None:
         self._stderr = open(stderr_path, "wb") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.facade"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-            cwd=cwd,
-        )
         self._ids = itertools.count(1)
-        self._write_lock = threading.Lock()
         self._cond = threading.Condition()
         self.responses: dict[Any, dict] = {}
         self.answer_counts: dict[tuple[str, Any], int] = {}
@@ -71,65 +62,44 @@ class McpPipe:
         self.bad_lines: list[bytes] = []  # stdout lines that were not JSON objects
         self.inbox: queue.Queue[dict] = queue.Queue()  # every response, in arrival order
         self.eof = False
-        self._reader = threading.Thread(target=self._read_loop, name="mcp-pipe-reader", daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+        super().__init__(env, cwd, stderr=self._stderr)
 
     # -- wire ---------------------------------------------------------------------------
 
-    def _read_loop(self) -> None:
-        out = self.proc.stdout
-        assert out is not None
-        for line in iter(out.readline, b""):
-            line = line.rstrip(b"\n")
-            self.raw_lines.append(line)
-            try:
-                msg = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                self.bad_lines.append(line)
-                continue
-            if not isinstance(msg, dict):
-                self.bad_lines.append(line)
-                continue
-            if "id" in msg and ("result" in msg or "error" in msg):
-                key = (type(msg["id"]).__name__, msg["id"])
-                with self._cond:
-                    self.answer_counts[key] = self.answer_counts.get(key, 0) + 1
-                    self.responses[msg["id"]] = msg
-                    self._cond.notify_all()
-                self.inbox.put(msg)
-            elif "id" not in msg:
-                # Notifications, and error replies that carry no id (unattributable).
-                self.notifications.append(msg)
-            else:
-                self.bad_lines.append(line)
+    def on_line(self, line: bytes) -> None:
+        line = line.rstrip(b"\n")
+        self.raw_lines.append(line)
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            self.bad_lines.append(line)
+            return
+        if not isinstance(msg, dict):
+            self.bad_lines.append(line)
+            return
+        if "id" in msg and ("result" in msg or "error" in msg):
+            key = (type(msg["id"]).__name__, msg["id"])
+            with self._cond:
+                self.answer_counts[key] = self.answer_counts.get(key, 0) + 1
+                self.responses[msg["id"]] = msg
+                self._cond.notify_all()
+            self.inbox.put(msg)
+        elif "id" not in msg:
+            # Notifications, and error replies that carry no id (unattributable).
+            self.notifications.append(msg)
+        else:
+            self.bad_lines.append(line)
+
+    def on_eof(self) -> None:
         with self._cond:
             self.eof = True
             self._cond.notify_all()
 
-    def write(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        with self._write_lock:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-
     def send(self, method: str, params: Any = None, msg_id: Any = None) -> Any:
         if msg_id is None:
             msg_id = f"p{next(self._ids)}"
-        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": msg_id, "method": method}
-        if params is not None:
-            msg["params"] = params
-        self.write(orjson.dumps(msg) + b"\n")
+        self.write(jsonrpc_frame(method, params, msg_id))
         return msg_id
-
-    def notify(self, method: str, params: Any = None) -> None:
-        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            msg["params"] = params
-        self.write(orjson.dumps(msg) + b"\n")
 
     def wait(self, msg_id: Any, timeout: float = CALL_TIMEOUT) -> dict:
         deadline = time.monotonic() + timeout
@@ -179,21 +149,8 @@ class McpPipe:
         self._stderr.flush()
         return Path(path).read_text(errors="replace")
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def close(self, timeout: float = 15.0) -> int:
-        try:
-            if self.proc.stdin and not self.proc.stdin.closed:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self._reader.join(5)
+        code = super().close(timeout)
         if self._stderr is not subprocess.DEVNULL:
             self._stderr.close()
         return code

@@ -14,14 +14,13 @@ The whole file runs in well under a minute on one core.
 from __future__ import annotations
 
 import base64
-import os
-import threading
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framing_vectors import (
     marker_size,
+    pipe_reader,
     reference_bound_text,
     reference_events,
     reference_line_bytes,
@@ -89,23 +88,8 @@ def test_readers_agree_on_a_pipe(both_framing_backends, case, chunk):
     data, pieces, max_frame = case
     results = []
     for backend in both_framing_backends:
-        rfd, wfd = os.pipe()
-
-        def write(wfd=wfd):
-            try:
-                for piece in pieces:
-                    os.write(wfd, piece)
-            finally:
-                os.close(wfd)
-
-        thread = threading.Thread(target=write)
-        thread.start()
-        try:
-            reader = backend.FrameReader(rfd, max_frame, chunk)
+        with pipe_reader(backend, pieces, max_frame, chunk) as reader:
             results.append((list(reader), reader.scanned))
-        finally:
-            thread.join()
-            os.close(rfd)
     assert results[0] == results[1] == (reference_events(data, max_frame), len(data))
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from framing_vectors import pipe_reader
 from shoal_mcp.constants import MAX_FRAME
 from shoal_mcp.framing import FrameTooLarge
 
@@ -39,24 +40,10 @@ def test_decoder_scans_each_byte_once(framing_backend):
 def test_reader_scans_each_byte_once_on_a_pipe(framing_backend):
     frame = _big_frame()
     data = frame + b"\n" + b'{"id":1}\n'
-    rfd, wfd = os.pipe()
-
-    def writer():
-        try:
-            view = memoryview(data)
-            for pos in range(0, len(data), PIECE):
-                os.write(wfd, view[pos : pos + PIECE])
-        finally:
-            os.close(wfd)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        reader = framing_backend.FrameReader(rfd, MAX_FRAME, PIECE)
+    view = memoryview(data)
+    pieces = (view[pos : pos + PIECE] for pos in range(0, len(data), PIECE))
+    with pipe_reader(framing_backend, pieces, MAX_FRAME, PIECE) as reader:
         events = list(reader)
-    finally:
-        thread.join()
-        os.close(rfd)
     assert len(events) == 2 and events[0] == frame and events[1] == b'{"id":1}'
     assert reader.scanned == len(data)
 
@@ -65,14 +52,8 @@ def test_reader_oversize_then_frames_on_a_pipe(framing_backend):
     """Over MAX_FRAME by one byte: reported with its 4 KiB head, then reading resumes."""
     big = b'{"id":7,"params":"' + b"x" * MAX_FRAME + b'"}'
     data = b'{"id":6}\n' + big + b"\r\n" + b'{"id":8}\n'
-    rfd, wfd = os.pipe()
-    thread = threading.Thread(target=lambda: (os.write(wfd, data), os.close(wfd)))
-    thread.start()
-    try:
-        events = list(framing_backend.FrameReader(rfd))
-    finally:
-        thread.join()
-        os.close(rfd)
+    with pipe_reader(framing_backend, [data]) as reader:
+        events = list(reader)
     assert events[0] == b'{"id":6}'
     assert events[1].discarded_bytes == len(big) + 1  # the \r counts
     assert events[1].head == big[:4096]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 
 import pytest
 
@@ -12,6 +11,7 @@ from framing_vectors import (
     BOUND_VECTORS,
     DECODER_VECTORS,
     SLICE_VECTORS,
+    pipe_reader,
     reference_b64,
     reference_bound_text,
     reference_events,
@@ -57,26 +57,11 @@ def test_decoder_vector_any_chunking(framing_backend, vector):
 @pytest.mark.parametrize("vector", DECODER_VECTORS, ids=lambda v: v.id)
 @pytest.mark.parametrize("chunk", [1, 7, READ_CHUNK])
 def test_reader_vector_on_pipe(framing_backend, vector, chunk):
-    rfd, wfd = os.pipe()
-
-    def writer():
-        try:
-            for piece in vector.chunks:
-                os.write(wfd, piece)
-        finally:
-            os.close(wfd)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        reader = framing_backend.FrameReader(rfd, vector.max_frame, chunk)
+    with pipe_reader(framing_backend, vector.chunks, vector.max_frame, chunk) as reader:
         events = list(reader)
         assert events == list(vector.events)
         assert reader.read_frames() == []  # EOF stays EOF
         assert reader.scanned == len(vector.data)
-    finally:
-        thread.join()
-        os.close(rfd)
 
 
 def test_decoder_accepts_any_buffer(framing_backend):

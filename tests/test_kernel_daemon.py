@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from harness import exchange_as_uid
 from kernel_fixtures import close_client, kernel_factory, pid_alive, start, wait_until  # noqa: F401
 from shoal_mcp.client import KernelClient, KernelLost
 from shoal_mcp.constants import ErrorCode
@@ -226,48 +227,9 @@ def test_refuses_peer_of_another_uid(kernel_factory):
 
 
 def _peer_refused(k) -> None:
-    data = _as_other_uid(k.socket, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+    data = exchange_as_uid(k.socket, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
     lines = [orjson.loads(line) for line in data.splitlines() if line.strip()]
     assert len(lines) == 1, data  # one refusal, then EOF: the ping was never served
     assert lines[0]["error"]["code"] == ErrorCode.AUTH_FAILED
     assert "id" not in lines[0]
     assert _ping(k.socket)["kernel"]["pid"] == k.pid  # our own uid still served
-
-
-def _as_other_uid(path: Path, request: bytes, uid: int = 65534) -> bytes:
-    """Connect to ``path`` from a forked child running as ``uid``; all bytes it received."""
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop privileges, talk, report through the pipe
-        code = 1
-        try:
-            os.close(rfd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(10)
-            s.connect(str(path))
-            try:
-                s.sendall(request)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # refused before we finished writing; the refusal is still readable
-            try:
-                while chunk := s.recv(65536):
-                    os.write(wfd, chunk)
-            except ConnectionResetError:
-                pass  # the kernel closed on us with our request unread: that is EOF too
-            code = 0
-        except BaseException as exc:  # noqa: BLE001 - report and exit, never return
-            os.write(wfd, f"CHILD-ERROR {exc!r}".encode())
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    chunks = []
-    while chunk := os.read(rfd, 65536):
-        chunks.append(chunk)
-    os.close(rfd)
-    _, status = os.waitpid(pid, 0)
-    data = b"".join(chunks)
-    assert os.waitstatus_to_exitcode(status) == 0, data
-    return data

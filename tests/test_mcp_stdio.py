@@ -67,7 +67,7 @@ def facade(kernel, open_facade):
 
 
 def _send_in_background(f: RawFacade, data: bytes) -> threading.Thread:
-    t = threading.Thread(target=f.send_bytes, args=(data,), daemon=True)
+    t = threading.Thread(target=f.write, args=(data,), daemon=True)
     t.start()
     return t
 
@@ -117,15 +117,15 @@ def test_oversize_frame_without_recoverable_id_has_no_id_member(facade):
 
 
 def test_malformed_json_is_parse_error_without_id(facade):
-    facade.send_bytes(b'{"jsonrpc":"2.0","id":5,"method":\n')
+    facade.write(b'{"jsonrpc":"2.0","id":5,"method":\n')
     message = facade.next_message(timeout=5)
     assert "id" not in message
     _error(message, -32700)
-    facade.send_bytes(b"[1, 2, 3]\n")
+    facade.write(b"[1, 2, 3]\n")
     message = facade.next_message(timeout=5)
     assert "id" not in message
     _error(message, -32600)
-    facade.send_bytes(b"\n\n\r\n")  # empty lines are skipped silently
+    facade.write(b"\n\n\r\n")  # empty lines are skipped silently
     facade.expect_silence(0.3)
     assert facade.call("ping", {}, timeout=5)["result"] == {}
 
@@ -299,7 +299,7 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
                                    "params": {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}}}) + b"\n"
             burst += orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                    "params": {"requestId": f"early{i}"}}) + b"\n"
-        facade.send_bytes(burst)
+        facade.write(burst)
         deadline = time.monotonic() + 10
         time.sleep(0.5)
         while any(pids_with_arg(m) for m in markers):

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 import shoal_mcp.kernel.methods  # noqa: F401 - registers every method
-from harness import KernelProcess
+from harness import NOBODY_UID, KernelProcess, exchange_as_uid
 from shoal_mcp.errors import RpcError
 from shoal_mcp.kernel.auth import TokenStore
 from shoal_mcp.kernel.registry import REGISTRY, UNATTACHED_METHODS
@@ -241,60 +241,11 @@ def test_cli_revocation_applies_on_next_attach_without_restart(token_kernel: Ker
     assert token_kernel.proc.poll() is None
 
 
-def _connect_as(uid: int, path: Path) -> tuple[str, bytes]:
-    """Fork, drop to ``uid``, connect and try to attach; returns (outcome, bytes read)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: only async-signal-safe-ish work, then _exit
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(10)
-            try:
-                s.connect(str(path))
-            except OSError as e:
-                os.write(w, b"connect-failed:" + str(e.errno).encode() + b"\n")
-                os._exit(0)
-            got = b""
-            try:
-                s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"session.attach","params":{}}\n'
-                          b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{}}\n')
-            except OSError:
-                pass
-            try:
-                while True:
-                    data = s.recv(65536)
-                    if not data:
-                        break
-                    got += data
-            except OSError:
-                pass
-            os.write(w, b"connected\n" + got)
-        except BaseException as e:  # noqa: BLE001
-            os.write(w, b"child-error:" + repr(e).encode() + b"\n")
-        finally:
-            os._exit(0)
-    os.close(w)
-    out = b""
-    while True:
-        data = os.read(r, 65536)
-        if not data:
-            break
-        out += data
-    os.close(r)
-    os.waitpid(pid, 0)
-    head, _, rest = out.partition(b"\n")
-    return head.decode(), rest
-
-
 @pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="SO_PEERCRED is Linux-only")
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid (setuid to nobody)")
 def test_peer_credentials_refuse_another_uid_even_when_files_allow_it(kernel: KernelProcess) -> None:
     """Hole: relying on file modes alone; the kernel itself must refuse other uids."""
-    nobody = 65534
+    nobody = NOBODY_UID
     path = kernel.socket
     dirs = [kernel.tmp, path.parent]
     saved = {p: stat.S_IMODE(os.stat(p).st_mode) for p in [*dirs, path]}
@@ -302,11 +253,16 @@ def test_peer_credentials_refuse_another_uid_even_when_files_allow_it(kernel: Ke
         for d in dirs:
             os.chmod(d, 0o755)
         os.chmod(path, 0o666)  # file permissions now let anyone connect
-        outcome, data = _connect_as(nobody, path)
+        # The OS lets it through (exchange_as_uid fails if it cannot connect)...
+        data = exchange_as_uid(
+            path,
+            b'{"jsonrpc":"2.0","id":1,"method":"session.attach","params":{}}\n'
+            b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{}}\n',
+            nobody,
+        )
     finally:
         for p, m in saved.items():
             os.chmod(p, m)
-    assert outcome == "connected", (outcome, data)  # the OS let it through...
     frames = [orjson.loads(x) for x in data.splitlines() if x.strip()]
     # ...the kernel did not: one refusal frame, no result, connection closed.
     assert all("result" not in f for f in frames), frames
