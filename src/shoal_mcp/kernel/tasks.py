@@ -102,7 +102,7 @@ class TaskManager:
             # A call that spawned while the kernel began to exit: shutdown() has already
             # taken its list of tasks to kill, so this one dies here, not as an orphan.
             run.terminate()
-            raise RpcError(ErrorCode.INTERNAL, "kernel is shutting down; the command was not run")
+            raise RpcError(ErrorCode.INTERNAL, "kernel is shutting down; the command was killed as it started")
         self.events.publish(task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]})
         threading.Thread(target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True).start()
         return task
