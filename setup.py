@@ -1,4 +1,4 @@
-"""Build the optional compiled framing core (src/_frame.pyx -> shoal_mcp._frame).
+"""Build the optional compiled framing core (src/_frame.pyx -> shoal_mcp.protocol.framing._frame).
 
 The extension is optional by design: with no C compiler (or no Cython and no shipped
 C file) the build prints a warning and the package installs on its pure-Python twin.
@@ -33,7 +33,7 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _warn(exc):
         sys.stderr.write(
-            f"WARNING: shoal_mcp._frame not built ({exc}); using the pure-Python framing.\n"
+            f"WARNING: shoal_mcp.protocol.framing._frame not built ({exc}); using the pure-Python framing.\n"
         )
 
 
@@ -44,10 +44,10 @@ def extensions():
         from Cython.Build import cythonize
     except ImportError:
         if os.path.exists(os.path.join(HERE, C_FILE)):
-            return [Extension("shoal_mcp._frame", [C_FILE])]
+            return [Extension("shoal_mcp.protocol.framing._frame", [C_FILE])]
         return []
     return cythonize(
-        [Extension("shoal_mcp._frame", [PYX], extra_compile_args=["-O3"])],
+        [Extension("shoal_mcp.protocol.framing._frame", [PYX], extra_compile_args=["-O3"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

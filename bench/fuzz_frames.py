@@ -10,7 +10,7 @@ with a reference model of SPEC §3.1; every frame and oversize head then goes th
 
 Engines:
 * ``atheris`` — coverage-guided libFuzzer over the instrumented Python layer
-  (``shoal_mcp.jsonrpc``, ``shoal_mcp.framing._pure`` and the target); the compiled
+  (``shoal_mcp.protocol.jsonrpc``, ``shoal_mcp.protocol.framing._pure`` and the target); the compiled
   module runs uninstrumented but is still checked on every input.
 * ``mutate`` — this file's own loop: seeds from ``tests/fuzz_corpus/``, byte-level and
   dictionary mutations, splicing; inputs that reach a new behaviour signature (event
@@ -106,8 +106,8 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes], max_len: int) -
 def signature(data: bytes) -> tuple:
     """A cheap behaviour fingerprint standing in for coverage."""
     from fuzz_targets import MAX_FRAMES, chunk_cuts, reference_events
-    from shoal_mcp.framing import Oversize
-    from shoal_mcp.jsonrpc import NO_ID, Invalid, parse_message, recover_id
+    from shoal_mcp.protocol.framing import Oversize
+    from shoal_mcp.protocol.jsonrpc import NO_ID, Invalid, parse_message, recover_id
 
     if len(data) < 2:
         return ("short",)
@@ -203,7 +203,7 @@ def run_atheris(executions: int, max_len: int) -> None:
 
 
 def write_summary(summary: dict) -> None:
-    from shoal_mcp.framing import backends
+    from shoal_mcp.protocol.framing import backends
 
     summary["backends"] = sorted(backends())
     RESULTS.mkdir(parents=True, exist_ok=True)

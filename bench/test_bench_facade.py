@@ -148,7 +148,7 @@ def ratio_report(request):
         "facade_over_fastmcp": MEDIANS["facade"] / MEDIANS["fastmcp"],
         "fastmcp_over_bare": MEDIANS["fastmcp"] / MEDIANS["bare"],
     }
-    from shoal_mcp.framing import BACKEND
+    from shoal_mcp.protocol.framing import BACKEND
 
     results = {
         "what": 'median seconds per round trip of exec "true"',

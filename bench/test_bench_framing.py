@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from shoal_mcp.constants import READ_CHUNK, MiB
-from shoal_mcp.framing import backends
+from shoal_mcp.protocol.framing import backends
+from shoal_mcp.protocol.limits import READ_CHUNK, MiB
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 BACKENDS = backends()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from harness import KernelProcess, wait_until  # noqa: E402
 from reliability_support import children, fd_count, run_load, short_tmp, threads  # noqa: E402
-from shoal_mcp.framing import BACKEND  # noqa: E402
+from shoal_mcp.protocol.framing import BACKEND  # noqa: E402
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 FACADES = 8 if QUICK else 32

@@ -2,7 +2,7 @@
 # cython: initializedcheck=False, embedsignature=True
 """Compiled framing core of shoal (SPEC §3): reader, writer helpers, truncator, slicer.
 
-Built as ``shoal_mcp._frame``. Its pure-Python twin is ``shoal_mcp.framing._pure``;
+Built as ``shoal_mcp.protocol.framing._frame``. Its pure-Python twin is ``shoal_mcp.protocol.framing._pure``;
 every public name here has identical observable behaviour there (the module docstring
 of ``_pure`` states the shared conventions) and ``tests/test_framing_*`` prove it on
 shared vectors and with Hypothesis. Change one, change the other.
@@ -41,7 +41,7 @@ import operator
 import os
 import threading
 
-from shoal_mcp.constants import MAX_FRAME, OVERSIZE_HEAD, READ_CHUNK, TEXT_LIMIT
+from shoal_mcp.protocol.limits import MAX_FRAME, OVERSIZE_HEAD, READ_CHUNK, TEXT_LIMIT
 
 cdef extern from *:
     """
@@ -276,7 +276,7 @@ cdef extern from *:
 
 BACKEND = "cython"
 
-# Limits come from shoal_mcp.constants only (read once at import).
+# Limits come from shoal_mcp.protocol.limits only (read once at import).
 cdef Py_ssize_t _HEAD = OVERSIZE_HEAD
 
 # Implementation tunables (not protocol limits).
@@ -945,5 +945,5 @@ def line_offsets(buf, first, last):
 
 
 # Shared types come from the twin so both backends return the same classes. Imported
-# last: importing the twin imports shoal_mcp.framing, which imports this module.
-from shoal_mcp.framing._pure import FrameTooLarge, Oversize  # noqa: E402
+# last: importing the twin imports shoal_mcp.protocol.framing, which imports this module.
+from shoal_mcp.protocol.framing._pure import FrameTooLarge, Oversize  # noqa: E402

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from shoal_mcp.framing import backends as _framing_backends
+from shoal_mcp.protocol.framing import backends as _framing_backends
 
 FRAMING_BACKENDS = _framing_backends()
 FRAMING_BACKEND_IDS = ("python", "cython")
@@ -23,7 +23,7 @@ def _framing_module(name: str):
     module = FRAMING_BACKENDS.get(name)
     if module is None:
         message = (
-            "the compiled framing core shoal_mcp._frame is not built "
+            "the compiled framing core shoal_mcp.protocol.framing._frame is not built "
             "(pip install -e . with a C compiler, or python setup.py build_ext --inplace)"
         )
         if _REQUIRE_COMPILED:

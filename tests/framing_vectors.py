@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shoal_mcp.constants import MAX_FRAME, OVERSIZE_HEAD, READ_CHUNK
-from shoal_mcp.framing import Oversize
+from shoal_mcp.protocol.framing import Oversize
+from shoal_mcp.protocol.limits import MAX_FRAME, OVERSIZE_HEAD, READ_CHUNK
 
 # --- decoder / reader -----------------------------------------------------------------
 

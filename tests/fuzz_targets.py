@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 
 from framing_vectors import reference_events  # the one oracle of the framing rules
-from shoal_mcp.constants import MAX_FRAME, OVERSIZE_HEAD, ErrorCode
-from shoal_mcp.framing import Oversize, backends
-from shoal_mcp.jsonrpc import (
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.framing import Oversize, backends
+from shoal_mcp.protocol.jsonrpc import (
     NO_ID,
     Invalid,
     Notification,
@@ -34,6 +34,7 @@ from shoal_mcp.jsonrpc import (
     recover_id,
     response,
 )
+from shoal_mcp.protocol.limits import MAX_FRAME, OVERSIZE_HEAD
 
 BACKENDS = backends()
 MAX_FRAMES = (1, 2, 3, 5, 8, 16, 64, 100, 255, 1024, OVERSIZE_HEAD - 1, OVERSIZE_HEAD,

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from harness import KernelProcess, wait_until
-from shoal_mcp.errors import RpcError
+from shoal_mcp.protocol.errors import RpcError
 
 __all__ = [
     "KernelProcess",

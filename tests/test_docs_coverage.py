@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import shoal_mcp.kernel.methods  # noqa: F401 - registers every kernel method
-from shoal_mcp.constants import ErrorCode
+import shoal_mcp.kernel.rpc.methods  # noqa: F401 - registers every kernel method
 from shoal_mcp.facade.resources import TEMPLATES
 from shoal_mcp.facade.tools import TOOLS
-from shoal_mcp.kernel.registry import REGISTRY
+from shoal_mcp.kernel.rpc.registry import REGISTRY
+from shoal_mcp.protocol.errors import ErrorCode
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PROTOCOL = (DOCS / "protocol.md").read_text()

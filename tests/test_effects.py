@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal_mcp.kernel.effects import (
+from shoal_mcp.kernel.effects.analyzer import (
     MAX_LIST,
     SHELL_BUILTINS,
     Analysis,

@@ -8,9 +8,7 @@ import time
 
 import pytest
 
-from shoal_mcp.constants import EVENT_RING, SUBSCRIBER_QUEUE, ErrorCode
-from shoal_mcp.errors import RpcError
-from shoal_mcp.kernel.events import (
+from shoal_mcp.kernel.events.bus import (
     CLIENT_PUBLISH_REFUSED,
     EventBus,
     EventStore,
@@ -18,6 +16,8 @@ from shoal_mcp.kernel.events import (
     require_client_publishable,
     validate_channel,
 )
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from shoal_mcp.protocol.limits import EVENT_RING, SUBSCRIBER_QUEUE
 
 WAIT_S = 20.0  # generous deadline for background delivery; never an assertion on speed
 

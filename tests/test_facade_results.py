@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shoal_mcp.constants import TEXT_LIMIT
-from shoal_mcp.errors import RpcError
 from shoal_mcp.facade.results import error_result, tool_result
+from shoal_mcp.protocol.errors import RpcError
+from shoal_mcp.protocol.limits import TEXT_LIMIT
 
 
 def test_render_then_one_blank_line_then_the_ref():

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from shoal_mcp.constants import MAX_FRAME, MiB
+from shoal_mcp.protocol.limits import MAX_FRAME, MiB
 
 GIB = 1 << 30
 SLACK = 8 * MiB
@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     import json, os, sys
 
     fd, out_path, want = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    from shoal_mcp.framing import BACKEND, FrameReader, Oversize
+    from shoal_mcp.protocol.framing import BACKEND, FrameReader, Oversize
 
     def status(key):
         with open("/proc/self/status") as fh:

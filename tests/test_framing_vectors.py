@@ -17,8 +17,8 @@ from framing_vectors import (
     reference_events,
     reference_line_bytes,
 )
-from shoal_mcp.constants import MAX_FRAME, READ_CHUNK, TEXT_LIMIT
-from shoal_mcp.framing import FrameTooLarge, Oversize
+from shoal_mcp.protocol.framing import FrameTooLarge, Oversize
+from shoal_mcp.protocol.limits import MAX_FRAME, READ_CHUNK, TEXT_LIMIT
 
 # --- decoder ----------------------------------------------------------------------------
 

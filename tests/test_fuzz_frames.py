@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz_targets import MAX_FRAMES, check_frames, chunk_cuts, one_input
-from shoal_mcp.constants import OVERSIZE_HEAD
+from shoal_mcp.protocol.limits import OVERSIZE_HEAD
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}

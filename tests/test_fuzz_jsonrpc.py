@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz_targets import check_head, check_message
-from shoal_mcp.constants import OVERSIZE_HEAD
-from shoal_mcp.jsonrpc import NO_ID, Invalid, Request, parse_message, recover_id
+from shoal_mcp.protocol.jsonrpc import NO_ID, Invalid, Request, parse_message, recover_id
+from shoal_mcp.protocol.limits import OVERSIZE_HEAD
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 

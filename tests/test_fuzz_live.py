@@ -16,7 +16,8 @@ import pytest
 
 from harness import KernelProcess
 from reliability_support import McpPipe, facade_env, no_traceback, short_tmp, structured, wire_text
-from shoal_mcp.constants import MAX_FRAME, ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import MAX_FRAME
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from kernel_fixtures import KernelProcess, close_client, start
-from shoal_mcp.constants import ELIDE_MAX_BYTES, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
+from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
 
 N = 20_000_000
 TOTAL_BYTES = sum((min(N, 10**d - 1) - 10 ** (d - 1) + 1) * (d + 1) for d in range(1, 9))

@@ -20,7 +20,7 @@ import pytest
 from harness import exchange_as_uid
 from kernel_fixtures import close_client, kernel_factory, pid_alive, start, wait_until  # noqa: F401
 from shoal_mcp.client import KernelClient, KernelLost
-from shoal_mcp.constants import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
 
 EXIT_REFUSED = 2
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from kernel_fixtures import RawConn, call_err, close_client, kernel  # noqa: F401
-from shoal_mcp.constants import SUBSCRIBER_QUEUE, ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import SUBSCRIBER_QUEUE
 
 FIGURES: dict[str, float] = {}
 

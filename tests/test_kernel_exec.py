@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kernel_fixtures import call_err, close_client, kernel, out_text, wait_until  # noqa: F401
-from shoal_mcp.constants import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
 
 
 @pytest.fixture

@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 
 from kernel_fixtures import pid_alive
-from shoal_mcp.constants import ErrorCode
-from shoal_mcp.errors import RpcError
-from shoal_mcp.kernel.events import EventBus
-from shoal_mcp.kernel.runner import spawn
-from shoal_mcp.kernel.store import Database
-from shoal_mcp.kernel.tasks import TaskManager
+from shoal_mcp.kernel.events.bus import EventBus
+from shoal_mcp.kernel.exec.runner import spawn
+from shoal_mcp.kernel.exec.tasks import TaskManager
+from shoal_mcp.kernel.store.db import Database
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
 
 
 def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:
@@ -64,7 +63,7 @@ def test_close_under_concurrent_writers_does_not_crash(tmp_path: Path) -> None:
         f"""
         import threading, time
         from pathlib import Path
-        from shoal_mcp.kernel.store import Database
+        from shoal_mcp.kernel.store.db import Database
         db = Database(Path({str(tmp_path / "stress.sqlite3")!r}))
         with db.transaction() as c:
             c.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")

@@ -13,11 +13,12 @@ import time
 import orjson
 import pytest
 
-import shoal_mcp.kernel.methods  # noqa: F401 - populates REGISTRY
+import shoal_mcp.kernel.rpc.methods  # noqa: F401 - populates REGISTRY
 from kernel_fixtures import RawConn, kernel  # noqa: F401
-from shoal_mcp.constants import MAX_FRAME, ErrorCode
-from shoal_mcp.kernel.registry import REGISTRY, UNATTACHED_METHODS
-from shoal_mcp.schema import validate
+from shoal_mcp.kernel.rpc.registry import REGISTRY, UNATTACHED_METHODS
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import MAX_FRAME
+from shoal_mcp.protocol.schema import validate
 
 ALL_METHODS = sorted(REGISTRY)
 SEEN_FRAMES: list[bytes] = []

@@ -8,7 +8,7 @@ import base64
 import signal
 
 from kernel_fixtures import call_err, close_client, kernel_factory  # noqa: F401
-from shoal_mcp.constants import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
 
 
 def test_state_survives_restart(kernel_factory, tmp_path):

@@ -20,7 +20,7 @@ from kernel_fixtures import (  # noqa: F401
     proc_state,
     wait_until,
 )
-from shoal_mcp.constants import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
 
 FIGURES: dict[str, float] = {}
 

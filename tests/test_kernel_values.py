@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from kernel_fixtures import call_err, close_client, kernel  # noqa: F401
-from shoal_mcp.constants import VALUE_HARD_CAP, ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import VALUE_HARD_CAP
 
 SNOW = "h\u00e9llo w\u00f6rld \u2603 \U0001f600 end"
 

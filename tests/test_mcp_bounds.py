@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from mcp_support import RawFacade, facade_env, start_kernel, stop_kernel
-from shoal_mcp.constants import ELIDE_MAX_BYTES, TEXT_LIMIT
+from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, TEXT_LIMIT
 
 MARKER_RE = re.compile(r"…\((\d+) more lines, (\d+) more bytes(?:, fetch via (\S+))?\)$")
 

@@ -18,7 +18,8 @@ import pytest
 
 from mcp_stdio_client import MCPError, McpStdioClient
 from mcp_support import facade_env, short_tmp, start_kernel, stop_kernel
-from shoal_mcp.constants import PTY_EVENT_INTERVAL_S, TEXT_LIMIT, VALUE_HARD_CAP, ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, TEXT_LIMIT, VALUE_HARD_CAP
 
 HERE = Path(__file__).resolve().parent
 DEADLINE_S = 15.0

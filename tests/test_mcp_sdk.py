@@ -31,7 +31,7 @@ from mcp_support import (
     stop_kernel,
 )
 from shoal_mcp import __version__
-from shoal_mcp.constants import TEXT_LIMIT
+from shoal_mcp.protocol.limits import TEXT_LIMIT
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 

@@ -28,7 +28,7 @@ from mcp_support import (
     stop_kernel,
     vm_hwm_kib,
 )
-from shoal_mcp.constants import MAX_FRAME
+from shoal_mcp.protocol.limits import MAX_FRAME
 
 MiB = 1024 * 1024
 FACADE_RSS_LIMIT_KIB = 64 * 1024

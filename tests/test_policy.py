@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal_mcp.kernel.effects import analyze
-from shoal_mcp.kernel.policy import Policy, PolicyError, PrincipalPolicy, Verdict
+from shoal_mcp.kernel.access.policy import Policy, PolicyError, PrincipalPolicy, Verdict
+from shoal_mcp.kernel.effects.analyzer import analyze
 
 HOME = "/home/u"
 LOCAL = "uid:1000"

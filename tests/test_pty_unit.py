@@ -15,14 +15,9 @@ import pyte
 import pytest
 
 from harness import wait_until
-from shoal_mcp.constants import (
-    PTY_EVENT_INTERVAL_S,
-    PTY_SCROLLBACK_LINES,
-    VALUE_HARD_CAP,
-    ErrorCode,
-)
-from shoal_mcp.errors import RpcError
-from shoal_mcp.kernel.pty import PTY_MAX_CELL_CHARS, PtyManager, _Screen, encode_input
+from shoal_mcp.kernel.pty.manager import PTY_MAX_CELL_CHARS, PtyManager, _Screen, encode_input
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, PTY_SCROLLBACK_LINES, VALUE_HARD_CAP
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -616,7 +611,7 @@ def test_deccolm_is_ignored_and_scrollback_is_bounded() -> None:
 
 
 def test_send_to_a_program_that_does_not_read(mgr: PtyManager, monkeypatch) -> None:
-    import shoal_mcp.kernel.pty as pty_mod
+    import shoal_mcp.kernel.pty.manager as pty_mod
 
     monkeypatch.setattr(pty_mod, "PTY_SEND_TIMEOUT_S", 0.3)
     r = open_pty(mgr, "sh", "-c", "stty raw -echo; echo raw; exec sleep 1000")

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 import pytest
 
-import shoal_mcp.kernel.methods  # noqa: F401 - registers every method
+import shoal_mcp.kernel.rpc.methods  # noqa: F401 - registers every method
 from harness import KernelProcess
 from reliability_support import (
     McpPipe,
@@ -31,11 +31,10 @@ from reliability_support import (
     structured,
     wire_text,
 )
-from shoal_mcp.constants import ErrorCode
-from shoal_mcp.errors import RpcError
 from shoal_mcp.facade.tools import TOOLS
-from shoal_mcp.kernel.registry import REGISTRY
-from shoal_mcp.schema import validate
+from shoal_mcp.kernel.rpc.registry import REGISTRY
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from shoal_mcp.protocol.schema import validate
 
 CALL_TIMEOUT = 60.0
 WINDOW = 16

@@ -37,8 +37,7 @@ from reliability_support import (
     wire_text,
 )
 from shoal_mcp.client import KernelClient, KernelLost
-from shoal_mcp.constants import ErrorCode
-from shoal_mcp.errors import RpcError
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
 
 FS_LIMIT = 4 * 1024 * 1024
 BIG = "head -c 12000000 /dev/zero"

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from harness import KernelProcess
-from shoal_mcp.constants import VALUE_HARD_CAP
+from shoal_mcp.protocol.limits import VALUE_HARD_CAP
 
 INVALID_PARAMS = -32602
 SIZE = 50_000_000

@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal_mcp.kernel.termfilter import IN_OSC, OscFilter
+from shoal_mcp.kernel.pty.termfilter import IN_OSC, OscFilter
 
 OSC_RE = re.compile(rb"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shoal_mcp.kernel import auth
-from shoal_mcp.kernel.auth import TokenStore, TokenStoreError
+from shoal_mcp.kernel.access import auth
+from shoal_mcp.kernel.access.auth import TokenStore, TokenStoreError
 
 
 @pytest.fixture

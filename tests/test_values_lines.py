@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal_mcp.kernel import cas as cas_mod
-from shoal_mcp.kernel import values as values_mod
-from shoal_mcp.kernel.cas import ContentStore
-from shoal_mcp.kernel.store import Database
-from shoal_mcp.kernel.values import LinesView, TextBlob
+from shoal_mcp.kernel.store import cas as cas_mod
+from shoal_mcp.kernel.store.cas import ContentStore
+from shoal_mcp.kernel.store.db import Database
+from shoal_mcp.kernel.values import resolver as values_mod
+from shoal_mcp.kernel.values.resolver import LinesView, TextBlob
 
 
 def python_lines(data: bytes) -> list[bytes]:

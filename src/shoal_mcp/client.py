@@ -21,11 +21,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from .constants import AUTOSTART_TIMEOUT_S, ErrorCode
-from .errors import RpcError
-from .framing import FrameReader, FrameWriter, Oversize, encode_frame
-from .jsonrpc import Notification, Response, parse_message, request
-from .paths import ensure_private_dir, socket_path, state_dir
+from .protocol.errors import ErrorCode, RpcError
+from .protocol.framing import FrameReader, FrameWriter, Oversize, encode_frame
+from .protocol.jsonrpc import Notification, Response, parse_message, request
+from .protocol.limits import AUTOSTART_TIMEOUT_S
+from .protocol.paths import ensure_private_dir, socket_path, state_dir
 
 AUTOSTART_POLL_S = 0.05
 CLOSE_JOIN_S = 5.0

@@ -12,7 +12,7 @@ import click
 
 from .. import __version__
 from ..client import KernelLost
-from ..framing import BACKEND
+from ..protocol.framing import BACKEND
 from .admin import doctor, kernel_group, mcp_config, token_group
 from .common import Ctx, pass_ctx
 from .work import (

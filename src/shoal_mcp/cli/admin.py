@@ -14,8 +14,8 @@ import click
 import orjson
 
 from ..client import KernelClient, KernelLost, connect
-from ..framing import BACKEND
-from ..kernel.auth import TokenStore, TokenStoreError
+from ..kernel.access.auth import TokenStore, TokenStoreError
+from ..protocol.framing import BACKEND
 from .common import Ctx, pass_ctx
 from .output import emit_json, style, table
 
@@ -187,7 +187,7 @@ def _check(name: str, fn) -> tuple[str, str, str]:
 
 
 def _grammar() -> str:
-    from ..kernel.effects import parse_summary
+    from ..kernel.effects.analyzer import parse_summary
 
     summary = parse_summary("echo hi | grep h > /tmp/x")
     if not summary.get("ok"):

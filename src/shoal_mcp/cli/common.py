@@ -11,9 +11,8 @@ import click
 import orjson
 
 from ..client import KernelClient, connect
-from ..constants import ErrorCode
-from ..errors import RpcError
-from ..paths import socket_path, state_dir
+from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.paths import socket_path, state_dir
 
 
 @dataclass

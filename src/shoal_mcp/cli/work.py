@@ -10,7 +10,7 @@ import time
 import click
 
 from ..client import KernelLost
-from ..errors import RpcError
+from ..protocol.errors import RpcError
 from .common import Ctx, fail, pass_ctx
 from .output import emit_json, state_colour, style, table, when
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from .. import __version__
-from ..framing import BACKEND
+from ..protocol.framing import BACKEND
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..client import KernelClient, KernelLost, connect
-from ..constants import DEFAULT_SESSION
+from ..protocol.limits import DEFAULT_SESSION
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from ..constants import MCP_UNKNOWN_RESOURCE, TEXT_LIMIT
-from ..errors import RpcError
-from ..framing import bound_text
+from ..protocol.errors import MCP_UNKNOWN_RESOURCE, RpcError
+from ..protocol.framing import bound_text
+from ..protocol.limits import TEXT_LIMIT
 
 ROOTS = [
     ("shoal://journal", "journal", "What ran in this kernel, newest first (journal.query)."),

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ..client import KernelLost
-from ..constants import ErrorCode
-from ..errors import RpcError
+from ..protocol.errors import ErrorCode, RpcError
 from .kernel_link import KernelLink
 from .resources import (
     ROOTS,

@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
-from ..constants import TEXT_LIMIT
-from ..errors import RpcError
-from ..framing import bound_text
+from ..protocol.errors import RpcError
+from ..protocol.framing import bound_text
+from ..protocol.limits import TEXT_LIMIT
 
 
 def _pretty(value: Any) -> str:

@@ -17,10 +17,9 @@ from typing import Any
 
 from .. import __version__
 from ..client import KernelLost
-from ..constants import MCP_PROTOCOL_VERSION, MCP_SUPPORTED_VERSIONS, ErrorCode
-from ..errors import RpcError
-from ..framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
-from ..jsonrpc import (
+from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
+from ..protocol.jsonrpc import (
     Invalid,
     Notification,
     Request,
@@ -30,7 +29,8 @@ from ..jsonrpc import (
     parse_message,
     response,
 )
-from ..schema import validate
+from ..protocol.limits import MCP_PROTOCOL_VERSION, MCP_SUPPORTED_VERSIONS
+from ..protocol.schema import validate
 from .kernel_link import KernelLink
 from .resources_api import ResourceApi
 from .results import error_result, tool_result

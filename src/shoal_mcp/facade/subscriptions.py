@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..constants import ErrorCode
-from ..errors import RpcError
+from ..protocol.errors import ErrorCode, RpcError
 from .kernel_link import KernelLink
 from .resources import parse_uri, subscription_channel, unknown
 from .resources_api import NOT_FOUND_CODES

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import KernelLost
-from ..constants import PROGRESS_INTERVAL_S, ErrorCode
-from ..errors import RpcError
-from ..schema import validate
+from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.limits import PROGRESS_INTERVAL_S
+from ..protocol.schema import validate
 from .kernel_link import KernelLink
 from .tools import TOOLS_BY_NAME
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..constants import PTY_MAX_DIM, PTY_MIN_DIM
-from ..kernel.elision import ELIDE_SCHEMA
+from ..kernel.values.elision import ELIDE_SCHEMA
+from ..protocol.limits import PTY_MAX_DIM, PTY_MIN_DIM
 
 STR = {"type": "string"}
 INT = {"type": "integer"}

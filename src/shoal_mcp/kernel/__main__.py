@@ -2,7 +2,7 @@
 
 import sys
 
-from .daemon import main as _main
+from .rpc.daemon import main as _main
 
 
 def main() -> None:

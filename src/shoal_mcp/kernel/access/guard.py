@@ -1,0 +1,52 @@
+"""Who may do what: authentication, policy verdicts, quotas and visibility (§4.2, §4.7).
+
+The kernel asks the guard before acting; the guard owns the token store and the
+loaded policy. Plans themselves live in ``plans.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...protocol.errors import ErrorCode, RpcError
+from .auth import TokenStore
+from .policy import Policy, PrincipalPolicy
+
+
+class Guard:
+    def __init__(self, state_dir: Path, policy_path: Path | None, local_principal: str, require_token: bool) -> None:
+        self.tokens = TokenStore(state_dir / "tokens.json")
+        self.policy = Policy.load(str(policy_path) if policy_path else None)
+        self.local_principal = local_principal
+        self.require_token = require_token
+
+    def for_principal(self, principal: str) -> PrincipalPolicy:
+        return self.policy.for_principal(principal, self.local_principal)
+
+    def authenticate(self, token: str | None) -> str:
+        if token is None:
+            if self.require_token:
+                raise RpcError(ErrorCode.AUTH_FAILED, "auth failed: this kernel requires a token",
+                               {"hint": "set SHOAL_TOKEN (create one with: shoal token create NAME)"})
+            return self.local_principal
+        principal = self.tokens.verify(token)
+        if principal is None:
+            raise RpcError(ErrorCode.AUTH_FAILED, "auth failed: unknown, expired or revoked token")
+        return principal
+
+    def caps(self, principal: str) -> dict:
+        pol = self.for_principal(principal)
+        return {
+            "enforced": False,  # no filesystem sandbox: policy gates what shoal runs, not what it touches
+            "approver": pol.approver,
+            "journal_read": pol.journal_read,
+            "tasks_read": pol.tasks_read,
+            "max_tasks": pol.max_tasks,
+            "max_ptys": pol.max_ptys,
+            "max_subscriptions": pol.max_subscriptions,
+        }
+
+    def check_quota(self, principal: str, what: str, current: int) -> None:
+        limit = getattr(self.for_principal(principal), what)
+        if current >= limit:
+            raise RpcError(ErrorCode.QUOTA, f"quota exceeded: {what} = {limit}", {"quota": what, "limit": limit})

@@ -1,0 +1,164 @@
+"""Plans: analysed commands awaiting (or granted) approval (SPEC §4.7).
+
+Each plan lives under its (session, principal); its ref hashes (session, principal,
+src, effects) to 128 bits, so two callers planning the same command never share or
+overwrite a plan. Only approvers decide; a denied plan stays denied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ...protocol.errors import ErrorCode, RpcError, invalid_params
+from ...protocol.limits import PLAN_REF_HEX
+
+PENDING, REQUESTED, APPROVED, DENIED, APPLIED = "pending", "requested", "approved", "denied", "applied"
+
+
+@dataclass
+class Plan:
+    ref: str
+    session: str
+    principal: str
+    src: str
+    cwd: str
+    effects: list[dict]
+    reversibility: str
+    verdict: str
+    reasons: list[str]
+    state: str = PENDING
+    approved_kinds: list[str] = field(default_factory=list)
+    decided_by: str | None = None
+    created: float = field(default_factory=time.time)
+
+    @property
+    def uri(self) -> str:
+        return f"shoal://plan/{self.ref}"
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "plan_ref": self.ref,
+            "uri": self.uri,
+            "session": self.session,
+            "principal": self.principal,
+            "src": self.src,
+            "cwd": self.cwd,
+            "effects": self.effects,
+            "reversibility": self.reversibility,
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "state": self.state,
+            "created": self.created,
+        }
+        if self.approved_kinds:
+            out["approved_effects"] = self.approved_kinds
+        if self.decided_by:
+            out["decided_by"] = self.decided_by
+        return out
+
+    def effect_kinds(self) -> set[str]:
+        return {e["kind"] for e in self.effects}
+
+
+def plan_ref(session: str, principal: str, src: str, effects: list[dict]) -> str:
+    material = orjson.dumps([session, principal, src, effects])
+    return "plan:" + hashlib.blake2b(material, digest_size=PLAN_REF_HEX // 2).hexdigest()
+
+
+class PlanStore:
+    def __init__(self) -> None:
+        self._by_owner: dict[tuple[str, str], dict[str, Plan]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, plan: Plan) -> Plan:
+        """Store ``plan``; an existing plan with the same ref (same owner) is kept."""
+        with self._lock:
+            store = self._by_owner.setdefault((plan.session, plan.principal), {})
+            return store.setdefault(plan.ref, plan)
+
+    def get_own(self, ref: str, session: str, principal: str) -> Plan:
+        with self._lock:
+            plan = self._by_owner.get((session, principal), {}).get(_norm(ref))
+        if plan is None:
+            raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
+        return plan
+
+    def find(self, ref: str) -> Plan:
+        """Any owner's plan (for approvers)."""
+        ref = _norm(ref)
+        with self._lock:
+            for store in self._by_owner.values():
+                if ref in store:
+                    return store[ref]
+        raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
+
+    def list(self, session: str | None, principal: str | None, state: str | None = None) -> list[Plan]:
+        with self._lock:
+            plans = [
+                p
+                for (s, pr), store in self._by_owner.items()
+                if (session is None or s == session) and (principal is None or pr == principal)
+                for p in store.values()
+            ]
+        return sorted((p for p in plans if state is None or p.state == state), key=lambda p: p.created)
+
+    def claim(self, plan: Plan) -> str:
+        """Mark ``plan`` applied, atomically, so concurrent applies run it once; returns
+        the state it had. Denied and applied plans raise -32010."""
+        with self._lock:
+            if plan.state == DENIED:
+                raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
+            if plan.state == APPLIED:
+                raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
+            previous, plan.state = plan.state, APPLIED
+            return previous
+
+    def unclaim(self, plan: Plan, previous: str) -> None:
+        """Undo ``claim`` when nothing was started (e.g. the task quota refused it)."""
+        with self._lock:
+            if plan.state == APPLIED:
+                plan.state = previous
+
+    @staticmethod
+    def request(plan: Plan) -> None:
+        if plan.state == DENIED:
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
+        if plan.verdict == "deny":
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
+                           {"plan_ref": plan.ref, "reasons": plan.reasons})
+        if plan.state in (PENDING,):
+            plan.state = REQUESTED
+
+    @staticmethod
+    def decide(plan: Plan, approver: str, approve: bool, kinds: list[str] | None) -> None:
+        if plan.state == DENIED:
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref})
+        if plan.state == APPLIED:
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
+        if not approve:
+            plan.state = DENIED
+            plan.decided_by = approver
+            return
+        if plan.verdict == "deny":  # deny beats ask beats allow: no approval overrides the policy
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
+                           {"plan_ref": plan.ref, "reasons": plan.reasons})
+        needed = plan.effect_kinds()
+        granted = set(kinds) if kinds is not None else needed
+        missing = needed - granted
+        if missing:
+            raise invalid_params("effects", f"must cover every plan effect kind; missing {sorted(missing)}")
+        plan.approved_kinds = sorted(granted & needed) if needed else []
+        plan.state = APPROVED
+        plan.decided_by = approver
+
+
+def _norm(ref: str) -> str:
+    if ref.startswith("shoal://plan/"):
+        ref = ref[len("shoal://plan/") :]
+    return ref

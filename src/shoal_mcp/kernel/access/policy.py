@@ -1,0 +1,369 @@
+"""Policy file (TOML, SPEC §4.7) and the verdict it gives a plan's effects.
+
+One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAME".fs]``::
+
+    proc_spawn  = ["git", "rg"]       argv0 names, absolute paths or globs ("*" = any)
+    net_connect = ["*.github.com:443"] host glob ":" port or "*"
+    env_read    = ["HOME", "LC_*"]     names or globs ("*" also covers the whole env)
+    env_write   = []
+    session_write = true               may `cd` (default true: cwd is the agent's own)
+    auto_apply  = "in-grant"           never | in-grant | reversible (default in-grant)
+    ungranted   = "deny"               effect outside the grants: deny | ask (default deny)
+    opaque      = "deny"               deny | ask | allow (default deny)
+    approver    = false
+    journal_read = "own"               own | all
+    tasks_read   = "own"               own | all
+    max_tasks = 8, max_ptys = 2, max_subscriptions = 16
+    fs.read / fs.write / fs.delete     path globs, absolute or ~-relative; ** spans dirs
+
+Any other key, or a value of the wrong type, raises ``PolicyError`` naming the key path.
+
+Defaults, as decided (docs/decisions.md):
+
+* The local human (``uid:<euid>``) with no table is permissive: every effect allowed,
+  approver, ``journal_read``/``tasks_read`` = all, quotas 64 tasks / 16 PTYs / 256
+  subscriptions.  If a table exists for it, the table's grants apply, while approver,
+  journal/tasks visibility and quotas keep those permissive defaults unless set.
+* A principal with no table is denied every plan (even an empty one); it keeps the
+  ordinary quotas (8 / 2 / 16) so attach-only use (events, journal) still works.
+
+Matching: ``proc_spawn`` entries match argv0 as written (fnmatch), and a bare name also
+matches that name in a system bin directory (``git`` covers ``/usr/bin/git``, not
+``./git``).  The state-only shell builtins (``effects.SHELL_BUILTINS``: ``cd``, ``echo``,
+``export`` ...) are implicitly granted since their real effects are reported separately.
+fs globs use wcmatch (GLOBSTAR, DOTGLOB, BRACE); ``dir/**`` also covers ``dir`` itself;
+a subtree target ``P/**`` is covered only by a pattern that matches ``P`` and everything
+below it.  Deny beats ask beats allow; then ``auto_apply`` turns an allow into ask
+(``never``; ``reversible`` unless the plan is reversible).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from wcmatch import fnmatch, glob
+
+from ..effects.analyzer import SHELL_BUILTINS
+
+ALLOW, ASK, DENY = "allow", "ask", "deny"
+_RANK = {ALLOW: 0, ASK: 1, DENY: 2}
+MAX_REASONS = 100
+
+_LIST_KEYS = ("proc_spawn", "net_connect", "env_read", "env_write")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "auto_apply": ("never", "in-grant", "reversible"),
+    "ungranted": (DENY, ASK),
+    "opaque": (DENY, ASK, ALLOW),
+    "journal_read": ("own", "all"),
+    "tasks_read": ("own", "all"),
+}
+_BOOL_KEYS = ("approver", "session_write")
+_INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
+_FS_KEYS = ("read", "write", "delete")
+_MAX_QUOTA = 1_000_000
+
+_TABLE_DEFAULTS: dict[str, Any] = {
+    "auto_apply": "in-grant", "ungranted": DENY, "opaque": DENY, "approver": False,
+    "journal_read": "own", "tasks_read": "own", "session_write": True,
+    "max_tasks": 8, "max_ptys": 2, "max_subscriptions": 16,
+}
+_LOCAL_DEFAULTS: dict[str, Any] = {
+    **_TABLE_DEFAULTS, "approver": True, "journal_read": "all", "tasks_read": "all",
+    "max_tasks": 64, "max_ptys": 16, "max_subscriptions": 256,
+}
+_SYSTEM_BIN = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin",
+                         "/usr/local/sbin", "/opt/homebrew/bin"})
+_GLOB_FLAGS = glob.GLOBSTAR | glob.DOTGLOB | glob.BRACE
+_NAME_FLAGS = fnmatch.CASE
+_DEEP_PROBE = "/\uffff/\uffff"  # a path below a subtree that no literal pattern names
+
+
+class PolicyError(ValueError):
+    """A policy file the kernel must refuse to start with; ``key`` is the bad key path."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
+
+
+def _key(principal: str, *parts: str) -> str:
+    return ".".join([f"principal.{json.dumps(principal)}", *parts])
+
+
+def _check_net(entry: str) -> str | None:
+    host, sep, port = entry.rpartition(":")
+    if not sep or not host:
+        return "expected HOST:PORT (port may be *)"
+    if port != "*" and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"bad port {port!r}"
+    return None
+
+
+def _validate_table(name: str, table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise PolicyError(_key(name), "expected a table")
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        where = _key(name, k)
+        if k in _LIST_KEYS:
+            out[k] = _string_list(where, v)
+            if k == "net_connect":
+                for entry in out[k]:
+                    why = _check_net(entry)
+                    if why:
+                        raise PolicyError(where, f"{entry!r}: {why}")
+        elif k in _CHOICES:
+            if v not in _CHOICES[k]:
+                raise PolicyError(where, f"expected one of {' | '.join(_CHOICES[k])}, got {v!r}")
+            out[k] = v
+        elif k in _BOOL_KEYS:
+            if not isinstance(v, bool):
+                raise PolicyError(where, f"expected true or false, got {v!r}")
+            out[k] = v
+        elif k in _INT_KEYS:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_QUOTA:
+                raise PolicyError(where, f"expected an integer 0..{_MAX_QUOTA}, got {v!r}")
+            out[k] = v
+        elif k == "fs":
+            if not isinstance(v, dict):
+                raise PolicyError(where, "expected a table")
+            for fk, fv in v.items():
+                fwhere = _key(name, "fs", fk)
+                if fk not in _FS_KEYS:
+                    raise PolicyError(fwhere, "unknown key")
+                globs = _string_list(fwhere, fv)
+                for g in globs:
+                    if not g.startswith(("/", "~")):
+                        raise PolicyError(fwhere, f"{g!r}: must be absolute or start with ~")
+                out[f"fs_{fk}"] = globs
+        else:
+            raise PolicyError(where, "unknown key")
+    return out
+
+
+def _string_list(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+        raise PolicyError(where, "expected a list of non-empty strings")
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    ungranted: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reasons": self.reasons, "ungranted": self.ungranted}
+
+
+class PrincipalPolicy:
+    """The effective rules for one principal, with its globs compiled."""
+
+    def __init__(self, principal: str, settings: Mapping[str, Any], *, home: str,
+                 permissive: bool = False, defined: bool = True) -> None:
+        self.principal = principal
+        self.permissive = permissive
+        self.defined = defined
+        self._s = dict(settings)
+
+        def expand(g: str) -> str:
+            if g == "~" or g.startswith("~/"):
+                return home + g[1:]
+            return os.path.expanduser(g)
+
+        self._spawn = [(g, fnmatch.compile(g, flags=_NAME_FLAGS))
+                       for g in settings.get("proc_spawn", ())]
+        self._net = [(fnmatch.compile(h.lower(), flags=_NAME_FLAGS),
+                      fnmatch.compile(p, flags=_NAME_FLAGS))
+                     for h, _, p in (e.rpartition(":") for e in settings.get("net_connect", ()))]
+        self._env = {k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)
+                     for k in ("env_read", "env_write")}
+        self._fs = {k: [_FsPattern(expand(g)) for g in settings.get(k, ())]
+                    for k in ("fs_read", "fs_write", "fs_delete")}
+
+    # settings the kernel reads directly
+
+    @property
+    def approver(self) -> bool:
+        return bool(self._s["approver"])
+
+    @property
+    def journal_read(self) -> str:
+        return str(self._s["journal_read"])
+
+    @property
+    def tasks_read(self) -> str:
+        return str(self._s["tasks_read"])
+
+    @property
+    def max_tasks(self) -> int:
+        return int(self._s["max_tasks"])
+
+    @property
+    def max_ptys(self) -> int:
+        return int(self._s["max_ptys"])
+
+    @property
+    def max_subscriptions(self) -> int:
+        return int(self._s["max_subscriptions"])
+
+    @property
+    def auto_apply(self) -> str:
+        return str(self._s["auto_apply"])
+
+    def env_readable(self, name: str) -> bool:
+        return self.permissive or self._env["env_read"].match(name)
+
+    # verdicts
+
+    def evaluate(self, analysis_effects: Iterable[Mapping[str, str]],
+                 reversibility: str) -> Verdict:
+        effects = [dict(e) for e in analysis_effects]
+        if not self.defined:
+            return Verdict(DENY, [f"principal {self.principal!r} has no policy table"],
+                           effects[:MAX_REASONS])
+        if self.permissive:
+            return Verdict(ALLOW)
+        worst = ALLOW
+        reasons: list[str] = []
+        ungranted: list[dict[str, str]] = []
+        for e in effects:
+            kind, target = str(e.get("kind")), str(e.get("target"))
+            decision, why = self._decide(kind, target)
+            if decision is None:
+                ungranted.append(e)
+                decision = self._s["ungranted"]
+                why = f"{why} (ungranted = {decision})"
+            if decision != ALLOW and len(reasons) < MAX_REASONS:
+                reasons.append(f"{kind} {target}: {why}")
+            if _RANK[decision] > _RANK[worst]:
+                worst = decision
+        if worst == ALLOW:
+            mode = self.auto_apply
+            if mode == "never":
+                worst = ASK
+                reasons.append("auto_apply = never: every plan needs approval")
+            elif mode == "reversible" and reversibility != "reversible":
+                worst = ASK
+                reasons.append(f"auto_apply = reversible and the plan is {reversibility}")
+        return Verdict(worst, reasons, ungranted[:MAX_REASONS])
+
+    def _decide(self, kind: str, target: str) -> tuple[str | None, str]:
+        """(allow|ask|deny, why) for a settled effect, or (None, why) when ungranted."""
+        if kind == "opaque":
+            setting = self._s["opaque"]
+            return setting, f"not statically understood (opaque = {setting})"
+        if kind == "proc_spawn":
+            return (ALLOW, "") if self._spawn_granted(target) else (None, "not in proc_spawn")
+        if kind in ("fs_read", "fs_write", "fs_delete"):
+            if any(p.covers(target) for p in self._fs[kind]):
+                return ALLOW, ""
+            return None, f"outside fs.{kind[3:]} grants"
+        if kind == "net_connect":
+            host, _, port = target.rpartition(":")
+            if any(h.match(host.lower()) and p.match(port) for h, p in self._net):
+                return ALLOW, ""
+            return None, "not in net_connect"
+        if kind in ("env_read", "env_write"):
+            if self._env[kind].match(target):
+                return ALLOW, ""
+            return None, f"not in {kind}"
+        if kind == "session_write":
+            return (ALLOW, "") if self._s["session_write"] else (None, "session_write = false")
+        return None, "unknown effect kind"
+
+    def _spawn_granted(self, argv0: str) -> bool:
+        if argv0 in SHELL_BUILTINS:
+            return True
+        in_system_bin = posixpath.dirname(argv0) in _SYSTEM_BIN
+        base = posixpath.basename(argv0)
+        for entry, matcher in self._spawn:
+            if matcher.match(argv0):
+                return True
+            if in_system_bin and "/" not in entry and matcher.match(base):
+                return True
+        return False
+
+
+class _FsPattern:
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._m = glob.compile(pattern, flags=_GLOB_FLAGS)
+        # `dir/**` also grants `dir` itself (wcmatch alone would not match it).
+        base = pattern[:-3] if pattern.endswith("/**") else None
+        self._base = glob.compile(base or "/", flags=_GLOB_FLAGS) if base is not None else None
+
+    def matches(self, path: str) -> bool:
+        return self._m.match(path) or (self._base is not None and self._base.match(path))
+
+    def covers(self, target: str) -> bool:
+        if target.endswith("/**"):  # a whole subtree: the root and everything below
+            root = target[:-3] or "/"
+            return self.matches(root) and self.matches(root.rstrip("/") + _DEEP_PROBE)
+        return self.matches(target)
+
+
+class Policy:
+    """A loaded policy file: principal name → validated settings."""
+
+    def __init__(self, tables: Mapping[str, Mapping[str, Any]] | None = None,
+                 home: str | None = None) -> None:
+        self.tables = {k: dict(v) for k, v in (tables or {}).items()}
+        self.home = home or os.path.expanduser("~")
+        self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
+
+    @classmethod
+    def load(cls, path: str | None, home: str | None = None) -> Policy:
+        if path is None:
+            return cls(home=home)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as e:
+            raise PolicyError(path, f"cannot read policy file: {e.strerror or e}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise PolicyError(path, f"invalid TOML: {e}") from e
+        return cls.from_dict(data, home=home)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], home: str | None = None) -> Policy:
+        for k in data:
+            if k != "principal":
+                raise PolicyError(k, "unknown key")
+        principals = data.get("principal", {})
+        if not isinstance(principals, dict):
+            raise PolicyError("principal", "expected a table of principal tables")
+        tables = {}
+        for name, table in principals.items():
+            if not name.strip():
+                raise PolicyError(_key(name), "principal name must not be empty")
+            tables[name] = _validate_table(name, table)
+        return cls(tables, home=home)
+
+    @property
+    def principals(self) -> list[str]:
+        return sorted(self.tables)
+
+    def for_principal(self, principal: str, local_principal: str) -> PrincipalPolicy:
+        key = (principal, local_principal)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._build(principal, local_principal)
+        return cached
+
+    def _build(self, principal: str, local_principal: str) -> PrincipalPolicy:
+        is_local = principal == local_principal
+        table = self.tables.get(principal)
+        defaults = _LOCAL_DEFAULTS if is_local else _TABLE_DEFAULTS
+        if table is None:
+            return PrincipalPolicy(principal, defaults, home=self.home, permissive=is_local,
+                                   defined=is_local)
+        return PrincipalPolicy(principal, {**defaults, **table}, home=self.home)

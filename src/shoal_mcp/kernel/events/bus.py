@@ -1,0 +1,436 @@
+"""Event channels (SPEC §4.10): per-channel sequence numbers, in-memory rings, durable
+replay from SQLite, and fan-out to subscribers that never blocks a publisher.
+
+Event shape (every channel)::
+
+    {"channel": str, "seq": int, "ts": float (unix seconds), "payload": dict}
+
+``seq`` starts at 0 and rises by exactly 1 per channel. For the durable channels
+(``DURABLE_CHANNELS``: ``journal``, ``session.transcript``) every event is also written to
+SQLite before it becomes visible, and after a restart the sequence continues from the
+stored ``last_seq() + 1``.
+
+Overflow / gap summary (only ever delivered to a subscriber's sink, never stored)::
+
+    {"channel": str, "seq": s, "ts": float,
+     "payload": {"dropped": n, "latest_seq": s},
+     "dropped": n}
+
+It stands in for the ``n`` events with seqs ``s-n+1 .. s`` that the subscriber did not
+get, so a subscriber sees a seq-contiguous stream when it treats a summary as covering that
+range: the event delivered after a summary always has ``seq == s + 1``. A top-level
+``"dropped"`` key is what distinguishes a summary from a real event. Two causes:
+
+* overflow — the subscriber's queue (``SUBSCRIBER_QUEUE``) was full; the newest events
+  were dropped and one summary is delivered once the queue has drained (or just before the
+  next event that fits, whichever comes first).
+* replay gap — ``subscribe(since=...)`` on a non-durable channel whose ring no longer
+  holds the events right after ``since``; this summary also carries ``"truncated": true``.
+
+Events are shared, read-only dicts: the same object sits in the ring, is returned by
+``read`` and is handed to every sink. Nobody may mutate an event or a published payload.
+
+Memory: one ring of ``ring_size`` events per channel, for at most ``max_channels``
+channels. Past that, the least recently used channel that is neither durable nor
+subscribed loses its ring (finished ``task.N`` / ``pty.N`` channels go first in practice);
+its next seq is remembered (up to ``MAX_TOMBSTONES`` names) so its numbering continues if
+it is published again; ``read`` of an evicted channel reports its ``latest_seq`` and
+``truncated``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import sqlite3
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from ...protocol.errors import ErrorCode, RpcError, invalid_params
+from ...protocol.limits import DURABLE_CHANNELS, EVENT_RING, SUBSCRIBER_QUEUE
+from .store import Event, EventStore, dumps_payload
+from .subscriptions import Sink, Subscription, gap_summary
+
+log = logging.getLogger(__name__)
+
+MAX_CHANNEL_LEN = 256
+"""Longest accepted channel name, in characters."""
+READ_MAX_EVENTS = EVENT_RING
+"""Most events one ``read`` returns, whatever ``limit`` asks (keeps a response framable)."""
+MAX_CHANNELS = 256
+"""Channels whose ring is kept in memory before least-recently-used ones are evicted."""
+MAX_TOMBSTONES = 64 * 1024
+"""Evicted channel names whose next seq is remembered (an int each)."""
+CLOSE_JOIN_S = 1.0
+"""How long ``EventBus.close`` waits, in total, for delivery threads to finish."""
+
+CLIENT_PUBLISH_REFUSED = "only user.* channels are publishable"
+
+_CHANNEL_RE = re.compile(
+    r"journal|session\.transcript|approval"
+    r"|(?:task|pty)\.(?:0|[1-9][0-9]*)"
+    r"|user\.[A-Za-z0-9._:@+=~-]+"
+)
+
+
+# --- channel names ----------------------------------------------------------------------
+
+
+def validate_channel(name: Any) -> str:
+    """Return ``name`` when it is a channel of SPEC §4.10, else raise -32602 (field ``channel``).
+
+    Accepted: ``journal``, ``session.transcript``, ``approval``, ``task.N``, ``pty.N``
+    (N a decimal integer without leading zeros) and ``user.<suffix>`` where the suffix is
+    1+ characters of ``A-Z a-z 0-9 . _ : @ + = ~ -`` (URI-safe, so ``shoal://events/{channel}``
+    needs no escaping). At most ``MAX_CHANNEL_LEN`` characters.
+    """
+    if not isinstance(name, str):
+        raise invalid_params("channel", "must be a string")
+    if not name:
+        raise invalid_params("channel", "must not be empty")
+    if len(name) > MAX_CHANNEL_LEN:
+        raise invalid_params("channel", f"longer than {MAX_CHANNEL_LEN} characters")
+    if _CHANNEL_RE.fullmatch(name) is None:
+        raise invalid_params(
+            "channel",
+            "unknown channel (journal, session.transcript, approval, task.N, pty.N, user.*)",
+        )
+    return name
+
+
+def is_client_publishable(name: Any) -> bool:
+    """True only for a valid ``user.*`` channel: the only ones clients may publish to."""
+    return (
+        isinstance(name, str)
+        and name.startswith("user.")
+        and len(name) <= MAX_CHANNEL_LEN
+        and _CHANNEL_RE.fullmatch(name) is not None
+    )
+
+
+def require_client_publishable(name: Any) -> str:
+    """Validate ``name`` for ``events.publish``: -32602 naming ``channel`` unless ``user.*``."""
+    validate_channel(name)
+    if not is_client_publishable(name):
+        raise invalid_params("channel", CLIENT_PUBLISH_REFUSED)
+    return name
+
+
+def _check_since(since: Any) -> int | None:
+    if since is None:
+        return None
+    if isinstance(since, bool) or not isinstance(since, int) or since < -1:
+        raise invalid_params("since", "must be an integer >= -1 (exclusive seq)")
+    return since
+
+
+def _check_limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise invalid_params("limit", "must be a non-negative integer")
+    return limit
+
+
+class _Channel:
+    __slots__ = ("name", "durable", "lock", "ring", "next_seq", "subs", "evicted")
+
+    def __init__(self, name: str, durable: bool, next_seq: int, ring_size: int) -> None:
+        self.name = name
+        self.durable = durable
+        self.lock = threading.Lock()
+        self.ring: deque[Event] = deque(maxlen=ring_size)
+        self.next_seq = next_seq
+        self.subs: tuple[Subscription, ...] = ()
+        self.evicted = False
+
+    def first_seq(self) -> int:
+        """Seq of the oldest event in the ring (== next_seq when the ring is empty)."""
+        return self.next_seq - len(self.ring)
+
+
+class EventBus:
+    """Channels, rings and subscriptions of one kernel (thread-safe throughout).
+
+    Locks: one bus lock for the channel table (held for dict operations only), one lock
+    per channel (seq allocation, SQLite append of durable events, ring append, enqueueing
+    to subscribers: all non-blocking except the SQLite insert) and one per subscription.
+    Order is bus → channel → subscription; nothing takes them the other way round.
+
+    Without a ``store`` the durable channels behave like the others (memory only).
+    ``close()`` stops every subscription; it does not close the store (the caller owns it).
+    """
+
+    def __init__(
+        self,
+        store: EventStore | None = None,
+        ring_size: int = EVENT_RING,
+        queue_size: int = SUBSCRIBER_QUEUE,
+        *,
+        max_channels: int = MAX_CHANNELS,
+        read_max: int = READ_MAX_EVENTS,
+    ) -> None:
+        for name, value in (
+            ("ring_size", ring_size),
+            ("queue_size", queue_size),
+            ("max_channels", max_channels),
+            ("read_max", read_max),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self._store = store
+        self._ring_size = ring_size
+        self._queue_size = queue_size
+        self._max_channels = max_channels
+        self._read_max = read_max
+        self._lock = threading.Lock()
+        self._channels: OrderedDict[str, _Channel] = OrderedDict()
+        self._tombstones: OrderedDict[str, int] = OrderedDict()
+        self._subs: dict[str, Subscription] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        if store is not None:
+            for name in DURABLE_CHANNELS:
+                self._channels[name] = _Channel(name, True, store.last_seq(name) + 1, ring_size)
+
+    # -- channel table ----------------------------------------------------------------------
+
+    def _channel(self, name: str, *, create: bool) -> _Channel | None:
+        with self._lock:
+            ch = self._channels.get(name)
+            if ch is not None:
+                self._channels.move_to_end(name)
+                return ch
+            if not create:
+                return None
+            validate_channel(name)
+            durable = self._store is not None and name in DURABLE_CHANNELS
+            ch = _Channel(name, durable, self._tombstones.pop(name, 0), self._ring_size)
+            self._channels[name] = ch
+            if len(self._channels) > self._max_channels:
+                self._evict_locked(keep=ch)
+            return ch
+
+    def _evict_locked(self, keep: _Channel) -> None:
+        for name, ch in list(self._channels.items()):
+            if len(self._channels) <= self._max_channels:
+                return
+            if ch is keep or name in DURABLE_CHANNELS:
+                continue
+            with ch.lock:
+                if ch.subs:
+                    continue
+                ch.evicted = True
+                del self._channels[name]
+                self._tombstones[name] = ch.next_seq
+                self._tombstones.move_to_end(name)
+        while len(self._tombstones) > MAX_TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    def channels(self) -> list[str]:
+        """Names of the channels currently held in memory (ring and/or subscribers), sorted."""
+        with self._lock:
+            return sorted(self._channels)
+
+    # -- publish ----------------------------------------------------------------------------
+
+    def publish(self, channel: str, payload: dict[str, Any]) -> Event:
+        """Append an event to ``channel`` and return it (``{"channel","seq","ts","payload"}``).
+
+        Never waits for a subscriber. Durable channels are written to SQLite first (under
+        the channel lock, so the store is gap-free and ordered); a failing insert is logged
+        and the event is still published in memory. Raises -32602 for a bad channel, a
+        non-object payload, or (durable channels) a payload that is not JSON-serializable.
+        """
+        if not isinstance(channel, str):
+            raise invalid_params("channel", "must be a string")
+        if not isinstance(payload, dict):
+            raise invalid_params("payload", "must be an object")
+        payload_json: str | None = None
+        while True:
+            ch = self._channel(channel, create=True)
+            assert ch is not None
+            if ch.durable and payload_json is None:
+                payload_json = dumps_payload(payload)
+            with ch.lock:
+                if ch.evicted:
+                    continue  # lost a race with eviction: look the channel up again
+                seq = ch.next_seq
+                ts = time.time()
+                if ch.durable and self._store is not None and payload_json is not None:
+                    try:
+                        self._store._insert(channel, seq, ts, payload_json)
+                    except sqlite3.Error:
+                        log.exception("events: could not store %s seq %d", channel, seq)
+                ch.next_seq = seq + 1
+                event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
+                ch.ring.append(event)
+                if ch.subs:
+                    for sub in ch.subs:
+                        sub._offer(event)
+                return event
+
+    # -- read -------------------------------------------------------------------------------
+
+    def read(self, channel: str, since: int | None = None, limit: int | None = None) -> dict:
+        """``{"channel", "events": [...], "latest_seq"}`` (+ ``"truncated": true``, ``"more": true``).
+
+        ``since`` is exclusive (events with ``seq > since``); ``latest_seq`` is the channel's
+        newest seq, -1 when nothing was ever published. At most ``read_max``
+        (``READ_MAX_EVENTS``) events come back; a larger ``limit`` is clamped.
+
+        * ``limit`` given: the newest ``limit`` events after ``since``.
+        * ``since`` omitted: the newest events (``limit`` or ``read_max`` of them).
+        * ``since`` given, ``limit`` omitted: the oldest ``read_max`` events after ``since``
+          and ``"more": true`` when newer ones remain (continue with ``since`` = last seq).
+
+        Durable channels serve what the ring no longer holds from SQLite. Non-durable ones
+        return what the ring has, plus ``"truncated": true`` when ``since`` is older than the
+        ring (events right after ``since`` are gone).
+        """
+        validate_channel(channel)
+        since = _check_since(since)
+        limit = _check_limit(limit)
+        cap = self._read_max if limit is None else min(limit, self._read_max)
+        ch = self._channel(channel, create=False)
+        if ch is None:
+            with self._lock:
+                latest = self._tombstones.get(channel, 0) - 1
+            out: dict[str, Any] = {"channel": channel, "events": [], "latest_seq": latest}
+            if since is not None and since < latest:
+                out["truncated"] = True
+            return out
+
+        forward = since is not None and limit is None
+        lo = 0 if since is None else since + 1  # lowest wanted seq
+        with ch.lock:
+            latest = ch.next_seq - 1
+            first = ch.first_seq()
+            durable = ch.durable
+            n = len(ch.ring)
+            start = max(0, lo - first)
+            if forward:
+                ring_part = _ring_slice(ch.ring, start, min(n, start + cap))
+            else:
+                ring_part = _ring_slice(ch.ring, max(start, n - cap), n)
+
+        events = ring_part
+        if durable and lo < first and cap > 0 and self._store is not None:
+            older = first - 1
+            try:
+                if forward:
+                    store_part = self._store.page(channel, lo - 1, older, cap)
+                    events = store_part + ring_part[: cap - len(store_part)]
+                elif len(ring_part) < cap:
+                    store_part = self._store.since(
+                        channel, lo - 1, cap - len(ring_part), until=older
+                    )
+                    events = store_part + ring_part
+            except sqlite3.Error as exc:
+                log.exception("events: reading %s from the store failed", channel)
+                raise RpcError(
+                    ErrorCode.INTERNAL, "event store unavailable", {"channel": channel}
+                ) from exc
+        out = {"channel": channel, "events": events, "latest_seq": latest}
+        if since is not None and not durable and lo < first:
+            out["truncated"] = True
+        if forward and events and events[-1]["seq"] < latest:
+            out["more"] = True
+        return out
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        channel: str,
+        since: int | None,
+        sink: Sink,
+        *,
+        on_close: Callable[[Subscription], None] | None = None,
+    ) -> Subscription:
+        """Deliver events of ``channel`` with ``seq > since`` to ``sink``, then live ones.
+
+        ``since=None``: live events only. The replay snapshot and the registration happen
+        under the channel lock, so replay and live events meet with no gap and no
+        duplicate. See ``Subscription`` for delivery, overflow and close semantics.
+        """
+        validate_channel(channel)
+        since = _check_since(since)
+        if not callable(sink):
+            raise TypeError("sink must be callable")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("event bus is closed")
+            sub = Subscription(self, f"sub:{next(self._ids)}", channel, sink, self._queue_size,
+                               on_close)
+            self._subs[sub.id] = sub
+        while True:
+            ch = self._channel(channel, create=True)
+            assert ch is not None
+            with ch.lock:
+                if ch.evicted:
+                    continue
+                if sub.closed:  # bus.close() won the race; don't leave it registered
+                    break
+                latest = ch.next_seq - 1
+                if since is not None:
+                    sub._floor = since
+                    lo = since + 1
+                    first = ch.first_seq()
+                    sub._replay = _ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
+                    if lo < first and lo <= latest:
+                        if ch.durable:
+                            sub._replay_store = (since, first - 1)
+                        else:
+                            sub._gap = gap_summary(channel, first - lo, first - 1, truncated=True)
+                ch.subs = (*ch.subs, sub)
+            break
+        sub._thread.start()
+        return sub
+
+    def subscription(self, sub_id: str) -> Subscription | None:
+        with self._lock:
+            return self._subs.get(sub_id)
+
+    def unsubscribe(self, sub_id: str) -> bool:
+        """Close the subscription ``sub_id``; False when there is none (already closed)."""
+        sub = self.subscription(sub_id)
+        if sub is None:
+            return False
+        sub.close()
+        return True
+
+    def _detach(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs.pop(sub.id, None)
+            ch = self._channels.get(sub.channel)
+        if ch is not None:
+            with ch.lock:
+                ch.subs = tuple(s for s in ch.subs if s is not sub)
+
+    def close(self) -> None:
+        """Close every subscription and wait (``CLOSE_JOIN_S`` in total) for their threads.
+
+        Publishing and reading keep working afterwards; new subscriptions are refused.
+        """
+        with self._lock:
+            self._closed = True
+            subs = list(self._subs.values())
+        for sub in subs:
+            sub.close()
+        deadline = time.monotonic() + CLOSE_JOIN_S
+        for sub in subs:
+            sub.join(max(0.0, deadline - time.monotonic()))
+
+
+def _ring_slice(ring: deque[Event], start: int, stop: int) -> list[Event]:
+    if start >= stop:
+        return []
+    return list(itertools.islice(ring, start, stop))
+
+
+__all__ = ["EventBus", "EventStore", "Subscription", "is_client_publishable", "validate_channel"]

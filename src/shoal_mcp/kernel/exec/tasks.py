@@ -1,0 +1,243 @@
+"""Tasks: every exec runs as one; background and timed-out ones are listed (§4.6).
+
+A waiter thread per task polls the child, publishes throttled ``output`` events, and on
+exit hands the task to ``finalize`` (CAS ingest, transcript, journal) exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.limits import TASK_OUTPUT_EVENT_INTERVAL_S
+from ..events.bus import EventBus
+from .runner import RunningCommand
+
+log = logging.getLogger(__name__)
+
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass
+class Task:
+    id: int
+    session: str
+    principal: str
+    src: str
+    run: RunningCommand
+    listed: bool  # background or timed out: visible in task.list
+    effects: list[dict] = field(default_factory=list)
+    state: str = "running"
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    result: dict | None = None  # what exec returns, once finished
+    error: dict | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def ref(self) -> str:
+        return f"task:{self.id}"
+
+    @property
+    def channel(self) -> str:
+        return f"task.{self.id}"
+
+    def record(self) -> dict[str, Any]:
+        out_bytes, err_bytes = self.run.output_sizes() if not self.done.is_set() else (
+            self._final_sizes()
+        )
+        rec: dict[str, Any] = {
+            "task": self.ref,
+            "uri": f"shoal://task/{self.id}",
+            "session": self.session,
+            "principal": self.principal,
+            "src": self.src,
+            "state": self.state,
+            "pid": self.run.pid,
+            "started": self.started,
+            "out_bytes": out_bytes,
+            "err_bytes": err_bytes,
+            "events": self.channel,
+        }
+        if self.finished is not None:
+            rec["finished"] = self.finished
+        if self.result is not None:
+            rec["result_ref"] = self.result["ref"]
+            rec["result_uri"] = self.result["uri"]
+        if self.error is not None:
+            rec["error"] = self.error
+        return rec
+
+    def _final_sizes(self) -> tuple[int, int]:
+        value = (self.result or {}).get("stored") or {}
+        return value.get("out_len", 0), value.get("err_len", 0)
+
+
+class TaskManager:
+    def __init__(self, events: EventBus, finalize: Callable[[Task], dict]) -> None:
+        self.events = events
+        self.finalize = finalize
+        self._tasks: dict[int, Task] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closing = False  # set by shutdown(): no task may start behind its back
+
+    def start(
+        self, session: str, principal: str, src: str, run: RunningCommand, background: bool, effects: list[dict]
+    ) -> Task:
+        task = Task(next(self._ids), session, principal, src, run, listed=background, effects=effects)
+        with self._lock:
+            closing = self._closing
+            if not closing:
+                self._tasks[task.id] = task
+        if closing:
+            # A call that spawned while the kernel began to exit: shutdown() has already
+            # taken its list of tasks to kill, so this one dies here, not as an orphan.
+            run.terminate()
+            raise RpcError(ErrorCode.INTERNAL, "kernel is shutting down; the command was killed as it started")
+        self.events.publish(task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]})
+        threading.Thread(target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True).start()
+        return task
+
+    def _wait(self, task: Task) -> None:
+        last_sizes = (0, 0)
+        while task.run.wait(TASK_OUTPUT_EVENT_INTERVAL_S) is None:
+            sizes = task.run.output_sizes()
+            if sizes != last_sizes:
+                last_sizes = sizes
+                self.events.publish(
+                    task.channel, {"kind": "output", "out_bytes": sizes[0], "err_bytes": sizes[1]}
+                )
+        try:
+            result = self.finalize(task)
+            with task.lock:
+                task.result = result
+                if task.state != "cancelled":
+                    task.state = "completed" if result.get("ok") else "failed"
+        except RpcError as exc:
+            with task.lock:
+                task.error = exc.to_error()
+                if task.state != "cancelled":
+                    task.state = "failed"
+        except Exception as exc:  # noqa: BLE001 - a task must always finish
+            log.exception("finalizing task %s failed", task.id)
+            with task.lock:
+                task.error = {"code": int(ErrorCode.INTERNAL), "message": f"finalize failed: {exc}"}
+                task.state = "failed"
+        task.finished = time.time()
+        task.done.set()
+        payload = {"kind": "finished", "task": task.ref, "state": task.state}
+        if task.result:
+            payload["result_ref"] = task.result["ref"]
+        self.events.publish(task.channel, payload)
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def get(self, task_id: int | str, session: str, principal: str, see_all: bool = False) -> Task:
+        num = parse_task_id(task_id)
+        with self._lock:
+            task = self._tasks.get(num)
+        if task is None or task.session != session or (task.principal != principal and not see_all):
+            raise RpcError(ErrorCode.UNKNOWN_TASK, f"unknown task {task_id}", {"task": str(task_id)})
+        return task
+
+    def list(self, session: str, principal: str, see_all: bool = False) -> list[Task]:
+        with self._lock:
+            tasks = list(self._tasks.values())
+        return [
+            t for t in tasks
+            if t.listed and t.session == session and (see_all or t.principal == principal)
+        ]
+
+    def running_total(self) -> int:
+        with self._lock:
+            return sum(1 for t in self._tasks.values() if not t.done.is_set())
+
+    def running_count(self, principal: str) -> int:
+        """Unfinished *listed* tasks (background or detached) of ``principal``: the
+        ``max_tasks`` quota. Foreground execs still being waited for do not count, so
+        concurrent foreground calls never make a background start fail."""
+        with self._lock:
+            return sum(1 for t in self._tasks.values()
+                       if t.principal == principal and t.listed and not t.done.is_set())
+
+    # -- control --------------------------------------------------------------------------
+
+    def forget(self, task: Task) -> None:
+        """Drop a finished, unlisted (foreground) task: nothing can look it up any more."""
+        with task.lock:
+            if not task.done.is_set() or task.listed:
+                return
+        with self._lock:
+            self._tasks.pop(task.id, None)
+
+    def detach(self, task: Task) -> None:
+        """A foreground exec ran past its wait budget: it becomes a listed task."""
+        with task.lock:
+            task.listed = True
+
+    def cancel(self, task: Task) -> None:
+        with task.lock:
+            if task.done.is_set():
+                raise RpcError(
+                    ErrorCode.TASK_CONTROL, f"{task.ref} already {task.state}", {"state": task.state}
+                )
+            task.state = "cancelled"
+        threading.Thread(target=task.run.terminate, name=f"cancel-{task.id}", daemon=True).start()
+
+    def suspend(self, task: Task) -> None:
+        self._signal(task, signal.SIGSTOP, "running", "suspended")
+
+    def resume(self, task: Task) -> None:
+        self._signal(task, signal.SIGCONT, "suspended", "running")
+
+    def _signal(self, task: Task, sig: int, need: str, becomes: str) -> None:
+        with task.lock:
+            if task.state != need or task.done.is_set():
+                raise RpcError(
+                    ErrorCode.TASK_CONTROL,
+                    f"{task.ref} is {task.state}; {signal.Signals(sig).name} needs {need}",
+                    {"state": task.state},
+                )
+            if not task.run.signal_group(sig):
+                raise RpcError(ErrorCode.TASK_CONTROL, f"{task.ref}: process group is gone")
+            task.state = becomes
+        self.events.publish(task.channel, {"kind": becomes, "task": task.ref})
+
+    def shutdown(self, drain_s: float) -> bool:
+        """Kernel exit: terminate every running task's process group, then wait (up to
+        ``drain_s``) until each result is stored, so killed commands reach the journal.
+
+        False if some task is still finalizing when the time is up.
+        """
+        with self._lock:
+            self._closing = True
+            running = [t for t in self._tasks.values() if not t.done.is_set()]
+        threads = [threading.Thread(target=t.run.terminate, daemon=True) for t in running]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        deadline = time.monotonic() + drain_s
+        return all(t.done.wait(max(0.0, deadline - time.monotonic())) for t in running)
+
+
+def parse_task_id(value: int | str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value)
+    for prefix in ("task:", "shoal://task/"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    try:
+        return int(text)
+    except ValueError:
+        raise RpcError(ErrorCode.UNKNOWN_TASK, f"unknown task {value!r}", {"task": str(value)}) from None

@@ -1,0 +1,203 @@
+"""``shoal-kernel``: socket discovery, single-instance lock, lifecycle, logging (§4.1).
+
+Start-up order matters: take the ``flock`` first (concurrent starts: exactly one
+winner, losers exit 0), then inspect the socket path (refuse a live listener, a
+foreign socket or a non-socket; replace our own stale socket), then bind ``0600``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from pathlib import Path
+
+from ... import __version__
+from ...protocol.limits import SHUTDOWN_DRAIN_S
+from ...protocol.paths import ensure_private_dir, socket_path, state_dir
+
+log = logging.getLogger("shoal.kernel")
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+
+
+class StartRefused(Exception):
+    """The socket path is unusable; the message says why."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="shoal-kernel", description="shoal kernel daemon")
+    p.add_argument("--socket", help="Unix socket path (default: $SHOAL_SOCKET or XDG runtime dir)")
+    p.add_argument("--state-dir", help="state directory (default: $SHOAL_STATE_DIR or XDG state dir)")
+    p.add_argument("--policy", help="policy TOML file (default: <state>/policy.toml if present)")
+    p.add_argument("--require-token", action="store_true", help="refuse attachments without a token")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--version", action="version", version=f"shoal-kernel {__version__}")
+    return p.parse_args(argv)
+
+
+def probe_socket(path: Path) -> str:
+    """'absent', 'live', 'stale', or raise StartRefused for foreign/non-socket paths."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartRefused(f"{path} exists and is not a socket; refusing to replace it")
+    if st.st_uid != os.geteuid():
+        raise StartRefused(f"{path} belongs to uid {st.st_uid}; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return "live"
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return "stale"
+        raise StartRefused(f"cannot probe {path}: {exc}") from exc
+    finally:
+        probe.close()
+
+
+def check_private_dir(directory: Path, what: str) -> Path:
+    """Create ``directory`` 0700, or tighten an existing one of ours.
+
+    A foreign or shared directory (sticky or world-writable, e.g. ``--socket /tmp/k.sock``)
+    is refused before anything is changed: as root, chmod-ing /tmp to 0700 would break
+    every other user of the machine.
+    """
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return ensure_private_dir(directory)
+    if st.st_uid != os.geteuid():
+        raise StartRefused(f"{what} {directory} belongs to uid {st.st_uid}")
+    if st.st_mode & (stat.S_ISVTX | stat.S_IWOTH):
+        raise StartRefused(
+            f"{what} {directory} is shared (mode {stat.S_IMODE(st.st_mode):o}); use a private subdirectory"
+        )
+    return ensure_private_dir(directory)
+
+
+def check_socket_dir(directory: Path) -> None:
+    check_private_dir(directory, "socket directory")
+
+
+def bind_listener(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600; no window with wider mode
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def setup_logging(state: Path, level: str) -> None:
+    log_path = state / "kernel.log"
+    os.close(os.open(log_path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))  # private from birth
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sock_path = socket_path(args.socket)
+    try:
+        state = check_private_dir(state_dir(args.state_dir), "state directory")
+        check_socket_dir(sock_path.parent)
+    except (StartRefused, OSError) as exc:
+        print(f"shoal-kernel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    lock_fd = os.open(str(sock_path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # Another kernel holds the lock. If it already serves the socket this is a start
+        # over a live listener (refused, status 2); if it is still starting we merely lost
+        # the start-up race (status 0) — docs/decisions.md.
+        os.close(lock_fd)
+        try:
+            live = probe_socket(sock_path) == "live"
+        except StartRefused:
+            live = False
+        if live:
+            print(f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr)
+            return EXIT_REFUSED
+        print("shoal-kernel: another kernel holds the lock; exiting", file=sys.stderr)
+        return EXIT_OK
+    try:
+        state_of_socket = probe_socket(sock_path)
+    except StartRefused as exc:
+        print(f"shoal-kernel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if state_of_socket == "live":
+        print(f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr)
+        return EXIT_REFUSED
+    if state_of_socket == "stale":
+        os.unlink(sock_path)
+    setup_logging(state, args.log_level)
+    return run(args, sock_path, state, lock_fd)
+
+
+def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) -> int:
+    from ..app import Kernel, KernelConfig
+    from . import methods  # noqa: F401 - registers every handler
+    from .server import KernelServer
+
+    policy = Path(args.policy) if args.policy else (state / "policy.toml")
+    config = KernelConfig(
+        socket=sock_path,
+        state_dir=state,
+        policy_path=policy if (args.policy or policy.exists()) else None,
+        require_token=args.require_token,
+    )
+    try:
+        kernel = Kernel(config)
+    except Exception as exc:  # noqa: BLE001 - a bad policy file etc.: say why and stop
+        log.exception("kernel start failed")
+        print(f"shoal-kernel: cannot start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    listener = bind_listener(sock_path)
+    inode = os.stat(sock_path).st_ino
+    server = KernelServer(kernel, listener)
+
+    def stop(signum, _frame):
+        log.info("signal %s: shutting down", signum)
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    log.info("shoal-kernel %s listening on %s (pid %s)", __version__, sock_path, os.getpid())
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+        try:
+            if os.stat(sock_path).st_ino == inode:
+                os.unlink(sock_path)
+        except FileNotFoundError:
+            pass
+        # Order matters: the stores close only after killed tasks and the calls still
+        # running have written their results (docs/decisions.md, "Kernel exit").
+        if not kernel.stop_work(SHUTDOWN_DRAIN_S):
+            log.warning("tasks still finalizing after %ss; closing anyway", SHUTDOWN_DRAIN_S)
+        if not server.drain(SHUTDOWN_DRAIN_S):
+            log.warning("calls still running after %ss; closing anyway", SHUTDOWN_DRAIN_S)
+        kernel.close()
+        log.info("shoal-kernel stopped")
+        os.close(lock_fd)
+    return EXIT_OK

@@ -1,0 +1,101 @@
+"""events.read / publish / subscribe / unsubscribe, and journal.query."""
+
+from __future__ import annotations
+
+import orjson
+
+from ....protocol.errors import ErrorCode, RpcError, invalid_params
+from ....protocol.limits import VALUE_HARD_CAP
+from ...events.bus import is_client_publishable, validate_channel
+from ..registry import NONEMPTY, method, obj
+
+CHANNEL = {"type": "string", "minLength": 1, "maxLength": 256}
+SEQ = {"type": "integer", "minimum": -1}
+
+
+@method("events.read", obj({"channel": CHANNEL, "since": SEQ, "limit": {"type": "integer", "minimum": 1, "maximum": 1024}}, ("channel",)))
+def events_read(call, params):
+    channel = params["channel"]
+    validate_channel(channel)
+    call.kernel.check_channel_access(call.who, channel)
+    return call.kernel.events.read(channel, params.get("since"), params.get("limit"))
+
+
+@method("events.publish", obj({"channel": CHANNEL, "payload": {"type": "object"}}, ("channel",)))
+def events_publish(call, params):
+    channel = params["channel"]
+    validate_channel(channel)
+    if not is_client_publishable(channel):
+        raise invalid_params("channel", "only user.* channels are publishable")
+    payload = params.get("payload", {})
+    if len(orjson.dumps(payload)) > VALUE_HARD_CAP:
+        raise invalid_params("payload", f"encodes to more than {VALUE_HARD_CAP} bytes")
+    event = call.kernel.events.publish(channel, payload)
+    return {"channel": channel, "seq": event["seq"]}
+
+
+@method("events.subscribe", obj({"channel": CHANNEL, "since": SEQ}, ("channel",)))
+def events_subscribe(call, params):
+    channel = params["channel"]
+    validate_channel(channel)
+    kernel = call.kernel
+    kernel.check_channel_access(call.who, channel)
+    principal = call.who.principal
+    subs = call.conn.subscriptions
+
+    def closed(s) -> None:
+        subs.pop(s.id, None)
+        kernel.track_subscription(principal, s.id, live=False)
+
+    # max_subscriptions is per principal (all its connections); check and subscribe as one step.
+    with kernel.quota_lock(principal, "max_subscriptions"):
+        kernel.check_subscription_quota(call.who, len(subs))
+        sub = kernel.events.subscribe(channel, params.get("since"), call.conn.notify_event, on_close=closed)
+        kernel.track_subscription(principal, sub.id, live=True)
+    subs[sub.id] = sub
+    if sub.closed or call.conn.closed.is_set():  # closed meanwhile: give the slot back
+        sub.close()
+        kernel.track_subscription(principal, sub.id, live=False)
+    return {"subscription": sub.id, "channel": channel}
+
+
+@method("events.unsubscribe", obj({"subscription": NONEMPTY}, ("subscription",)))
+def events_unsubscribe(call, params):
+    sub = call.conn.subscriptions.pop(params["subscription"], None)
+    if sub is None:
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: subscription: unknown {params['subscription']!r}",
+                       {"field": "subscription"})
+    sub.close()
+    return {"subscription": sub.id, "closed": True}
+
+
+@method(
+    "journal.query",
+    obj(
+        {
+            "since": {"type": "number"},
+            "until": {"type": "number"},
+            "principal": {"type": "string", "maxLength": 256},
+            "head": {"type": "string", "maxLength": 256},
+            "ok": {"type": "boolean"},
+            "effects": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
+            "session": {"type": "string", "maxLength": 128},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+        }
+    ),
+)
+def journal_query(call, params):
+    kernel = call.kernel
+    visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal
+    rows = kernel.journal.query(
+        since=params.get("since"),
+        until=params.get("until"),
+        principal=params.get("principal"),
+        head=params.get("head"),
+        ok=params.get("ok"),
+        effects=params.get("effects"),
+        session=params.get("session"),
+        limit=params.get("limit", 50),
+        visible_to=visible_to,
+    )
+    return {"rows": rows, "count": len(rows)}

@@ -1,0 +1,94 @@
+"""pty.open / send / read / resize / close / list (SPEC §4.9)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from ....protocol.errors import invalid_params
+from ....protocol.limits import PTY_MAX_DIM, PTY_MIN_DIM
+from ...app import owner_key
+from ..registry import NONEMPTY, method, obj
+
+DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
+PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INPUT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "object"},
+        {"type": "array", "maxItems": 4096},
+    ]
+}
+
+
+@method(
+    "pty.open",
+    obj(
+        {
+            "cmd": NONEMPTY,
+            "args": {"type": "array", "items": {"type": "string"}, "maxItems": 1024},
+            "cols": DIM,
+            "rows": DIM,
+            "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        ("cmd",),
+    ),
+    blocking=True,
+)
+def pty_open(call, params):
+    kernel = call.kernel
+    who = call.who
+    argv = [params["cmd"], *params.get("args", [])]
+    variables = params.get("env", {})
+    for name, value in variables.items():
+        if not ENV_NAME.fullmatch(name):
+            raise invalid_params(f"env.{name[:64]}", "must be a shell variable name")
+        if "\x00" in value:
+            raise invalid_params(f"env.{name}", "must not contain NUL characters")
+    # Spawning a PTY is policy-gated like exec, and its env like `NAME=value cmd` (env_write):
+    # LD_PRELOAD, PATH or BASH_ENV must not slip past the grants.
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in variables.items()]
+    kernel.gate_exec(who, " ".join([*assignments, shlex.join(argv)]))
+    owner = owner_key(who)
+    with kernel.quota_lock(who.principal, "max_ptys"):  # check and open as one step
+        kernel.guard.check_quota(who.principal, "max_ptys", kernel.pty_count(who.principal))
+        session = kernel.sessions.get_or_create(who.session)
+        cwd, env = session.snapshot()
+        env.update(variables)
+        return kernel.ptys.open(
+            cmd=params["cmd"],
+            args=params.get("args"),
+            cols=params.get("cols", 80),
+            rows=params.get("rows", 24),
+            env=env,
+            cwd=cwd,
+            owner=owner,
+        )
+
+
+@method("pty.send", obj({"pty_id": PTY_ID, "input": INPUT}, ("pty_id", "input")), blocking=True)
+def pty_send(call, params):
+    return call.kernel.ptys.send(params["pty_id"], params["input"], owner_key(call.who))
+
+
+@method("pty.read", obj({"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0}}, ("pty_id",)))
+def pty_read(call, params):
+    return call.kernel.ptys.read(
+        params["pty_id"], call.conn.id, owner_key(call.who), params.get("scrollback", 0)
+    )
+
+
+@method("pty.resize", obj({"pty_id": PTY_ID, "cols": DIM, "rows": DIM}, ("pty_id", "cols", "rows")))
+def pty_resize(call, params):
+    return call.kernel.ptys.resize(params["pty_id"], params["cols"], params["rows"], owner_key(call.who))
+
+
+@method("pty.close", obj({"pty_id": PTY_ID}, ("pty_id",)), blocking=True)
+def pty_close(call, params):
+    return call.kernel.ptys.close(params["pty_id"], owner_key(call.who))
+
+
+@method("pty.list")
+def pty_list(call, params):
+    return {"ptys": call.kernel.ptys.list(owner_key(call.who))}

@@ -1,0 +1,79 @@
+"""session.attach / cwd / env / reef, ping and parse."""
+
+from __future__ import annotations
+
+from ....protocol.limits import DEFAULT_SESSION
+from ...app import Principal
+from ...exec.reef import reef
+from ...values.elision import ElideOptions
+from ..registry import BOOL, STR, method, obj
+
+SESSION_NAME = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9_.:@-]+$"}
+
+
+@method("ping")
+def ping(call, params):
+    return {"pong": True, "kernel": call.kernel.info()}
+
+
+@method(
+    "session.attach",
+    obj(
+        {
+            "session": SESSION_NAME,
+            "token": {"type": "string", "maxLength": 512},
+            "client": obj({"kind": STR, "tty": BOOL, "name": STR, "version": STR}),
+            "cwd": {"type": "string", "maxLength": 4096},
+        }
+    ),
+)
+def attach(call, params):
+    kernel = call.kernel
+    name = params.get("session", DEFAULT_SESSION)
+    principal = kernel.authenticate(params.get("token"))
+    session = kernel.sessions.get_or_create(name, params.get("cwd"))
+    call.conn.who = Principal(name, principal)
+    call.conn.client = params.get("client", {})
+    cwd, _ = session.snapshot()
+    return {
+        "session": name,
+        "principal": principal,
+        "caps": kernel.caps_for(principal),
+        "cwd": cwd,
+        "env_hash": session.env_hash(),
+        "elide_defaults": ElideOptions().as_dict(),
+        "channels": ["journal", "session.transcript", "approval", "task.N", "pty.N", "user.*"],
+        "kernel": kernel.info(),
+    }
+
+
+@method("session.cwd")
+def cwd(call, params):
+    session = call.kernel.sessions.get_or_create(call.who.session)
+    return {"session": session.name, "cwd": session.snapshot()[0]}
+
+
+@method("session.env")
+def env(call, params):
+    session = call.kernel.sessions.get_or_create(call.who.session)
+    _, env_vars = session.snapshot()
+    readable = call.kernel.env_readable(call.who.principal)
+    values = {k: v for k, v in env_vars.items() if readable(k)}
+    return {
+        "session": session.name,
+        "names": sorted(env_vars),
+        "values": values,
+        "env_hash": session.env_hash(),
+    }
+
+
+@method("session.reef", blocking=True)
+def session_reef(call, params):
+    session = call.kernel.sessions.get_or_create(call.who.session)
+    cwd_now, env_vars = session.snapshot()
+    return reef(cwd_now, env_vars)
+
+
+@method("parse", obj({"src": {"type": "string", "maxLength": 1 << 20}}, ("src",)))
+def parse(call, params):
+    return call.kernel.parse(params["src"])

@@ -1,0 +1,94 @@
+"""task.list / get / await / cancel / suspend / resume."""
+
+from __future__ import annotations
+
+from ....protocol.errors import ErrorCode, RpcError, invalid_params
+from ..registry import TIMEOUT_MS, method, obj
+
+TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
+
+
+def _task(call, params):
+    return call.kernel.tasks.get(params["task"], call.who.session, call.who.principal,
+                                 see_all=call.kernel.can_see_all_tasks(call.who.principal))
+
+
+def _steerable(call, params):
+    """The task, if the caller may control it: tasks_read = all lets one see others'
+    tasks, not cancel or stop them; only the creator or an approver may."""
+    task = _task(call, params)
+    who = call.who.principal
+    if task.principal != who and not call.kernel.guard.for_principal(who).approver:
+        raise RpcError(ErrorCode.DENIED, f"{task.ref} belongs to {task.principal}; only it or an approver may control it",
+                       {"task": task.ref, "principal": task.principal})
+    return task
+
+
+@method("task.list", obj({"state": {"type": "string", "enum": ["running", "completed", "failed", "cancelled", "suspended"]}}))
+def task_list(call, params):
+    tasks = call.kernel.tasks.list(call.who.session, call.who.principal,
+                                   see_all=call.kernel.can_see_all_tasks(call.who.principal))
+    records = [t.record() for t in tasks]
+    if "state" in params:
+        records = [r for r in records if r["state"] == params["state"]]
+    return {"tasks": records}
+
+
+CALL_ID = {"type": ["string", "integer"], "description": "id of an in-flight exec request on this connection"}
+
+
+@method("task.get", obj({"task": TASK_ID, "call": CALL_ID}))
+def task_get(call, params):
+    if "task" in params:
+        return _task(call, params).record()
+    task = _inflight(call, params).task
+    if task is None:
+        return {"call": params["call"], "state": "starting", "out_bytes": 0, "err_bytes": 0}
+    return task.record()
+
+
+def _inflight(call, params):
+    """The in-flight exec behind request id ``call`` on this connection."""
+    if "call" not in params:
+        raise invalid_params("task", "required (or call)")
+    slot = call.conn.inflight.get(params["call"])
+    if slot is None:
+        raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}",
+                       {"call": params["call"]})
+    return slot
+
+
+@method("task.await", obj({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",)), blocking=True)
+def task_await(call, params):
+    task = _task(call, params)
+    timeout_ms = params.get("timeout_ms", 30_000)
+    task.done.wait(timeout_ms / 1000)
+    record = task.record()
+    record["done"] = task.done.is_set()
+    return record
+
+
+@method("task.cancel", obj({"task": TASK_ID, "call": CALL_ID}))
+def task_cancel(call, params):
+    if "task" in params:
+        task = _steerable(call, params)
+    else:
+        task = _inflight(call, params).request_cancel()
+        if task is None:  # not spawned yet: it is cancelled the moment it is
+            return {"call": params["call"], "state": "cancelled"}
+    call.kernel.tasks.cancel(task)
+    return {"task": task.ref, "state": task.state}
+
+
+@method("task.suspend", obj({"task": TASK_ID}, ("task",)))
+def task_suspend(call, params):
+    task = _steerable(call, params)
+    call.kernel.tasks.suspend(task)
+    return {"task": task.ref, "state": task.state}
+
+
+@method("task.resume", obj({"task": TASK_ID}, ("task",)))
+def task_resume(call, params):
+    task = _steerable(call, params)
+    call.kernel.tasks.resume(task)
+    return {"task": task.ref, "state": task.state}

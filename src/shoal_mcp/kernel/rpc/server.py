@@ -1,0 +1,321 @@
+"""The kernel's Unix-socket JSON-RPC server: connections, dispatch, replies.
+
+One reader thread per connection feeds frames through the framing core and the
+sans-I/O JSON-RPC layer; quick methods answer inline, blocking ones on their own thread,
+so responses can come out of order. All writes to a connection go through one
+``FrameWriter`` lock. No handler exception ever reaches a client as a traceback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
+from ...protocol.jsonrpc import (
+    NO_ID,
+    Invalid,
+    Notification,
+    Request,
+    Response,
+    error_response,
+    oversize_reply,
+    parse_message,
+    response,
+)
+from ...protocol.limits import MAX_OVERSIZE_PER_CONNECTION
+from ...protocol.schema import validate
+from ..app import Kernel, Principal
+from .registry import REGISTRY, MethodSpec
+
+log = logging.getLogger(__name__)
+
+_conn_ids = itertools.count(1)
+ACCEPT_POLL_S = 0.25
+
+
+@dataclass(eq=False)  # identity semantics: connections live in a set
+class Connection:
+    sock: socket.socket
+    kernel: Kernel
+    peer_pid: int | None = None
+    id: int = field(default_factory=lambda: next(_conn_ids))
+    who: Principal | None = None
+    client: dict = field(default_factory=dict)
+    oversize: int = 0
+    closed: threading.Event = field(default_factory=threading.Event)
+    subscriptions: dict[str, Any] = field(default_factory=dict)
+    inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.writer = FrameWriter(self.sock.fileno())
+
+    @property
+    def attached(self) -> bool:
+        return self.who is not None
+
+    def send(self, message: dict) -> bool:
+        """Write one message; False when the peer is gone."""
+        if self.closed.is_set():
+            return False
+        try:
+            frame = encode_frame(message)
+        except FrameTooLarge:
+            log.error("reply to %r too large; sending -32603 instead", message.get("id"))
+            frame = encode_frame(
+                error_response(message.get("id"), ErrorCode.INTERNAL, "result too large for one frame")
+            )
+        # Checked and written under ``lock``, which _close_conn also takes before closing
+        # the fd: a reply can never go to a recycled fd (another client's connection).
+        with self.lock:
+            if self.closed.is_set():
+                return False
+            try:
+                self.writer.write_frame(frame)
+            except OSError:
+                self.closed.set()
+                return False
+        return True
+
+    def notify_event(self, event: dict) -> None:
+        self.send({"jsonrpc": "2.0", "method": "event", "params": event})
+
+
+class InflightCall:
+    """A blocking call known by its request id, from receipt to reply.
+
+    An exec attaches its task here once spawned; a ``task.cancel {call}`` that arrives
+    earlier is remembered and applied at the spawn.
+    """
+
+    def __init__(self) -> None:
+        self.task: Any = None
+        self.cancel_requested = False
+        self._lock = threading.Lock()
+
+    def attach(self, task: Any) -> bool:
+        """Record the spawned task; True when a cancel already arrived for it."""
+        with self._lock:
+            self.task = task
+            return self.cancel_requested
+
+    def request_cancel(self) -> Any:
+        """The task to cancel now, or None when not spawned yet (then cancelled on spawn)."""
+        with self._lock:
+            if self.task is None:
+                self.cancel_requested = True
+            return self.task
+
+
+@dataclass
+class Call:
+    """What a handler sees: the kernel, the connection, the caller and (if blocking) its slot."""
+
+    kernel: Kernel
+    conn: Connection
+    id: Any
+    slot: InflightCall | None = None
+
+    @property
+    def who(self) -> Principal:
+        assert self.conn.who is not None
+        return self.conn.who
+
+
+class KernelServer:
+    def __init__(self, kernel: Kernel, listener: socket.socket) -> None:
+        self.kernel = kernel
+        self.listener = listener
+        self.connections: set[Connection] = set()
+        self._lock = threading.Lock()
+        self._workers = 0  # connection and blocking-call threads still running
+        self._workers_done = threading.Condition(self._lock)
+        self.stopping = threading.Event()
+        kernel.connection_count = lambda: len(self.connections)
+
+    def serve_forever(self) -> None:
+        # A short accept timeout lets stop() (from a signal) end the loop promptly.
+        self.listener.settimeout(ACCEPT_POLL_S)
+        while not self.stopping.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    return
+                continue
+            uid, pid = peer_credentials(sock)
+            if uid is not None and uid != os.geteuid():
+                log.warning("refusing connection from uid %s (pid %s)", uid, pid)
+                _refuse(sock)
+                continue
+            sock.settimeout(None)
+            conn = Connection(sock, self.kernel, peer_pid=pid)
+            with self._lock:
+                self.connections.add(conn)
+            self._start_worker(self._serve, (conn,), f"conn-{conn.id}")
+
+    def _start_worker(self, target: Any, args: tuple, name: str) -> None:
+        # Counted before start, so drain() cannot miss a thread that has not run yet.
+        with self._lock:
+            self._workers += 1
+
+        def work() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self._workers -= 1
+                    self._workers_done.notify_all()
+
+        threading.Thread(target=work, name=name, daemon=True).start()
+
+    def drain(self, timeout: float) -> bool:
+        """After stop(): wait until every connection and call thread has finished."""
+        with self._lock:
+            return self._workers_done.wait_for(lambda: self._workers == 0, timeout)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns = list(self.connections)
+        for conn in conns:
+            # Shut down only: each reader thread wakes with EOF and closes its own fd in
+            # _cleanup, so no thread is left reading an fd number the OS may reuse.
+            _close_conn(conn, close_fd=False)
+
+    # -- per connection -----------------------------------------------------------------
+
+    def _serve(self, conn: Connection) -> None:
+        reader = FrameReader(conn.sock.fileno())
+        try:
+            while not conn.closed.is_set():
+                events = reader.read_frames()
+                if not events:
+                    break
+                for event in events:
+                    if isinstance(event, Oversize):
+                        if not self._oversize(conn, event):
+                            return
+                        continue
+                    self._handle_frame(conn, event)
+        except OSError:
+            pass
+        finally:
+            self._cleanup(conn)
+
+    def _oversize(self, conn: Connection, event: Oversize) -> bool:
+        conn.oversize += 1
+        conn.send(oversize_reply(event.head, event.discarded_bytes))
+        return conn.oversize < MAX_OVERSIZE_PER_CONNECTION
+
+    def _handle_frame(self, conn: Connection, frame: bytes) -> None:
+        msg = parse_message(frame)
+        if isinstance(msg, Invalid):
+            if msg.reply is not None:
+                conn.send(msg.reply)
+            return
+        if isinstance(msg, (Response, Notification)):
+            return  # clients send no responses or notifications we act on
+        assert isinstance(msg, Request)
+        spec = REGISTRY.get(msg.method)
+        if spec is None:
+            conn.send(error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"no method {msg.method!r}"))
+            return
+        if spec.attach and not conn.attached:
+            conn.send(
+                error_response(
+                    msg.id,
+                    ErrorCode.NOT_ATTACHED,
+                    "not attached: call session.attach first",
+                    {"method": msg.method},
+                )
+            )
+            return
+        if spec.blocking:
+            # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
+            conn.inflight[msg.id] = InflightCall()
+            self._start_worker(self._run, (conn, spec, msg), f"call-{msg.method}")
+        else:
+            self._run(conn, spec, msg)
+
+    def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
+        try:
+            params = msg.params if isinstance(msg.params, dict) else None
+            if params is None:
+                raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
+            validate(params, spec.schema)
+            result = spec.func(Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id)), params)
+            reply = response(msg.id, result)
+        except RpcError as exc:
+            reply = error_response(msg.id, exc.code, exc.message, exc.data)
+        except Exception as exc:  # noqa: BLE001 - never a traceback to the client
+            log.exception("method %s failed", spec.name)
+            reply = error_response(
+                msg.id, ErrorCode.INTERNAL, f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500]
+            )
+        if spec.blocking:
+            conn.inflight.pop(msg.id, None)
+        conn.send(reply)
+
+    def _cleanup(self, conn: Connection) -> None:
+        _close_conn(conn)
+        for sub in list(conn.subscriptions.values()):
+            try:
+                sub.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing subscription")
+        conn.subscriptions.clear()
+        hook = getattr(self.kernel, "on_disconnect", None)
+        if hook:
+            hook(conn)
+        with self._lock:
+            self.connections.discard(conn)
+
+
+def _close_conn(conn: Connection, close_fd: bool = True) -> None:
+    conn.closed.set()
+    try:
+        conn.sock.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on a slow peer
+    except OSError:
+        pass
+    if not close_fd:
+        return
+    with conn.lock:  # no send() is between its closed-check and its write
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+
+def _refuse(sock: socket.socket) -> None:
+    try:
+        sock.sendall(
+            encode_frame(error_response(NO_ID, ErrorCode.AUTH_FAILED, "connection refused: different user"))
+        )
+    except OSError:
+        pass
+    sock.close()
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
+    """(uid, pid) of the peer via SO_PEERCRED (Linux); (None, None) elsewhere."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None, None
+    creds = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return uid, pid

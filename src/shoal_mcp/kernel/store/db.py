@@ -1,0 +1,197 @@
+"""The kernel's SQLite database (WAL): blobs, transcript, journal, session state.
+
+One connection per thread (sqlite3 objects are not shared across threads); every
+connection sets WAL and a busy timeout so readers never block the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ...protocol.errors import state_dir_full
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS blobs (
+    hash TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    lines INTEGER NOT NULL,
+    chars INTEGER,            -- code points when the blob is valid UTF-8, else NULL
+    utf8 INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS transcript (
+    session TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    ts REAL NOT NULL,
+    value TEXT NOT NULL,      -- tagged JSON; blobs referenced by hash
+    PRIMARY KEY (session, n)
+);
+CREATE TABLE IF NOT EXISTS journal (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    duration_ms REAL,
+    session TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    cwd TEXT,
+    src TEXT NOT NULL,
+    head TEXT,
+    kind TEXT NOT NULL,       -- exec | plan | apply | denied | approval_required
+    effects TEXT NOT NULL,    -- JSON list of effect kinds+targets
+    effect_kinds TEXT NOT NULL,  -- ",kind1,kind2," for SQL filtering
+    status INTEGER,
+    ok INTEGER,
+    ref TEXT,
+    outputs TEXT NOT NULL     -- JSON list of {kind, hash, len}
+);
+CREATE INDEX IF NOT EXISTS journal_ts ON journal(ts);
+CREATE INDEX IF NOT EXISTS journal_principal ON journal(principal);
+CREATE TABLE IF NOT EXISTS sessions (
+    name TEXT PRIMARY KEY,
+    cwd TEXT NOT NULL,
+    env TEXT NOT NULL
+);
+"""
+
+
+class Database:
+    """A bounded pool of connections to one SQLite file, leased per operation.
+
+    A connection is leased by the calling thread for one ``transaction()`` or
+    ``query()`` (re-entrant on that thread) and then returned to the pool, so the
+    kernel's short-lived call and task threads never leave connections (and their file
+    descriptors and page caches) behind. At most ``MAX_OPEN`` are open at once (a
+    caller waits for a free one: leases last one statement or one short transaction,
+    and SQLite has one writer anyway), which also bounds the db fds SQLite keeps open
+    for reuse after a close while other connections hold locks on the file.
+    """
+
+    MAX_OPEN = 8
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # Created 0600 before SQLite opens it; its -wal/-shm files copy the mode.
+        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        self._local = threading.local()
+        self._idle: list[sqlite3.Connection] = []
+        self._leased: set[sqlite3.Connection] = set()
+        self._all_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
+        self._closed = False
+        with self._lease() as conn:
+            conn.executescript(SCHEMA)  # executescript manages its own transaction
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def _lease(self) -> Iterator[sqlite3.Connection]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:  # nested use on the same thread shares the lease
+            yield conn
+            return
+        self._slots.acquire()
+        try:
+            with self._all_lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = _translate(self._connect)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._all_lock:
+            self._leased.add(conn)
+        self._local.conn = conn
+        try:
+            yield conn
+        finally:
+            self._local.conn = None
+            with self._all_lock:
+                self._leased.discard(conn)
+                keep = not self._closed and not conn.in_transaction
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+            self._slots.release()
+
+    def conn(self) -> sqlite3.Connection:
+        """The connection this thread currently leases (only inside an operation)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            raise RuntimeError("Database.conn() outside transaction()/query()")
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE … COMMIT, so read-modify-write sequences are atomic.
+
+        A failed COMMIT (e.g. the disk is full) rolls back, so the connection goes back
+        to the pool without a write lock; SQLITE_FULL becomes a clean -32603.
+        """
+        with self._lease() as conn:
+            _translate(conn.execute, "BEGIN IMMEDIATE")
+            try:
+                yield conn
+                _translate(conn.execute, "COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                if _is_full(exc):  # an INSERT in the body hit the full disk
+                    raise state_dir_full(str(exc)) from exc
+                raise
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        with self._lease() as conn:
+            return _translate(lambda: conn.execute(sql, params).fetchall())
+
+    def close(self) -> None:
+        """Close the idle connections; a leased one closes when its lease ends.
+
+        Closing a connection another thread is executing on crashes the interpreter
+        (the sqlite3 module does not guard it), so leased connections are never
+        closed from here — ``_lease`` sees ``_closed`` and closes them on return.
+        """
+        with self._all_lock:
+            self._closed = True
+            conns = list(self._idle)
+            self._idle.clear()
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+
+_SQLITE_FULL = 13
+
+
+def _translate(func, *args):
+    """Run ``func``; a full disk (SQLITE_FULL) becomes RpcError -32603 with a reason."""
+    try:
+        return func(*args)
+    except sqlite3.OperationalError as exc:
+        if _is_full(exc):
+            raise state_dir_full(str(exc)) from exc
+        raise
+
+
+def _is_full(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and (
+        getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(exc)
+    )

@@ -1,0 +1,319 @@
+"""Stored values, selection over them, and their bounded wire form (SPEC §4.5).
+
+Stored values are tagged JSON; large str/bytes live in the CAS and appear as
+``{"$": "blob", "hash": …}``. Selecting resolves those into ``TextBlob``/``LinesView``
+views that read only the byte ranges they need (via mmap and the framing slicers), so a
+170 MB output can be addressed line by line without ever being loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ...protocol.framing import line_offsets, utf8_offset
+from ...protocol.limits import JSON_SELECTOR_MAX
+from ..store.cas import BlobInfo, BlobSource, ContentStore, FileSource, count_newlines
+from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
+
+NEAR_LINES = 4096
+"""Line lookups this close to either end of a blob walk the mmap instead of counting."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlob:
+    """Bytes ``[start, end)`` of a CAS blob; text when the blob is valid UTF-8."""
+
+    source: BlobSource
+    info: BlobInfo
+    start: int = 0
+    end: int = -1
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", self.info.size)
+
+    @property
+    def is_text(self) -> bool:
+        return self.info.utf8
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end == self.info.size
+
+    def read(self, a: int = 0, b: int | None = None) -> bytes:
+        """Bytes ``[a, b)`` relative to this view, clamped; copies only that range."""
+        b = self.size if b is None else min(b, self.size)
+        a = max(0, min(a, b))
+        return self.source.read_range(self.start + a, self.start + b)
+
+    def line_count(self) -> int:
+        if self.whole:
+            return self.info.lines
+        lines = count_newlines(self.source, self.start, self.end)
+        if self.size and self.read(self.size - 1) != b"\n":
+            lines += 1
+        return lines
+
+    def char_count(self) -> int:
+        if self.whole and self.info.chars is not None:
+            return self.info.chars
+        return len(self.read().decode("utf-8", "replace"))
+
+    def line_span(self, first: int | None, stop: int | None) -> tuple[int, int]:
+        """Byte span (relative) of lines ``[first:stop]`` (Python slice rules)."""
+        total = self.line_count()
+        a, b, _ = slice(first, stop).indices(total)
+        b = max(a, b)
+        start = self.line_start(a, total)
+        return start, (start if b == a else self.line_start(b, total))
+
+    def line_start(self, k: int, total: int) -> int:
+        """Relative byte offset where line ``k`` (0 <= k <= total) starts.
+
+        Near either end the compiled slicer walks the mmap (a few pages); in the middle
+        the blob is counted in pread blocks from the nearer end, so selecting line
+        10,000,000 of 170 MB costs memchr time, not 170 MB of mapped pages.
+        """
+        if k <= 0:
+            return 0
+        if k >= total:
+            return self.size
+        if k <= NEAR_LINES or total - k <= NEAR_LINES:
+            with self._view() as part:
+                return line_offsets(part, k if k <= NEAR_LINES else k - total, None)[0]
+        if k <= total - k:
+            remaining = k  # the position right after the k-th newline
+            for offset, block in self.source.blocks(self.start, self.end):
+                c = block.count(b"\n")
+                if c >= remaining:
+                    return offset - self.start + line_offsets(block, remaining, None)[0]
+                remaining -= c
+            return self.size
+        ends_with_newline = self.read(self.size - 1) == b"\n"
+        remaining = (total if ends_with_newline else total - 1) - k + 1  # newlines from the end
+        for offset, block in self.source.blocks(self.start, self.end, backward=True):
+            c = block.count(b"\n")
+            if c >= remaining:
+                return offset - self.start + line_offsets(block, c - remaining + 1, None)[0]
+            remaining -= c
+        return 0
+
+    def char_span(self, first: int, stop: int) -> tuple[int, int]:
+        with self._view() as part:
+            a = utf8_offset(part, first)
+            b = utf8_offset(part, stop - first, a)
+        return a, b
+
+    def capped_lines(self, s: int, e: int, keep: int) -> list[bytes]:
+        """The lines of relative span ``[s, e)``, each truncated to ``keep`` bytes.
+
+        One sequential pass in pread blocks: memory is ``keep`` per line, whatever the
+        lines' real lengths.
+        """
+        lines: list[bytes] = []
+        current = bytearray()
+        for _, block in self.source.blocks(self.start + s, self.start + e):
+            pos = 0
+            while pos < len(block):
+                nl = block.find(b"\n", pos)
+                end = len(block) if nl < 0 else nl
+                if len(current) < keep:
+                    current += block[pos : min(end, pos + keep - len(current))]
+                if nl < 0:
+                    break
+                lines.append(bytes(current))
+                current = bytearray()
+                pos = nl + 1
+        if current or (e > s and self.read(e - 1, e) != b"\n"):
+            lines.append(bytes(current))
+        return lines
+
+    @contextmanager
+    def _view(self) -> Iterator[memoryview]:
+        """A zero-copy view of this range over the mmap'd source."""
+        with self.source.open() as buf, memoryview(buf) as mv, mv[self.start : self.end] as part:
+            yield part
+
+    def sub(self, a: int, b: int) -> TextBlob:
+        return TextBlob(self.source, self.info, self.start + a, self.start + b)
+
+    def decode(self, a: int = 0, b: int | None = None) -> str | bytes:
+        data = self.read(a, b)
+        return data.decode("utf-8", "replace") if self.is_text else data
+
+
+@dataclass(frozen=True, slots=True)
+class LinesView:
+    """Lines ``[first, stop)`` of a TextBlob, addressed without splitting it."""
+
+    blob: TextBlob
+    first: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def items(self, a: int, b: int, cap: int | None = None) -> list[str]:
+        """Lines ``[a, b)`` of this view (relative, resolved); each cut to ``cap`` bytes."""
+        if b <= a:
+            return []
+        s, e = self.blob.line_span(self.first + a, self.first + b)
+        if cap is not None and e - s > (cap + 1) * (b - a):
+            # Some line is long: one pass over the span keeping at most cap+1 bytes a line.
+            return [_cut_line(line, cap) for line in self.blob.capped_lines(s, e, cap + 1)]
+        raw = self.blob.read(s, e)
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        return [_cut_line(part, cap) for part in raw.split(b"\n")]
+
+    def line(self, j: int) -> TextBlob:
+        """Line ``j`` (relative) as a lazy text view without its newline."""
+        s, e = self.blob.line_span(self.first + j, self.first + j + 1)
+        if e > s and self.blob.read(e - 1, e) == b"\n":
+            e -= 1
+        return self.blob.sub(s, e)
+
+    def byte_size(self) -> int:
+        s, e = self.blob.line_span(self.first, self.stop)
+        return e - s
+
+
+def _cut_line(line: bytes, cap: int | None) -> str:
+    if cap is not None and len(line) > cap:
+        return line[:cap].decode("utf-8", "ignore")  # a cut may split a code point: drop it
+    return line.decode("utf-8", "replace")
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines split on \\n only, without the empty piece after a final newline."""
+    if not text:
+        return []
+    parts = text.split("\n")
+    return parts[:-1] if text.endswith("\n") else parts
+
+
+class Resolver:
+    """Turns stored nodes into selectable views, and applies path segments."""
+
+    def __init__(self, cas: ContentStore) -> None:
+        self.cas = cas
+
+    def hydrate(self, node: Any) -> Any:
+        """Replace a stored blob node by its TextBlob view (others pass through)."""
+        if isinstance(node, dict) and node.get("$") == "blob":
+            return TextBlob(self.cas.source(node["hash"]), self.cas.info(node["hash"]))
+        if isinstance(node, dict) and node.get("$") == "spool":
+            source = FileSource(node["path"])
+            return TextBlob(source, source.info())
+        return node
+
+    def select(self, node: Any, segments: list[Segment]) -> Any:
+        node = self.hydrate(node)
+        for depth, seg in enumerate(segments):
+            node = self.hydrate(self._step(node, seg, segments[: depth + 1]))
+        return node
+
+    def _step(self, node: Any, seg: Segment, so_far: list[Segment]) -> Any:
+        where = "".join(s.text() for s in so_far)
+        if isinstance(seg, Field):
+            return self._field(node, seg.name, where)
+        if isinstance(seg, Index):
+            return self._index(node, seg.i, where)
+        return self.slice(node, seg, where)
+
+    def _field(self, node: Any, name: str, where: str) -> Any:
+        if name == "lines" and isinstance(node, (TextBlob, str, bytes)):
+            if isinstance(node, TextBlob):
+                return LinesView(node, 0, node.line_count())
+            text = node.decode("utf-8", "replace") if isinstance(node, bytes) else node
+            return split_lines(text)
+        if name == "json" and isinstance(node, (TextBlob, str, bytes)):
+            return self._json(node, where)
+        if isinstance(node, dict) and not _is_opaque_tag(node):
+            if name in node and name != "$":
+                return node[name]
+            keys = [k for k in node if k != "$"]
+            raise bad_selection(f"no field {name!r} at {where}", path=where, fields=keys[:50])
+        raise bad_selection(f"{_kind(node)} has no field {name!r} ({where})", path=where)
+
+    def _json(self, node: Any, where: str) -> Any:
+        if isinstance(node, TextBlob):
+            if node.size > JSON_SELECTOR_MAX:
+                raise bad_selection(
+                    f".json: {node.size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit",
+                    path=where,
+                )
+            raw: bytes | str = node.read()
+        else:
+            raw = node
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
+
+    def _index(self, node: Any, i: int, where: str) -> Any:
+        if isinstance(node, LinesView):
+            return node.line(resolve_index(i, len(node)))
+        if isinstance(node, (list, str, bytes)):
+            return node[resolve_index(i, len(node))]
+        if isinstance(node, TextBlob):
+            r = self.slice(node, Range(i, (i + 1) or None), where)
+            if isinstance(r, TextBlob) and r.size == 0:
+                raise bad_selection(f"index {i} out of range at {where}", path=where)
+            return r
+        raise bad_selection(f"{_kind(node)} cannot be indexed ({where})", path=where)
+
+    def slice(self, node: Any, r: Range, where: str = "slice") -> Any:
+        """Lists by item, strings by code point, bytes by byte."""
+        if isinstance(node, LinesView):
+            a, b = resolve_range(r, len(node))
+            return LinesView(node.blob, node.first + a, node.first + b)
+        if isinstance(node, (list, str, bytes)):
+            a, b = resolve_range(r, len(node))
+            return node[a:b]
+        if isinstance(node, TextBlob):
+            if not node.is_text:
+                a, b = resolve_range(r, node.size)
+                return node.sub(a, b)
+            needs_count = any(v is not None and v < 0 for v in (r.start, r.stop)) or r.stop is None
+            n = node.char_count() if needs_count else max(r.start or 0, r.stop or 0)
+            a, b = resolve_range(r, n)
+            s, e = node.char_span(a, b)
+            return node.sub(s, e)
+        raise bad_selection(f"{_kind(node)} cannot be sliced ({where})", path=where)
+
+
+def _is_opaque_tag(node: dict) -> bool:
+    return node.get("$") in ("blob", "ref")
+
+
+def _kind(node: Any) -> str:
+    if isinstance(node, TextBlob):
+        return "str" if node.is_text else "bytes"
+    if isinstance(node, (LinesView, list)):
+        return "list"
+    if isinstance(node, dict):
+        return node.get("$", "record") if isinstance(node.get("$"), str) else "record"
+    if node is None:
+        return "null"
+    return {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}.get(
+        type(node), type(node).__name__
+    )
+
+
+def kind_of(node: Any) -> str:
+    return _kind(node)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

@@ -1,0 +1,82 @@
+"""Error codes of both protocols and the one exception type that crosses layers.
+
+``ErrorCode`` is the single source of every JSON-RPC code (docs/protocol.md, "Error codes");
+``RpcError`` carries one with structured data.
+"""
+
+from __future__ import annotations
+
+import errno
+from enum import IntEnum
+from typing import Any
+
+
+class ErrorCode(IntEnum):
+    """JSON-RPC error codes used by both protocols (SPEC §4.11)."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL = -32603
+    NOT_ATTACHED = -32000
+    SOURCE_PARSE = -32001
+    RAISED = -32002
+    UNKNOWN_REF = -32004
+    BAD_SELECTION = -32005
+    DENIED = -32010
+    APPROVAL_REQUIRED = -32011
+    UNKNOWN_PLAN = -32012
+    TASK_CONTROL = -32020
+    UNKNOWN_TASK = -32021
+    UNKNOWN_PTY = -32022
+    PTY_SPAWN = -32023
+    AUTH_FAILED = -32030
+    QUOTA = -32031
+
+
+MCP_UNKNOWN_RESOURCE = -32002
+"""MCP's own code for an unknown resource (SPEC §5.3); same number as RAISED."""
+
+
+class RpcError(Exception):
+    """Raised by any handler; the server turns it into ``{"code", "message", "data"}``."""
+
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = int(code)
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.code}, {self.message!r})"
+
+
+def invalid_params(field: str, why: str) -> RpcError:
+    """-32602 naming the bad field, the shape every validator uses."""
+    return RpcError(
+        ErrorCode.INVALID_PARAMS, f"invalid params: {field}: {why}", {"field": field, "reason": why}
+    )
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError meaning "no room left" (full disk, file size limit, quota)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def state_dir_full(reason: str) -> RpcError:
+    """-32603 for a write the state dir had no room for; the kernel keeps serving."""
+    return RpcError(
+        ErrorCode.INTERNAL,
+        f"state dir full: {reason}",
+        {"reason": reason, "hint": "free space in the shoal state directory, then retry"},
+    )

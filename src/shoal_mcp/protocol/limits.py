@@ -1,0 +1,90 @@
+"""Every limit and default of shoal, in one place (error codes: ``errors``).
+
+SPEC.md §3, §4.5, §4.11 and §6 are the source; handlers import from here and never
+spell a number themselves.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# --- framing (SPEC §3) -------------------------------------------------------------
+MAX_FRAME = 16 * MiB
+"""Largest completed frame on either wire protocol, enforced while accumulating."""
+READ_CHUNK = 256 * KiB
+"""Bytes asked of the OS per read; peak reader memory is MAX_FRAME + READ_CHUNK."""
+OVERSIZE_HEAD = 4 * KiB
+"""How much of an oversize frame is kept so callers can recover its id."""
+MAX_OVERSIZE_PER_CONNECTION = 3
+"""The kernel may close a connection after this many oversize frames."""
+
+# --- text bounds (SPEC §3.3, §6) ---------------------------------------------------
+TEXT_LIMIT = 64 * KiB
+"""MCP text per result / resource, marker included."""
+VALUE_HARD_CAP = 64 * KiB
+"""No encoded value ever exceeds this, whatever the caller asks for."""
+
+# --- elision defaults (SPEC §4.5) --------------------------------------------------
+ELIDE_MAX_BYTES = 8 * KiB
+ELIDE_MAX_ITEMS = 500
+ELIDE_MAX_ROWS = 100
+ELIDE_MAX_BYTES_RAW = 4 * KiB
+ELIDE_PREVIEW_ITEMS = 5
+ELIDE_PREVIEW_CHARS = 256
+ELIDE_RENDER_HEAD = 10
+STDERR_TAIL_BYTES = 2 * KiB
+"""Bounded stderr tail carried by a -32002 raised error and a failed render."""
+JSON_SELECTOR_MAX = 16 * MiB
+"""`.json` parses at most this many bytes of a blob."""
+
+# --- events (SPEC §4.10) -----------------------------------------------------------
+EVENT_RING = 1024
+SUBSCRIBER_QUEUE = 256
+DURABLE_CHANNELS = ("journal", "session.transcript")
+
+# --- processes ---------------------------------------------------------------------
+CANCEL_GRACE_S = 2.0
+"""SIGTERM → SIGKILL grace for task.cancel and kernel shutdown."""
+SHUTDOWN_DRAIN_S = 10.0
+"""Kernel exit: how long to wait for killed tasks' results and running calls to be
+stored before the databases close (each phase)."""
+TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
+"""Throttle for `output` events on task.N channels."""
+PROGRESS_INTERVAL_S = 1.0
+"""MCP progress notifications: at most one per second."""
+AUTOSTART_TIMEOUT_S = 5.0
+
+# --- PTYs (SPEC §4.9) --------------------------------------------------------------
+PTY_MIN_DIM = 1
+PTY_MAX_DIM = 1000
+PTY_DEFAULT_COLS = 80
+PTY_DEFAULT_ROWS = 24
+PTY_SCROLLBACK_LINES = 1000
+PTY_EVENT_INTERVAL_S = 0.2
+PTY_TERM = "xterm-256color"
+"""TERM given to every PTY program."""
+PTY_READ_CHUNK = 32 * KiB
+"""Bytes read from the master per wake-up (bounds how long one feed holds the screen lock)."""
+PTY_MAX_CELL_CHARS = 8
+"""Code points kept per screen cell (base + combining marks)."""
+PTY_MAX_READERS = 64
+"""Readers remembered per PTY for `changed`."""
+PTY_WINDOW_MIN_ROWS = 24
+"""Fewer rows than this in a row window -> window the columns too."""
+PTY_SEND_TIMEOUT_S = 5.0
+"""How long `pty.send` waits for a program that does not read its input."""
+PTY_IDLE_POLL_S = 0.25
+"""Reader thread wake-up period (child-exit check while the terminal is still held)."""
+PTY_MAX_CMD_LEN = 4096
+"""Longest `cmd` accepted by `pty.open`, in characters."""
+PTY_SPAWN_TIMEOUT_S = 10.0
+"""Longest wait for the spawn trampoline to exec the program."""
+
+# --- sessions / ids ----------------------------------------------------------------
+DEFAULT_SESSION = "default"
+PLAN_REF_HEX = 32
+
+# --- protocol versions (SPEC §5) ---------------------------------------------------
+MCP_PROTOCOL_VERSION = "2025-06-18"
+MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
