@@ -19,7 +19,9 @@ server = MCPServer("fastmcp-exec", version="0")
 @server.tool()
 def exec(src: str) -> str:  # noqa: A001 - the tool's public name
     """Run bash source and return its stdout."""
-    done = subprocess.run(["bash", "-c", src], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", src], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
     return done.stdout
 
 

@@ -42,11 +42,43 @@ RESULTS = ROOT / "bench" / ".results"
 CRASHES = RESULTS / "fuzz-crashes"
 
 DICTIONARY = [
-    b"\n", b"\r\n", b"\r", b"{", b"}", b"[", b"]", b'"', b":", b",", b"\\", b'\\"', b"\\u0000",
-    b'"id":', b'"id":0', b'"id":"x"', b'"id":1e5', b'"id":-1', b'"id":null', b'"id":true',
-    b'"jsonrpc":"2.0"', b'"method":"ping"', b'"method":"tools/call"', b'"params":{', b'"params":[',
-    b'"result":{}', b'"error":{"code":-1,"message":"m"}', b'"error":null', b"null", b"true",
-    b"1e308", b"-0", b"18446744073709551616", b"\x00", b"\xff", b"\xc3", b"\xe2\x80\xae",
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b":",
+    b",",
+    b"\\",
+    b'\\"',
+    b"\\u0000",
+    b'"id":',
+    b'"id":0',
+    b'"id":"x"',
+    b'"id":1e5',
+    b'"id":-1',
+    b'"id":null',
+    b'"id":true',
+    b'"jsonrpc":"2.0"',
+    b'"method":"ping"',
+    b'"method":"tools/call"',
+    b'"params":{',
+    b'"params":[',
+    b'"result":{}',
+    b'"error":{"code":-1,"message":"m"}',
+    b'"error":null',
+    b"null",
+    b"true",
+    b"1e308",
+    b"-0",
+    b"18446744073709551616",
+    b"\x00",
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x80\xae",
     b"\xf0\x9f\x90\x9f",
 ]
 
@@ -75,7 +107,7 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes], max_len: int) -
             i = rng.randrange(n)
             buf[i] ^= 1 << rng.randrange(8)
         elif op == 1 and n:  # set an interesting byte
-            buf[rng.randrange(n)] = rng.choice(b"\n\r{}[]\":,\\\x00\xff0a")
+            buf[rng.randrange(n)] = rng.choice(b'\n\r{}[]":,\\\x00\xff0a')
         elif op == 2:  # insert a dictionary token
             i = rng.randrange(n + 1)
             buf[i:i] = rng.choice(DICTIONARY)
@@ -97,7 +129,7 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes], max_len: int) -
             buf[rng.randrange(2)] = rng.randrange(256)
         elif op == 7:  # a long run (oversize lines, head boundaries)
             i = rng.randrange(n + 1)
-            buf[i:i] = bytes([rng.choice(b"ax\r\n\"")]) * rng.choice((7, 63, 4095, 4096, 4097, 5000))
+            buf[i:i] = bytes([rng.choice(b'ax\r\n"')]) * rng.choice((7, 63, 4095, 4096, 4097, 5000))
         elif op == 8 and n:  # truncate
             del buf[rng.randrange(n) :]
     return bytes(buf[:max_len])
@@ -152,14 +184,23 @@ def run_mutate(executions: int, seed: int, max_len: int, time_limit: float | Non
         now = time.perf_counter()
         if now - last_report > 10:
             last_report = now
-            print(f"  {done} execs, {done / (now - t0):.0f}/s, corpus {len(corpus)}, crashes {len(crashes)}",
-                  flush=True)
+            print(
+                f"  {done} execs, {done / (now - t0):.0f}/s, corpus {len(corpus)}, crashes {len(crashes)}",
+                flush=True,
+            )
             if time_limit and now - t0 > time_limit:
                 break
     elapsed = time.perf_counter() - t0
-    return {"engine": "mutate", "seed": seed, "executions": done, "seconds": round(elapsed, 1),
-            "execs_per_s": round(done / elapsed), "crashes": len(crashes), "crash_files": crashes,
-            "corpus_size": len(corpus)}
+    return {
+        "engine": "mutate",
+        "seed": seed,
+        "executions": done,
+        "seconds": round(elapsed, 1),
+        "execs_per_s": round(done / elapsed),
+        "crashes": len(crashes),
+        "crash_files": crashes,
+        "corpus_size": len(corpus),
+    }
 
 
 # -- atheris --------------------------------------------------------------------------
@@ -187,16 +228,26 @@ def run_atheris(executions: int, max_len: int) -> None:
 
     def report() -> None:
         elapsed = time.perf_counter() - state["t0"]
-        summary = {"engine": "atheris", "executions": state["n"], "seconds": round(elapsed, 1),
-                   "execs_per_s": round(state["n"] / elapsed) if elapsed else 0,
-                   "crashes": len(list(CRASHES.glob("crash-*"))) - state["crashes_before"]}
+        summary = {
+            "engine": "atheris",
+            "executions": state["n"],
+            "seconds": round(elapsed, 1),
+            "execs_per_s": round(state["n"] / elapsed) if elapsed else 0,
+            "crashes": len(list(CRASHES.glob("crash-*"))) - state["crashes_before"],
+        }
         write_summary(summary)
 
     state["crashes_before"] = len(list(CRASHES.glob("crash-*")))
     atexit.register(report)
     atheris.Setup(
-        [sys.argv[0], f"-runs={executions}", f"-max_len={max_len}", f"-artifact_prefix={CRASHES}/",
-         "-print_final_stats=1", str(work)],
+        [
+            sys.argv[0],
+            f"-runs={executions}",
+            f"-max_len={max_len}",
+            f"-artifact_prefix={CRASHES}/",
+            "-print_final_stats=1",
+            str(work),
+        ],
         test_one_input,
     )
     atheris.Fuzz()
@@ -217,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=["auto", "atheris", "mutate"], default="auto")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "big"))
     ap.add_argument("--max-len", type=int, default=8192)
-    ap.add_argument("--time-limit", type=float, default=None, help="mutate engine: stop after this many seconds")
+    ap.add_argument(
+        "--time-limit", type=float, default=None, help="mutate engine: stop after this many seconds"
+    )
     args = ap.parse_args(argv)
     engine = args.engine
     if engine == "auto":

@@ -48,11 +48,14 @@ class PipeClient:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
         )
         self._ids = itertools.count(1)
-        reply = self.request("initialize", {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "shoal-bench", "version": "0"},
-        })
+        reply = self.request(
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "shoal-bench", "version": "0"},
+            },
+        )
         assert "result" in reply, reply
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
@@ -93,12 +96,25 @@ class PipeClient:
 def kernel_env():
     tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-bench-"))
     sock, state = tmp / "run" / "kernel.sock", tmp / "state"
-    env = dict(os.environ, SHOAL_SOCKET=str(sock), SHOAL_STATE_DIR=str(state), SHOAL_NO_AUTOSTART="1")
+    env = dict(
+        os.environ, SHOAL_SOCKET=str(sock), SHOAL_STATE_DIR=str(state), SHOAL_NO_AUTOSTART="1"
+    )
     env.pop("SHOAL_TOKEN", None)
     env.pop("SHOAL_SESSION", None)
     kernel = subprocess.Popen(
-        [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(sock), "--state-dir", str(state)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "shoal_mcp.kernel",
+            "--socket",
+            str(sock),
+            "--state-dir",
+            str(state),
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + 15
@@ -160,12 +176,16 @@ def ratio_report(request):
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    lines = [f"{name:>8}: {MEDIANS[name] * 1e3:8.3f} ms median" for name in ("bare", "fastmcp", "facade")]
+    lines = [
+        f"{name:>8}: {MEDIANS[name] * 1e3:8.3f} ms median" for name in ("bare", "fastmcp", "facade")
+    ]
     lines += [f"{name}: {value:.2f}" for name, value in ratios.items()]
     lines.append(f"saved to {RESULTS}")
     # Printed in the terminal summary, after pytest-benchmark's table (a late-registered
     # plugin: bench/conftest.py belongs to the framing bench).
-    request.config.pluginmanager.register(_Summary(f"facade round-trip ratios (median, {BACKEND} framing)", lines))
+    request.config.pluginmanager.register(
+        _Summary(f"facade round-trip ratios (median, {BACKEND} framing)", lines)
+    )
 
 
 class _Summary:

@@ -39,8 +39,11 @@ def test_load_many_facades(benchmark):
         before = {"fds": fd_count(pid), "threads": threads(pid)}
 
         def once():
-            figures.update(run_load(kernel.socket, kernel.state, FACADES, CALLS, WINDOW,
-                                    timeout=900.0, log_dir=tmp))
+            figures.update(
+                run_load(
+                    kernel.socket, kernel.state, FACADES, CALLS, WINDOW, timeout=900.0, log_dir=tmp
+                )
+            )
 
         benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         wait_until(lambda: not children(pid), timeout=60, interval=0.2)
@@ -49,11 +52,16 @@ def test_load_many_facades(benchmark):
         kernel.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    figures.update(backend=BACKEND, quick=QUICK, kernel_before=before, kernel_after=after,
-                   cpus=os.cpu_count())
-    benchmark.extra_info.update({k: figures[k] for k in ("calls_per_s", "p50_ms", "p99_ms", "calls")})
+    figures.update(
+        backend=BACKEND, quick=QUICK, kernel_before=before, kernel_after=after, cpus=os.cpu_count()
+    )
+    benchmark.extra_info.update(
+        {k: figures[k] for k in ("calls_per_s", "p50_ms", "p99_ms", "calls")}
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({k: v for k, v in figures.items() if k != "bad_lines"}, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps({k: v for k, v in figures.items() if k != "bad_lines"}, indent=2) + "\n"
+    )
     print(
         f"\nload: {FACADES} facades x {CALLS} calls (window {WINDOW}, {BACKEND}): "
         f"{figures['answered']}/{figures['calls']} answered in {figures['wall_s']} s = "

@@ -33,7 +33,12 @@ class FacadeProcess:
     Subclasses set up their own state before calling ``__init__``: the reader starts here.
     """
 
-    def __init__(self, env: dict[str, str], cwd: str | Path | None = None, stderr: int | IO[bytes] = subprocess.PIPE) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        cwd: str | Path | None = None,
+        stderr: int | IO[bytes] = subprocess.PIPE,
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shoal_mcp.facade"],
             stdin=subprocess.PIPE,

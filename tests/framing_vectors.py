@@ -377,7 +377,9 @@ def reference_utf8_slice(buf: bytes, char_start: int, char_end: int) -> str:
 
 
 @contextmanager
-def pipe_reader(backend, pieces: Iterable[bytes], max_frame: int = MAX_FRAME, chunk: int = READ_CHUNK) -> Iterator:
+def pipe_reader(
+    backend, pieces: Iterable[bytes], max_frame: int = MAX_FRAME, chunk: int = READ_CHUNK
+) -> Iterator:
     """A ``backend.FrameReader`` on a pipe a writer thread fills with ``pieces``, one
     ``write()`` each, then closes. The read end is closed on exit (before the join, so a
     writer blocked on a full pipe gets EPIPE instead of hanging the test)."""

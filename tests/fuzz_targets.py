@@ -37,8 +37,24 @@ from shoal_mcp.protocol.jsonrpc import (
 from shoal_mcp.protocol.limits import MAX_FRAME, OVERSIZE_HEAD
 
 BACKENDS = backends()
-MAX_FRAMES = (1, 2, 3, 5, 8, 16, 64, 100, 255, 1024, OVERSIZE_HEAD - 1, OVERSIZE_HEAD,
-              OVERSIZE_HEAD + 1, 8192, 65536, MAX_FRAME)
+MAX_FRAMES = (
+    1,
+    2,
+    3,
+    5,
+    8,
+    16,
+    64,
+    100,
+    255,
+    1024,
+    OVERSIZE_HEAD - 1,
+    OVERSIZE_HEAD,
+    OVERSIZE_HEAD + 1,
+    8192,
+    65536,
+    MAX_FRAME,
+)
 
 
 # -- frames ---------------------------------------------------------------------------
@@ -101,11 +117,16 @@ def check_frames(data: bytes, cuts: list[int], max_frame: int, modules=None) -> 
         events, dec = run_decoder(module, data, cuts, max_frame)
         for ev in events:
             if isinstance(ev, Oversize):
-                assert type(ev.discarded_bytes) is int and ev.discarded_bytes > max_frame, (name, ev)
+                assert type(ev.discarded_bytes) is int and ev.discarded_bytes > max_frame, (
+                    name,
+                    ev,
+                )
                 assert type(ev.head) is bytes and len(ev.head) <= OVERSIZE_HEAD, name
             else:
                 assert type(ev) is bytes, f"{name}: event of type {type(ev).__name__}"
-                assert 0 < len(ev) <= max_frame, f"{name}: frame of {len(ev)} bytes, max {max_frame}"
+                assert 0 < len(ev) <= max_frame, (
+                    f"{name}: frame of {len(ev)} bytes, max {max_frame}"
+                )
                 assert b"\n" not in ev, name
         assert events == expected, f"{name}: events differ from the reference model"
         assert dec.scanned == len(data), f"{name}: scanned {dec.scanned} of {len(data)} bytes"
@@ -195,7 +216,9 @@ def check_recovered_id(frame: bytes) -> None:
         return  # which duplicate wins is a parser choice; nothing to compare with
     assert "id" in obj, f"recovered id {rid!r} from a frame without an id member"
     own = obj["id"]
-    assert type(rid) is type(own) and rid == own, f"recovered id {rid!r} but the frame's id is {own!r}"
+    assert type(rid) is type(own) and rid == own, (
+        f"recovered id {rid!r} but the frame's id is {own!r}"
+    )
 
 
 def check_head(head: bytes, discarded: int) -> None:

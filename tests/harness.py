@@ -40,8 +40,16 @@ class KernelProcess:
 
     def start(self, wait: bool = True) -> KernelProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(self.socket),
-             "--state-dir", str(self.state), *self.args],
+            [
+                sys.executable,
+                "-m",
+                "shoal_mcp.kernel",
+                "--socket",
+                str(self.socket),
+                "--state-dir",
+                str(self.state),
+                *self.args,
+            ],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -70,7 +78,9 @@ class KernelProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def client(self, session: str = "default", token: str | None = None, attach: bool = True) -> KernelClient:
+    def client(
+        self, session: str = "default", token: str | None = None, attach: bool = True
+    ) -> KernelClient:
         c = KernelClient(self.socket)
         if attach:
             params: dict = {"session": session}

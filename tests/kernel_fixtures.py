@@ -111,7 +111,9 @@ def kernel_factory(tmp_path):
             pass
 
 
-def call_err(client, method: str, params: dict | None = None, timeout: float = CALL_TIMEOUT) -> RpcError:
+def call_err(
+    client, method: str, params: dict | None = None, timeout: float = CALL_TIMEOUT
+) -> RpcError:
     """Call ``method`` and return the RpcError it must raise."""
     with pytest.raises(RpcError) as info:
         client.call(method, params or {}, timeout=timeout)

@@ -65,11 +65,13 @@ def stop_kernel(k: KernelProcess) -> None:
 
 
 def facade_env(k: KernelProcess, **extra: str) -> dict[str, str]:
-    env = child_env({
-        "SHOAL_SOCKET": str(k.socket),
-        "SHOAL_STATE_DIR": str(k.state),
-        "SHOAL_NO_AUTOSTART": "1",
-    })
+    env = child_env(
+        {
+            "SHOAL_SOCKET": str(k.socket),
+            "SHOAL_STATE_DIR": str(k.state),
+            "SHOAL_NO_AUTOSTART": "1",
+        }
+    )
     env.pop("SHOAL_SESSION", None)
     env.update(extra)
     return env
@@ -134,7 +136,11 @@ def jsonrpc_problems(message: Any) -> list[str]:
             problems.append("exactly one of result/error required")
         if "error" in message:
             err = message["error"]
-            if not isinstance(err, dict) or not isinstance(err.get("code"), int) or not isinstance(err.get("message"), str):
+            if (
+                not isinstance(err, dict)
+                or not isinstance(err.get("code"), int)
+                or not isinstance(err.get("message"), str)
+            ):
                 problems.append("bad error object")
             elif "data" in err and err["data"] is None:
                 problems.append("error.data is null")
@@ -183,7 +189,9 @@ class RawFacade(FacadeProcess):
         try:
             return self.messages.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"no message from shoal-mcp within {timeout} s; stderr: {self.stderr[-2000:]!r}") from None
+            raise AssertionError(
+                f"no message from shoal-mcp within {timeout} s; stderr: {self.stderr[-2000:]!r}"
+            ) from None
 
     def expect_silence(self, seconds: float) -> None:
         try:
@@ -197,7 +205,11 @@ class RawFacade(FacadeProcess):
         deadline = time.monotonic() + timeout
         while True:
             message = self.next_message(max(0.01, deadline - time.monotonic()))
-            if "method" not in message and message.get("id", object()) == msg_id and type(message.get("id")) is type(msg_id):
+            if (
+                "method" not in message
+                and message.get("id", object()) == msg_id
+                and type(message.get("id")) is type(msg_id)
+            ):
                 return message
             if time.monotonic() > deadline:
                 raise AssertionError(f"no reply to {msg_id!r} within {timeout} s")
@@ -206,11 +218,14 @@ class RawFacade(FacadeProcess):
         return self.wait_reply(self.request(method, params), timeout)
 
     def initialize(self, version: str = "2025-06-18") -> dict:
-        reply = self.call("initialize", {
-            "protocolVersion": version,
-            "capabilities": {},
-            "clientInfo": {"name": "shoal-tests", "version": "0"},
-        })
+        reply = self.call(
+            "initialize",
+            {
+                "protocolVersion": version,
+                "capabilities": {},
+                "clientInfo": {"name": "shoal-tests", "version": "0"},
+            },
+        )
         self.notify("notifications/initialized")
         return reply
 

@@ -51,7 +51,9 @@ def facade_env(socket: Path, state: Path, session: str, **extra: str) -> dict[st
 class McpPipe(FacadeProcess):
     """One ``shoal-mcp`` child over raw pipes; responses are filed by id as they arrive."""
 
-    def __init__(self, env: dict[str, str], cwd: str | None = None, stderr_path: Path | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], cwd: str | None = None, stderr_path: Path | None = None
+    ) -> None:
         self._stderr = open(stderr_path, "wb") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -127,7 +129,11 @@ class McpPipe(FacadeProcess):
     def initialize(self) -> dict:
         reply = self.request(
             "initialize",
-            {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "reliability", "version": "1"}},
+            {
+                "protocolVersion": PROTOCOL,
+                "capabilities": {},
+                "clientInfo": {"name": "reliability", "version": "1"},
+            },
         )
         assert "result" in reply, reply
         self.notify("notifications/initialized")
@@ -269,8 +275,11 @@ class FacadeLoad:
         if kind == "fg":
             return "shoal_exec", {"src": f"echo {tok}"}, {"kind": kind, "tok": tok}
         if kind == "bg":
-            return ("shoal_exec", {"src": f"sleep 0.0{i % 5}; echo {tok}", "background": True},
-                    {"kind": kind, "tok": tok})
+            return (
+                "shoal_exec",
+                {"src": f"sleep 0.0{i % 5}; echo {tok}", "background": True},
+                {"kind": kind, "tok": tok},
+            )
         if kind == "fail":
             return "shoal_exec", {"src": f"echo {tok} >&2; exit 3"}, {"kind": kind, "tok": tok}
         return "shoal_journal", {"limit": 5}, {"kind": kind}
@@ -282,7 +291,11 @@ class FacadeLoad:
         if kind == "fg":
             if wire_text(sc["value"]["out"]) != op["tok"] + "\n":
                 raise LoadFailure(f"fg {op['tok']} got {sc['value']['out']!r}")
-            return "shoal_get", {"ref": sc["ref"], "path": ".out"}, {"kind": "get", "tok": op["tok"]}
+            return (
+                "shoal_get",
+                {"ref": sc["ref"], "path": ".out"},
+                {"kind": "get", "tok": op["tok"]},
+            )
         if kind == "get":
             if wire_text(sc["value"]) != op["tok"] + "\n":
                 raise LoadFailure(f"get {op['tok']} got {sc['value']!r}")
@@ -290,8 +303,11 @@ class FacadeLoad:
         if kind == "bg":
             if not str(sc.get("task", "")).startswith("task:"):
                 raise LoadFailure(f"bg {op['tok']} got {sc!r}")
-            return ("shoal_get", {"ref": sc["task"], "wait_ms": 30000},
-                    {"kind": "await", "tok": op["tok"], "task": sc["task"]})
+            return (
+                "shoal_get",
+                {"ref": sc["task"], "wait_ms": 30000},
+                {"kind": "await", "tok": op["tok"], "task": sc["task"]},
+            )
         if kind == "await":
             if sc.get("task", {}).get("state") != "completed":
                 raise LoadFailure(f"await {op['task']} not completed: {sc.get('task')!r}")
@@ -300,7 +316,11 @@ class FacadeLoad:
             return None
         if kind == "fail":
             value = sc["value"]
-            if value["status"] != 3 or value["ok"] is not False or wire_text(value["err"]) != op["tok"] + "\n":
+            if (
+                value["status"] != 3
+                or value["ok"] is not False
+                or wire_text(value["err"]) != op["tok"] + "\n"
+            ):
                 raise LoadFailure(f"fail {op['tok']} got {value!r}")
             return None
         if kind == "journal":
@@ -354,12 +374,21 @@ class FacadeLoad:
                 followups.append(follow)
 
 
-def run_load(socket: Path, state: Path, facades: int, calls: int, window: int = 4,
-             timeout: float = 300.0, log_dir: Path | None = None) -> dict:
+def run_load(
+    socket: Path,
+    state: Path,
+    facades: int,
+    calls: int,
+    window: int = 4,
+    timeout: float = 300.0,
+    log_dir: Path | None = None,
+) -> dict:
     """Drive ``facades`` shoal-mcp processes × ``calls`` mixed calls; return the figures."""
     pipes = [
-        McpPipe(facade_env(socket, state, f"load{i}"),
-                stderr_path=(log_dir / f"facade{i}.err") if log_dir else None)
+        McpPipe(
+            facade_env(socket, state, f"load{i}"),
+            stderr_path=(log_dir / f"facade{i}.err") if log_dir else None,
+        )
         for i in range(facades)
     ]
     try:
@@ -367,8 +396,10 @@ def run_load(socket: Path, state: Path, facades: int, calls: int, window: int = 
             try:
                 p.initialize()
             except (TimeoutError, ConnectionError) as exc:
-                raise LoadFailure(f"facade {p.pid} did not initialize: {exc}; alive={p.alive()}, "
-                                  f"stdout={p.raw_lines[:3]!r}, stderr={p.stderr_text()[-2000:]!r}") from exc
+                raise LoadFailure(
+                    f"facade {p.pid} did not initialize: {exc}; alive={p.alive()}, "
+                    f"stdout={p.raw_lines[:3]!r}, stderr={p.stderr_text()[-2000:]!r}"
+                ) from exc
         loads = [FacadeLoad(p, f"f{i}", calls, window) for i, p in enumerate(pipes)]
         threads_ = [threading.Thread(target=ld.run, args=(timeout,), daemon=True) for ld in loads]
         t0 = time.perf_counter()
@@ -388,14 +419,20 @@ def run_load(socket: Path, state: Path, facades: int, calls: int, window: int = 
 
     def pct(q: float, values: list[float] | None = None) -> float:
         values = lat if values is None else values
-        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else float("nan")
+        return (
+            round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2)
+            if values
+            else float("nan")
+        )
 
     kinds: dict[str, list[float]] = {}
     for ld in loads:
         for kind, values in ld.by_kind.items():
             kinds.setdefault(kind, []).extend(values)
-    per_kind = {k: {"n": len(v), "p50_ms": pct(0.5, sorted(v)), "p99_ms": pct(0.99, sorted(v))}
-                for k, v in sorted(kinds.items())}
+    per_kind = {
+        k: {"n": len(v), "p50_ms": pct(0.5, sorted(v)), "p99_ms": pct(0.99, sorted(v))}
+        for k, v in sorted(kinds.items())
+    }
 
     return {
         "facades": facades,

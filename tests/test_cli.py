@@ -22,7 +22,9 @@ CLI = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
 @pytest.fixture()
 def env():
     root = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-cli-"))
-    e = child_env({"SHOAL_SOCKET": str(root / "run" / "k.sock"), "SHOAL_STATE_DIR": str(root / "state")})
+    e = child_env(
+        {"SHOAL_SOCKET": str(root / "run" / "k.sock"), "SHOAL_STATE_DIR": str(root / "state")}
+    )
     yield e
     subprocess.run([*CLI, "kernel", "stop"], env=e, capture_output=True, timeout=30)
 
@@ -30,7 +32,9 @@ def env():
 def shoal(env, *args, check=True, timeout=60):
     proc = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"shoal {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"shoal {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -48,10 +52,18 @@ def test_exec_autostarts_the_kernel_and_prints_render_and_ref(env):
 
 def test_get_with_path_and_formats(env):
     shoal(env, "exec", "seq 1 1000")
-    assert shoal(env, "get", "out:1", "--path", ".out.lines[-3..]").stdout.split() == ["998", "999", "1000"]
-    value = json.loads(shoal(env, "get", "out:1", "--path", ".out.lines[0]", "--format", "json").stdout)
+    assert shoal(env, "get", "out:1", "--path", ".out.lines[-3..]").stdout.split() == [
+        "998",
+        "999",
+        "1000",
+    ]
+    value = json.loads(
+        shoal(env, "get", "out:1", "--path", ".out.lines[0]", "--format", "json").stdout
+    )
     assert value == {"$": "str", "v": "1"}
-    raw = shoal(env, "get", "out:1", "--path", ".out", "--format", "raw", "--offset", "0", "--length", "4")
+    raw = shoal(
+        env, "get", "out:1", "--path", ".out", "--format", "raw", "--offset", "0", "--length", "4"
+    )
     assert raw.stdout == "1\n2\n" and "more:" in raw.stderr
     bad = shoal(env, "get", "out:99", check=False)
     assert bad.returncode == 2 and "-32004" in bad.stderr
@@ -105,8 +117,13 @@ def _json_blocks(text: str):
 
 def test_journal_follow_prints_new_rows(env):
     shoal(env, "exec", "true")
-    follower = subprocess.Popen([*CLI, "journal", "--follow", "--json"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [*CLI, "journal", "--follow", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.0)
         shoal(env, "exec", "echo followed")
@@ -128,7 +145,11 @@ def test_token_create_list_revoke(env):
     bearer = created.stdout.strip().splitlines()[-1]
     assert bearer.startswith("shoal_")
     listed = json.loads(shoal(env, "token", "list", "--json").stdout)
-    assert listed[0]["principal"] == "agent:x" and "digest" not in listed[0] and bearer not in json.dumps(listed)
+    assert (
+        listed[0]["principal"] == "agent:x"
+        and "digest" not in listed[0]
+        and bearer not in json.dumps(listed)
+    )
     assert "revoked 1" in shoal(env, "token", "revoke", "agent:x").stdout
     assert shoal(env, "token", "revoke", "agent:x", check=False).returncode != 0
 
@@ -155,7 +176,9 @@ def test_plans_approve_deny_flow_as_local_human(env):
     plan = client.call("exec", {"src": "rm -rf /tmp/nothing-here", "mode": "plan"})
     client.call("cap.request", {"plan_ref": plan["plan_ref"]})
     listed = json.loads(shoal(env, "plans", "--json").stdout)
-    assert [p["plan_ref"] for p in listed] == [plan["plan_ref"]] and listed[0]["state"] == "requested"
+    assert [p["plan_ref"] for p in listed] == [plan["plan_ref"]] and listed[0][
+        "state"
+    ] == "requested"
     assert "approved" in shoal(env, "approve", plan["plan_ref"]).stdout
     other = client.call("exec", {"src": "rm -rf /tmp/other-thing", "mode": "plan"})
     assert "denied" in shoal(env, "deny", other["plan_ref"]).stdout
@@ -166,7 +189,7 @@ def test_plans_approve_deny_flow_as_local_human(env):
 def test_mcp_config_prints_three_forms(env):
     out = shoal(env, "mcp-config").stdout
     assert "claude mcp add shoal" in out
-    config = json.loads(out[out.index("{"):])
+    config = json.loads(out[out.index("{") :])
     server = config["mcpServers"]["shoal"]
     assert server["env"]["SHOAL_SOCKET"] == env["SHOAL_SOCKET"]
 
@@ -188,8 +211,13 @@ def test_state_files_are_private(env):
 
 def test_events_tail_prints_published_events(env):
     shoal(env, "kernel", "start")
-    tail = subprocess.Popen([*CLI, "events", "tail", "user.cli", "--json"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    tail = subprocess.Popen(
+        [*CLI, "events", "tail", "user.cli", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
     reader.start()
@@ -213,8 +241,13 @@ def test_events_tail_prints_published_events(env):
 
 def test_ctrl_c_cancels_the_running_command(env):
     shoal(env, "kernel", "start")
-    proc = subprocess.Popen([*CLI, "exec", "sleep 37.25"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "exec", "sleep 37.25"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     from shoal_mcp.client import KernelClient
 
     client = KernelClient(env["SHOAL_SOCKET"])

@@ -18,7 +18,11 @@ ALL_DOCS = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
 
 def _table_names(pattern: str) -> set[str]:
     """Backticked first cells of protocol.md table rows matching ``pattern``."""
-    return {m.group(1) for m in re.finditer(r"^\| `([^`]+)` \|", PROTOCOL, re.M) if re.fullmatch(pattern, m.group(1))}
+    return {
+        m.group(1)
+        for m in re.finditer(r"^\| `([^`]+)` \|", PROTOCOL, re.M)
+        if re.fullmatch(pattern, m.group(1))
+    }
 
 
 def test_every_kernel_method_is_documented_and_vice_versa():

@@ -214,7 +214,10 @@ def test_store_api_and_table(tmp_path):
         assert seqs(store.since("journal", None, 2, until=2)) == [1, 2]
         assert seqs(store.page("journal", 0, 3, 2)) == [1, 2]
         assert store.since("journal", 3, None)[0] == {
-            "channel": "journal", "seq": 4, "ts": 5.0, "payload": {"i": 4},
+            "channel": "journal",
+            "seq": 4,
+            "ts": 5.0,
+            "payload": {"i": 4},
         }
         fresh = sqlite3.connect(db)
         assert fresh.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -517,8 +520,17 @@ def test_channel_cap_evicts_idle_rings_but_keeps_numbering():
 
 @pytest.mark.parametrize(
     "name",
-    ["journal", "session.transcript", "approval", "task.0", "task.12", "pty.3",
-     "user.x", "user.build-log", "user.a.b:c@d+e=f~g_h"],
+    [
+        "journal",
+        "session.transcript",
+        "approval",
+        "task.0",
+        "task.12",
+        "pty.3",
+        "user.x",
+        "user.build-log",
+        "user.a.b:c@d+e=f~g_h",
+    ],
 )
 def test_valid_channels(name):
     assert validate_channel(name) == name
@@ -526,9 +538,27 @@ def test_valid_channels(name):
 
 @pytest.mark.parametrize(
     "name",
-    [None, 5, b"journal", "", "foo", "journal.x", "session", "task.", "task.x", "task.01",
-     "task.-1", "pty.", "user.", "user", "user.a b", "user.a/b", "user.\n", "Journal",
-     "user." + "x" * 300],
+    [
+        None,
+        5,
+        b"journal",
+        "",
+        "foo",
+        "journal.x",
+        "session",
+        "task.",
+        "task.x",
+        "task.01",
+        "task.-1",
+        "pty.",
+        "user.",
+        "user",
+        "user.a b",
+        "user.a/b",
+        "user.\n",
+        "Journal",
+        "user." + "x" * 300,
+    ],
 )
 def test_invalid_channels(name, bus):
     with pytest.raises(RpcError) as exc:

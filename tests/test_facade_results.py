@@ -10,8 +10,12 @@ from shoal_mcp.protocol.limits import TEXT_LIMIT
 def test_render_then_one_blank_line_then_the_ref():
     result = tool_result({"ref": "out:1", "uri": "shoal://out/1", "render": "hi\n", "value": {}})
     assert result["content"][0]["text"] == "hi\n\n[out:1 · shoal://out/1]"
-    assert result["content"][1] == {"type": "resource_link", "uri": "shoal://out/1", "name": "out:1",
-                                    "mimeType": "text/plain"}
+    assert result["content"][1] == {
+        "type": "resource_link",
+        "uri": "shoal://out/1",
+        "name": "out:1",
+        "mimeType": "text/plain",
+    }
     assert result["isError"] is False and result["structuredContent"]["ref"] == "out:1"
 
 
@@ -35,8 +39,11 @@ def test_text_is_bounded_with_a_marker_naming_the_uri():
 
 
 def test_kernel_error_is_an_is_error_result_with_its_stderr():
-    exc = RpcError(-32002, "command failed with exit status 1",
-                   {"ref": "out:4", "uri": "shoal://out/4", "status": 1, "stderr_tail": "boom\n"})
+    exc = RpcError(
+        -32002,
+        "command failed with exit status 1",
+        {"ref": "out:4", "uri": "shoal://out/4", "status": 1, "stderr_tail": "boom\n"},
+    )
     result = error_result(exc)
     assert result["isError"] is True
     assert result["structuredContent"]["error"]["code"] == -32002

@@ -22,15 +22,23 @@ from fuzz_targets import MAX_FRAMES, check_frames, chunk_cuts, one_input
 from shoal_mcp.protocol.limits import OVERSIZE_HEAD
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+SETTINGS = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
 
 # Bytes biased towards the ones that matter to a framer: newlines, CRs, JSON punctuation.
-_interesting = st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\n", b"{", b"}", b'"', b"x", b"\x00", b"\xff"])
+_interesting = st.sampled_from(
+    [b"\n", b"\r", b"\r\n", b"\n\n", b"{", b"}", b'"', b"x", b"\x00", b"\xff"]
+)
 _piece = st.one_of(
     st.binary(max_size=40),
     _interesting,
     st.builds(lambda b, n: b * n, _interesting, st.integers(1, 64)),
-    st.builds(lambda n: b"a" * n, st.sampled_from([OVERSIZE_HEAD - 1, OVERSIZE_HEAD, OVERSIZE_HEAD + 1, 5000])),
+    st.builds(
+        lambda n: b"a" * n,
+        st.sampled_from([OVERSIZE_HEAD - 1, OVERSIZE_HEAD, OVERSIZE_HEAD + 1, 5000]),
+    ),
 )
 streams = st.lists(_piece, max_size=30).map(b"".join)
 

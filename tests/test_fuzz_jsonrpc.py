@@ -18,15 +18,25 @@ from shoal_mcp.protocol.limits import OVERSIZE_HEAD
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
-ids = st.one_of(json_values, st.integers(-(2**63), 2**64 - 1), st.text(max_size=300), st.floats(allow_nan=False, allow_infinity=False))
+ids = st.one_of(
+    json_values,
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=300),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
 keys = st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error", "meta", "x"])
 
 
@@ -39,7 +49,12 @@ def messages(draw) -> bytes:
     if draw(st.booleans()):
         members.append(("id", draw(ids)))
     if draw(st.booleans()):
-        members.append(("method", draw(st.one_of(st.sampled_from(["ping", "tools/call", "initialize"]), json_values))))
+        members.append(
+            (
+                "method",
+                draw(st.one_of(st.sampled_from(["ping", "tools/call", "initialize"]), json_values)),
+            )
+        )
     for _ in range(draw(st.integers(0, 2))):
         members.append((draw(keys), draw(json_values)))
     order = draw(st.permutations(members))
@@ -60,7 +75,9 @@ def mutated(draw) -> bytes:
         elif op == 1:
             del data[i : i + draw(st.integers(1, 8))]
         else:
-            data[i:i] = draw(st.sampled_from([b'"id":', b",", b"{", b"}", b'"', b"\\", b"1e5", b"null"]))
+            data[i:i] = draw(
+                st.sampled_from([b'"id":', b",", b"{", b"}", b'"', b"\\", b"1e5", b"null"])
+            )
     return bytes(data)
 
 
@@ -76,7 +93,9 @@ def test_parse_message_arbitrary_bytes(frame):
 def test_parse_message_shaped(frame):
     msg = check_message(frame)
     obj = orjson.loads(frame)
-    valid_id = "id" in obj and isinstance(obj["id"], (str, int, float)) and not isinstance(obj["id"], bool)
+    valid_id = (
+        "id" in obj and isinstance(obj["id"], (str, int, float)) and not isinstance(obj["id"], bool)
+    )
     if isinstance(msg, Request):
         assert valid_id and obj.get("jsonrpc") == "2.0"
     if isinstance(msg, Invalid) and msg.reply is not None and "id" in msg.reply:

@@ -99,11 +99,29 @@ def test_kernel_socket_survives_hostile_frames(live):
             marker = f"ping-{i}"
             sock.sendall(orjson.dumps({"jsonrpc": "2.0", "id": marker, "method": "ping"}) + b"\n")
             assert until_id(marker)["result"]["pong"] is True
-        sock.sendall(orjson.dumps({"jsonrpc": "2.0", "id": "att", "method": "session.attach",
-                                   "params": {"session": "fuzzlive"}}) + b"\n")
+        sock.sendall(
+            orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "att",
+                    "method": "session.attach",
+                    "params": {"session": "fuzzlive"},
+                }
+            )
+            + b"\n"
+        )
         assert "result" in until_id("att")
-        sock.sendall(orjson.dumps({"jsonrpc": "2.0", "id": "ex", "method": "exec",
-                                   "params": {"src": "echo kernel-after-fuzz", "position": "value"}}) + b"\n")
+        sock.sendall(
+            orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "ex",
+                    "method": "exec",
+                    "params": {"src": "echo kernel-after-fuzz", "position": "value"},
+                }
+            )
+            + b"\n"
+        )
         assert until_id("ex")["result"]["value"]["out"]["v"] == "kernel-after-fuzz\n"
     finally:
         sock.close()

@@ -89,7 +89,10 @@ def test_marker_selection_resolves(big):
 def test_last_lines_by_path(big):
     _, c, result, _ = big
     got = c.call("value.get", {"ref": result["ref"], "path": ".out.lines[-3..]"}, timeout=60)
-    assert got["value"] == {"$": "list", "v": [{"$": "str", "v": str(n)} for n in (N - 2, N - 1, N)]}
+    assert got["value"] == {
+        "$": "list",
+        "v": [{"$": "str", "v": str(n)} for n in (N - 2, N - 1, N)],
+    }
     one = c.call("value.get", {"ref": result["ref"], "path": ".out.lines[-1]"}, timeout=60)
     assert one["value"] == {"$": "str", "v": str(N)}
     first = c.call("value.get", {"ref": result["ref"], "path": ".out.lines[0]"}, timeout=60)
@@ -104,8 +107,11 @@ def test_raw_last_page_has_total_and_no_next(big):
     assert first["offset"] == 0 and first["length"] == ELIDE_MAX_BYTES_RAW
     assert first["raw"].startswith("1\n2\n3\n")
     assert "next" in first
-    last = c.call("value.get", {"ref": result["ref"], "path": ".out", "format": "raw",
-                                "offset": total - 4096}, timeout=60)
+    last = c.call(
+        "value.get",
+        {"ref": result["ref"], "path": ".out", "format": "raw", "offset": total - 4096},
+        timeout=60,
+    )
     assert last["total"] == total
     assert last["offset"] == total - 4096
     assert last["length"] == 4096
@@ -130,8 +136,12 @@ def test_raw_pages_chain_through_next(big):
         assert q["format"] == "raw" and q["path"] == ".out"
         assert int(q["offset"]) == page["offset"] + page["length"]
         # follow the URI itself as the ref (its path comes from the query)
-        params = {"ref": page["next"], "format": "raw", "offset": int(q["offset"]),
-                  "length": int(q["length"])}
+        params = {
+            "ref": page["next"],
+            "format": "raw",
+            "offset": int(q["offset"]),
+            "length": int(q["length"]),
+        }
     for a, b in zip(pages, pages[1:], strict=False):
         assert b["offset"] == a["offset"] + a["length"]
     text = "".join(p["raw"] for p in pages)
@@ -140,14 +150,25 @@ def test_raw_pages_chain_through_next(big):
     assert len(nums) > 1000
     # the same bytes through blob.get
     digest = _out_hash(c, result["ref"])
-    blob = c.call("blob.get", {"hash": digest, "offset": offset, "length": len(text.encode())}, timeout=60)
+    blob = c.call(
+        "blob.get", {"hash": digest, "offset": offset, "length": len(text.encode())}, timeout=60
+    )
     assert base64.b64decode(blob["base64"]) == text.encode()
 
 
 def test_raw_page_never_exceeds_hard_cap(big):
     _, c, result, _ = big
-    page = c.call("value.get", {"ref": result["ref"], "path": ".out", "format": "raw",
-                                "length": VALUE_HARD_CAP, "offset": 1000}, timeout=60)
+    page = c.call(
+        "value.get",
+        {
+            "ref": result["ref"],
+            "path": ".out",
+            "format": "raw",
+            "length": VALUE_HARD_CAP,
+            "offset": 1000,
+        },
+        timeout=60,
+    )
     assert len(orjson.dumps(page)) <= VALUE_HARD_CAP + 512  # page + its small envelope
     assert page["length"] <= VALUE_HARD_CAP
 
@@ -167,7 +188,9 @@ def test_blob_get_ranges(big):
     assert base64.b64decode(head["base64"]) == b"1\n2\n3\n"
     assert head["total"] == TOTAL_BYTES and head["offset"] == 0 and head["length"] == 6
     assert _q(head["next"])["offset"] == "6"
-    tail = c.call("blob.get", {"hash": digest, "offset": TOTAL_BYTES - 10, "length": 100}, timeout=30)
+    tail = c.call(
+        "blob.get", {"hash": digest, "offset": TOTAL_BYTES - 10, "length": 100}, timeout=30
+    )
     assert base64.b64decode(tail["base64"]) == f"\n{N}\n".encode()
     assert tail["length"] == 10 and "next" not in tail
     past = c.call("blob.get", {"hash": digest, "offset": TOTAL_BYTES + 5}, timeout=30)
@@ -187,7 +210,9 @@ def test_memory_still_flat_after_tail_selections(big):
 def test_middle_lines_by_path_keep_memory_flat(big, k):
     """Lines in the middle are found by counting pread blocks, not by mapping 169 MB."""
     kernel, c, result, _ = big
-    got = c.call("value.get", {"ref": result["ref"], "path": f".out.lines[{k}..{k + 3}]"}, timeout=60)
+    got = c.call(
+        "value.get", {"ref": result["ref"], "path": f".out.lines[{k}..{k + 3}]"}, timeout=60
+    )
     assert got["value"] == {"$": "list", "v": [{"$": "str", "v": str(k + j + 1)} for j in range(3)]}
     one = c.call("value.get", {"ref": result["ref"], "path": f".out.lines[{k}]"}, timeout=60)
     assert one["value"] == {"$": "str", "v": str(k + 1)}

@@ -169,9 +169,14 @@ def test_sigterm_removes_socket_and_kills_tasks(kernel_factory):
     record = c.call("task.get", {"task": handle["task"]}, timeout=10)
     pgid = record["pid"]
     assert os.getpgid(pgid) == pgid  # the task leads its own process group
-    members = wait_until(lambda: [p for p in _pgid_members(pgid)
-                                  if "sleep" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")],
-                         timeout=10)
+    members = wait_until(
+        lambda: [
+            p
+            for p in _pgid_members(pgid)
+            if "sleep" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        ],
+        timeout=10,
+    )
     sleep_pid = members[0]
     close_client(c)
     assert k.stop(signal.SIGTERM) == 0
@@ -179,7 +184,6 @@ def test_sigterm_removes_socket_and_kills_tasks(kernel_factory):
     wait_until(lambda: not pid_alive(sleep_pid), timeout=10)
     wait_until(lambda: not _pgid_members(pgid), timeout=10)
     assert "stopped" in k.log()
-
 
 
 def test_existing_private_dirs_are_tightened(kernel_factory):

@@ -43,7 +43,9 @@ def publish(c, channel: str, payload: dict) -> int:
     return c.call("events.publish", {"channel": channel, "payload": payload}, timeout=10)["seq"]
 
 
-@pytest.mark.parametrize("channel", ["journal", "session.transcript", "approval", "task.1", "pty.1"])
+@pytest.mark.parametrize(
+    "channel", ["journal", "session.transcript", "approval", "task.1", "pty.1"]
+)
 def test_only_user_channels_are_publishable(ec, channel):
     err = call_err(ec, "events.publish", {"channel": channel, "payload": {"x": 1}})
     assert err.code == ErrorCode.INVALID_PARAMS
@@ -64,7 +66,9 @@ def test_publish_shapes(ec):
     assert ec.call("events.publish", {"channel": "user.shape"}, timeout=10)["seq"] == 2
     err = call_err(ec, "events.publish", {"channel": "user.shape", "payload": [1, 2]})
     assert err.code == ErrorCode.INVALID_PARAMS and err.data["field"] == "payload"
-    err = call_err(ec, "events.publish", {"channel": "user.shape", "payload": {"big": "x" * 70_000}})
+    err = call_err(
+        ec, "events.publish", {"channel": "user.shape", "payload": {"big": "x" * 70_000}}
+    )
     assert err.code == ErrorCode.INVALID_PARAMS and err.data["field"] == "payload"
 
 
@@ -112,7 +116,9 @@ def test_subscribe_replays_then_goes_live_then_unsubscribes(ec, raw):
     time.sleep(0.3)
     pong = sub.call("ping")  # anything queued would arrive before this answer
     assert pong["result"]["pong"] is True
-    assert not any(f.startswith(b'{"jsonrpc":"2.0","method":"event"') and b'"i":5' in f for f in sub.raw_frames)
+    assert not any(
+        f.startswith(b'{"jsonrpc":"2.0","method":"event"') and b'"i":5' in f for f in sub.raw_frames
+    )
     err = sub.call("events.unsubscribe", {"subscription": sub_id})
     assert err["error"]["code"] == ErrorCode.INVALID_PARAMS
 
@@ -150,7 +156,12 @@ def test_slow_subscriber_never_blocks_publisher(kernel, raw):
     try:
         t0 = time.monotonic()
         for i in range(n_events):
-            assert pub.call("events.publish", {"channel": ch, "payload": {**payload, "i": i}}, timeout=10)["seq"] == i
+            assert (
+                pub.call(
+                    "events.publish", {"channel": ch, "payload": {**payload, "i": i}}, timeout=10
+                )["seq"]
+                == i
+            )
         elapsed = time.monotonic() - t0
     finally:
         close_client(pub)
@@ -170,8 +181,10 @@ def test_slow_subscriber_never_blocks_publisher(kernel, raw):
         covered = len(real) + sum(s["dropped"] for s in summaries)
         if covered >= n_events:
             break
-    print(f"slow subscriber got {len(real)} events + {len(summaries)} summary "
-          f"(dropped {sum(s['dropped'] for s in summaries)})")
+    print(
+        f"slow subscriber got {len(real)} events + {len(summaries)} summary "
+        f"(dropped {sum(s['dropped'] for s in summaries)})"
+    )
     assert summaries, "overflow must be reported"
     for s in summaries:
         assert s["channel"] == ch

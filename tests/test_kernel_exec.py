@@ -48,9 +48,15 @@ def test_result_shape_and_outcome_fields(session, kernel):
 def test_cd_and_export_persist_shell_variables_do_not(session, tmp_path):
     target = tmp_path / "dir with space"
     target.mkdir()
-    run(session, f"cd '{target}' && export SHOAL_T_EXPORTED=yes; SHOAL_T_SHELLVAR=no; f() {{ echo fn; }}")
+    run(
+        session,
+        f"cd '{target}' && export SHOAL_T_EXPORTED=yes; SHOAL_T_SHELLVAR=no; f() {{ echo fn; }}",
+    )
     assert session.call("session.cwd", {}, timeout=10)["cwd"] == str(target)
-    r = run(session, 'pwd; echo "e=$SHOAL_T_EXPORTED s=${SHOAL_T_SHELLVAR-unset}"; type f >/dev/null 2>&1 || echo nofunc')
+    r = run(
+        session,
+        'pwd; echo "e=$SHOAL_T_EXPORTED s=${SHOAL_T_SHELLVAR-unset}"; type f >/dev/null 2>&1 || echo nofunc',
+    )
     assert out_text(r) == f"{target}\ne=yes s=unset\nnofunc\n"
     assert r["value"]["cwd"] == str(target)
     env = session.call("session.env", {}, timeout=10)
@@ -191,7 +197,9 @@ def test_background_does_not_change_session_cwd(session, tmp_path):
     before = session.call("session.cwd", {}, timeout=10)["cwd"]
     h = run(session, f"cd '{tmp_path}'", background=True)
     session.call("task.await", {"task": h["task"], "timeout_ms": 20_000}, timeout=30)
-    wait_until(lambda: session.call("task.get", {"task": h["task"]}, timeout=10)["state"] == "completed")
+    wait_until(
+        lambda: session.call("task.get", {"task": h["task"]}, timeout=10)["state"] == "completed"
+    )
     assert session.call("session.cwd", {}, timeout=10)["cwd"] == before
 
 

@@ -54,7 +54,9 @@ def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:
     assert not errors, errors
     # The lease closed its connection on return; a new pool sees both rows committed.
     assert not db._idle and not db._leased
-    assert [r[0] for r in Database(tmp_path / "db.sqlite3").query("SELECT x FROM t ORDER BY x")] == [1, 2]
+    assert [
+        r[0] for r in Database(tmp_path / "db.sqlite3").query("SELECT x FROM t ORDER BY x")
+    ] == [1, 2]
 
 
 def test_close_under_concurrent_writers_does_not_crash(tmp_path: Path) -> None:
@@ -101,7 +103,9 @@ def test_task_shutdown_waits_for_results_then_refuses_new_tasks(tmp_path: Path) 
 
     tasks = TaskManager(EventBus(), slow_finalize)
     env = dict(os.environ)
-    first = tasks.start("s", "p", "sleep 60", spawn("sleep 60", str(tmp_path), env, tmp_path), True, [])
+    first = tasks.start(
+        "s", "p", "sleep 60", spawn("sleep 60", str(tmp_path), env, tmp_path), True, []
+    )
     assert tasks.shutdown(drain_s=10) is True
     assert stored == [first.id] and first.done.is_set()
     assert not pid_alive(first.run.pid)

@@ -71,15 +71,30 @@ def matrix_rows(jk, matrix):
 def test_row_fields(jk, matrix_rows):
     k, _, _ = jk
     row = matrix_rows[2]  # "seq 1 3"
-    for key in ("id", "ts", "duration_ms", "session", "principal", "cwd", "src", "head", "kind",
-                "effects", "status", "ok", "ref", "outputs"):
+    for key in (
+        "id",
+        "ts",
+        "duration_ms",
+        "session",
+        "principal",
+        "cwd",
+        "src",
+        "head",
+        "kind",
+        "effects",
+        "status",
+        "ok",
+        "ref",
+        "outputs",
+    ):
         assert key in row, key
     assert row["src"] == "seq 1 3" and row["head"] == "seq" and row["kind"] == "exec"
     assert row["session"] == "j-main" and row["principal"].startswith("uid:")
     assert row["status"] == 0 and row["ok"] is True
     assert row["duration_ms"] >= 0
     assert {"kind": "proc_spawn", "target": "seq"} in [
-        {"kind": e["kind"], "target": e.get("target")} for e in row["effects"]]
+        {"kind": e["kind"], "target": e.get("target")} for e in row["effects"]
+    ]
     kinds = sorted(o["kind"] for o in row["outputs"])
     assert kinds == ["err", "out"]
     out = next(o for o in row["outputs"] if o["kind"] == "out")
@@ -103,7 +118,9 @@ def test_until_and_limit(jk, matrix_rows):
     rows = q(human, since=since, until=until, limit=5)
     assert len(rows) == 5
     assert all(r["ts"] <= until for r in rows)
-    assert [r["id"] for r in rows] == [r["id"] for r in reversed(matrix_rows[15:20])]  # newest first
+    assert [r["id"] for r in rows] == [
+        r["id"] for r in reversed(matrix_rows[15:20])
+    ]  # newest first
     rows = q(human, since=since, until=until, limit=100)
     assert len(rows) == 20
     assert [r["id"] for r in rows] == [r["id"] for r in reversed(matrix_rows[:20])]
@@ -133,8 +150,9 @@ def test_ok_filter(jk, matrix_rows):
     good = q(human, ok=True, **window)
     assert len(good) == 20 and all(r["ok"] is True for r in good)
     # limit applies after the filter
-    assert [r["id"] for r in q(human, ok=False, since=window["since"], until=window["until"], limit=3)] == [
-        r["id"] for r in reversed([m for m in matrix_rows if m["src"] == "false"][-3:])]
+    assert [
+        r["id"] for r in q(human, ok=False, since=window["since"], until=window["until"], limit=3)
+    ] == [r["id"] for r in reversed([m for m in matrix_rows if m["src"] == "false"][-3:])]
 
 
 def test_effects_filter(jk, matrix_rows):
@@ -142,7 +160,9 @@ def test_effects_filter(jk, matrix_rows):
     window = {"since": matrix_rows[0]["ts"], "until": matrix_rows[-1]["ts"], "limit": 100}
     writes = q(human, effects=["fs_write"], **window)
     assert len(writes) == 10 and all(r["head"] == "echo" for r in writes)
-    both = q(human, effects=["proc_spawn", "fs_write"], **window)  # every kind listed must be present
+    both = q(
+        human, effects=["proc_spawn", "fs_write"], **window
+    )  # every kind listed must be present
     assert [r["id"] for r in both] == [r["id"] for r in writes]
     assert len(q(human, effects=["proc_spawn"], **window)) == 30
     assert q(human, effects=["net_connect"], **window) == []
@@ -160,7 +180,18 @@ def test_session_and_principal_filters(jk, matrix_rows):
     assert agent_rows[1]["ref"] == a1["ref"]
     assert [r["id"] for r in q(human, session="j-agent")] == [r["id"] for r in agent_rows]
     assert all(r["principal"] == me for r in q(human, session="j-main", limit=1000))
-    assert len(q(human, principal=me, since=matrix_rows[0]["ts"], until=matrix_rows[-1]["ts"], limit=100)) == 30
+    assert (
+        len(
+            q(
+                human,
+                principal=me,
+                since=matrix_rows[0]["ts"],
+                until=matrix_rows[-1]["ts"],
+                limit=100,
+            )
+        )
+        == 30
+    )
     # journal_read = "own": the agent sees only its rows, whatever it asks for
     assert [r["id"] for r in q(agent)] == [r["id"] for r in agent_rows]
     assert q(agent, principal=me) == []
@@ -204,7 +235,9 @@ def test_limit_defaults_and_bounds(jk, matrix_rows):
     assert err.code == ErrorCode.INVALID_PARAMS
     err = call_err(human, "journal.query", {"ok": "yes"})
     assert err.code == ErrorCode.INVALID_PARAMS and err.data["field"] == "ok"
-    assert q(human, session="j-main", limit=1)[0]["id"] == max(r["id"] for r in q(human, session="j-main"))
+    assert q(human, session="j-main", limit=1)[0]["id"] == max(
+        r["id"] for r in q(human, session="j-main")
+    )
 
 
 def test_policy_refusals_are_journaled(tmp_path):
@@ -213,8 +246,10 @@ def test_policy_refusals_are_journaled(tmp_path):
     from shoal_mcp.kernel.access.auth import TokenStore
 
     policy = tmp_path / "policy.toml"
-    policy.write_text('[principal."agent:j"]\nproc_spawn = ["echo"]\nungranted = "ask"\n'
-                      '[principal."agent:d"]\nproc_spawn = ["echo"]\n')
+    policy.write_text(
+        '[principal."agent:j"]\nproc_spawn = ["echo"]\nungranted = "ask"\n'
+        '[principal."agent:d"]\nproc_spawn = ["echo"]\n'
+    )
     k = KernelProcess(tmp_path, "--policy", str(policy))
     _, ask_token = TokenStore(k.state / "tokens.json").create("agent:j")
     _, deny_token = TokenStore(k.state / "tokens.json").create("agent:d")

@@ -80,12 +80,40 @@ def _error(reply: dict, code: int) -> dict:
 
 
 def test_registry_has_the_spec_methods():
-    for name in ("session.attach", "session.cwd", "session.env", "session.reef", "parse", "explain",
-                 "exec", "value.get", "blob.get", "task.list", "task.get", "task.await", "task.cancel",
-                 "task.suspend", "task.resume", "plan.get", "plan.list", "plan.apply", "cap.request",
-                 "cap.decide", "journal.query", "pty.open", "pty.send", "pty.read", "pty.resize",
-                 "pty.close", "pty.list", "events.read", "events.publish", "events.subscribe",
-                 "events.unsubscribe", "ping"):
+    for name in (
+        "session.attach",
+        "session.cwd",
+        "session.env",
+        "session.reef",
+        "parse",
+        "explain",
+        "exec",
+        "value.get",
+        "blob.get",
+        "task.list",
+        "task.get",
+        "task.await",
+        "task.cancel",
+        "task.suspend",
+        "task.resume",
+        "plan.get",
+        "plan.list",
+        "plan.apply",
+        "cap.request",
+        "cap.decide",
+        "journal.query",
+        "pty.open",
+        "pty.send",
+        "pty.read",
+        "pty.resize",
+        "pty.close",
+        "pty.list",
+        "events.read",
+        "events.publish",
+        "events.subscribe",
+        "events.unsubscribe",
+        "ping",
+    ):
         assert name in REGISTRY, name
     assert frozenset({"session.attach", "parse", "ping"}) == UNATTACHED_METHODS
 
@@ -109,7 +137,10 @@ def test_unattached_exempt_methods_answer(raw):
     parsed = c.call("parse", {"src": "echo hi | wc -l"})["result"]
     assert parsed["ok"] is True
     bad = c.call("parse", {"src": "if then fi ("})
-    assert "result" in bad or bad["error"]["code"] in (ErrorCode.SOURCE_PARSE, ErrorCode.INVALID_PARAMS)
+    assert "result" in bad or bad["error"]["code"] in (
+        ErrorCode.SOURCE_PARSE,
+        ErrorCode.INVALID_PARAMS,
+    )
     # still unattached after parse/ping
     _error(c.call("session.cwd"), ErrorCode.NOT_ATTACHED)
     attached = c.call("session.attach", {"session": "proto-exempt"})["result"]
@@ -176,13 +207,13 @@ def test_unknown_field_is_named(raw, name):
 
 
 REQUIRED_CASES = [
-    (name, field)
-    for name in ALL_METHODS
-    for field in REGISTRY[name].schema.get("required", ())
+    (name, field) for name in ALL_METHODS for field in REGISTRY[name].schema.get("required", ())
 ]
 
 
-@pytest.mark.parametrize(("name", "field"), REQUIRED_CASES, ids=[f"{n}-{f}" for n, f in REQUIRED_CASES])
+@pytest.mark.parametrize(
+    ("name", "field"), REQUIRED_CASES, ids=[f"{n}-{f}" for n, f in REQUIRED_CASES]
+)
 def test_missing_required_field_is_named(raw, name, field):
     c = raw() if name in UNATTACHED_METHODS else raw("proto-required")
     params = _required_params(name)
@@ -197,8 +228,15 @@ def test_methods_without_required_fields_accept_empty_params(raw):
     """Sanity: the required-field matrix is not vacuous, and these answer without params."""
     assert len(REQUIRED_CASES) >= 25
     c = raw("proto-empty")
-    for name in ("session.cwd", "session.env", "task.list", "pty.list", "plan.list", "journal.query",
-                 "kernel.status"):
+    for name in (
+        "session.cwd",
+        "session.env",
+        "task.list",
+        "pty.list",
+        "plan.list",
+        "journal.query",
+        "kernel.status",
+    ):
         reply = c.call(name, {})
         assert "result" in reply, (name, reply)
 
@@ -207,7 +245,9 @@ def test_wrong_type_is_named(raw):
     c = raw("proto-types")
     err = _error(c.call("exec", {"src": 42}), ErrorCode.INVALID_PARAMS)
     assert err["data"]["field"] == "src"
-    err = _error(c.call("exec", {"src": "true", "elide": {"max_bytes": "big"}}), ErrorCode.INVALID_PARAMS)
+    err = _error(
+        c.call("exec", {"src": "true", "elide": {"max_bytes": "big"}}), ErrorCode.INVALID_PARAMS
+    )
     assert err["data"]["field"] == "elide.max_bytes"
     err = _error(c.call("exec", {"src": "true", "elide": {"nope": 1}}), ErrorCode.INVALID_PARAMS)
     assert err["data"]["field"] == "elide.nope"
@@ -223,8 +263,12 @@ def test_pipelined_requests_answer_out_of_order(raw):
         msg_id = 10_000 + i
         if i % 5 == 0:
             kinds[msg_id] = "slow"
-            msg = {"jsonrpc": "2.0", "id": msg_id, "method": "exec",
-                   "params": {"src": f"sleep 0.3; echo {i}"}}
+            msg = {
+                "jsonrpc": "2.0",
+                "id": msg_id,
+                "method": "exec",
+                "params": {"src": f"sleep 0.3; echo {i}"},
+            }
         else:
             kinds[msg_id] = "fast"
             msg = {"jsonrpc": "2.0", "id": msg_id, "method": "ping", "params": {}}
@@ -269,7 +313,11 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(raw):
 
 def test_oversize_without_id_has_no_id_member(raw):
     c = raw()
-    frame = b'{"jsonrpc": "2.0", "method": "ping", "params": {"pad": "' + b"y" * (MAX_FRAME + 10) + b'"}}\n'
+    frame = (
+        b'{"jsonrpc": "2.0", "method": "ping", "params": {"pad": "'
+        + b"y" * (MAX_FRAME + 10)
+        + b'"}}\n'
+    )
     c.send_raw(frame)
     reply = c.recv(60)
     _error(reply, ErrorCode.INVALID_REQUEST)

@@ -34,13 +34,17 @@ def test_state_survives_restart(kernel_factory, tmp_path):
     try:
         # out:N resolves: value and .out.lines
         v = c2.call("value.get", {"ref": ref, "path": ".out.lines[-2..]"}, timeout=30)
-        assert v["value"] == {"$": "list", "v": [{"$": "str", "v": "3000"}, {"$": "str", "v": "tail"}]}
+        assert v["value"] == {
+            "$": "list",
+            "v": [{"$": "str", "v": "3000"}, {"$": "str", "v": "tail"}],
+        }
         whole = c2.call("value.get", {"ref": ref}, timeout=30)["value"]
         assert whole["$"] == "outcome" and whole["status"] == 0 and whole["cwd"] == str(workdir)
         uri = c2.call("value.get", {"ref": r["uri"], "path": ".out.lines[0]"}, timeout=30)
         assert uri["value"] == {"$": "str", "v": "1"}
-        assert c2.call("value.get", {"ref": failed["ref"], "path": ".err"}, timeout=30)["value"] == {
-            "$": "str", "v": "bad\n"}
+        assert c2.call("value.get", {"ref": failed["ref"], "path": ".err"}, timeout=30)[
+            "value"
+        ] == {"$": "str", "v": "bad\n"}
         # session cwd and exported env persisted
         assert c2.call("session.cwd", {}, timeout=10)["cwd"] == str(workdir)
         out = c2.call("exec", {"src": 'pwd; echo "$SHOAL_T_PERSIST"'}, timeout=30)
@@ -56,7 +60,10 @@ def test_state_survives_restart(kernel_factory, tmp_path):
         blob = c2.call("blob.get", {"hash": digest, "offset": 0, "length": 4}, timeout=10)
         assert base64.b64decode(blob["base64"]) == b"1\n2\n"
         # durable channels: replay the old events, and seq continues without gap
-        for channel, before in (("journal", journal_before), ("session.transcript", transcript_before)):
+        for channel, before in (
+            ("journal", journal_before),
+            ("session.transcript", transcript_before),
+        ):
             after = c2.call("events.read", {"channel": channel}, timeout=10)
             old = [e for e in after["events"] if e["seq"] <= before["latest_seq"]]
             assert old == before["events"], channel
@@ -65,7 +72,9 @@ def test_state_survives_restart(kernel_factory, tmp_path):
             seqs = [e["seq"] for e in after["events"]]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), channel
             assert after["latest_seq"] == before["latest_seq"] + 1
-        since = c2.call("events.read", {"channel": "journal", "since": journal_before["latest_seq"]}, timeout=10)
+        since = c2.call(
+            "events.read", {"channel": "journal", "since": journal_before["latest_seq"]}, timeout=10
+        )
         assert [e["payload"]["ref"] for e in since["events"]] == [out["ref"]]
     finally:
         close_client(c2)

@@ -96,7 +96,10 @@ def test_suspend_and_resume_are_observable(tc):
     h = bg(tc, "sleep 30")
     pid = task_get(tc, h["task"])["pid"]
     wait_until(lambda: proc_state(pid) in ("S", "R"))
-    assert tc.call("task.suspend", {"task": h["task"]}, timeout=10) == {"task": h["task"], "state": "suspended"}
+    assert tc.call("task.suspend", {"task": h["task"]}, timeout=10) == {
+        "task": h["task"],
+        "state": "suspended",
+    }
     wait_until(lambda: proc_state(pid) == "T", timeout=5)
     members = _group_members(pid)
     for m in members:
@@ -152,7 +155,12 @@ def test_output_so_far_is_readable_while_running(tc):
         rec = task_get(tc, h["task"])
         got = tc.call("value.get", {"ref": live_uri}, timeout=10)["value"]
         text = got.get("v", "")
-        return rec["state"] == "running" and text.startswith("1\n2\n") and text != "1\n2\n3\n4\n5\n" and text
+        return (
+            rec["state"] == "running"
+            and text.startswith("1\n2\n")
+            and text != "1\n2\n3\n4\n5\n"
+            and text
+        )
 
     text = wait_until(partial, timeout=10)
     assert text.startswith("1\n2\n")
@@ -204,7 +212,9 @@ def test_tasks_are_private_to_their_session(kernel, tc):
         for method in ("task.get", "task.cancel", "task.suspend", "task.resume", "task.await"):
             err = call_err(other, method, {"task": h["task"]})
             assert err.code == ErrorCode.UNKNOWN_TASK, method
-        assert h["task"] not in [t["task"] for t in other.call("task.list", {}, timeout=10)["tasks"]]
+        assert h["task"] not in [
+            t["task"] for t in other.call("task.list", {}, timeout=10)["tasks"]
+        ]
         err = call_err(other, "value.get", {"ref": h["task"]})
         assert err.code == ErrorCode.UNKNOWN_TASK
         err = call_err(other, "events.read", {"channel": h["events"]})
@@ -237,7 +247,16 @@ def test_task_list_and_states(tc):
     listing = {t["task"]: t for t in tc.call("task.list", {}, timeout=10)["tasks"]}
     assert listing[a["task"]]["state"] == "completed"
     assert listing[b["task"]]["state"] == "running"
-    for key in ("task", "session", "principal", "src", "state", "started", "out_bytes", "err_bytes"):
+    for key in (
+        "task",
+        "session",
+        "principal",
+        "src",
+        "state",
+        "started",
+        "out_bytes",
+        "err_bytes",
+    ):
         assert key in listing[b["task"]], key
     running = tc.call("task.list", {"state": "running"}, timeout=10)["tasks"]
     assert [t["task"] for t in running] == [b["task"]]
@@ -273,8 +292,14 @@ def test_foreground_exec_of_a_vanished_caller_becomes_a_listed_task(kernel, tc):
     raw.send("exec", {"src": "sleep 30; echo never"})
     wait_until(lambda: _some_sleep_30_running(), timeout=10)
     raw.close()
-    listed = wait_until(lambda: [t for t in tc.call("task.list", {}, timeout=10)["tasks"]
-                                 if t["src"] == "sleep 30; echo never"], timeout=10)
+    listed = wait_until(
+        lambda: [
+            t
+            for t in tc.call("task.list", {}, timeout=10)["tasks"]
+            if t["src"] == "sleep 30; echo never"
+        ],
+        timeout=10,
+    )
     task = listed[0]
     assert task["state"] == "running"
     tc.call("task.cancel", {"task": task["task"]}, timeout=10)

@@ -22,7 +22,9 @@ def vc(kernel):
     c = kernel.client("values")
     refs = {
         "seq": c.call("exec", {"src": "seq 0 29"}, timeout=30)["ref"],
-        "json": c.call("exec", {"src": """echo '{"a":{"b":[1,2]},"s":"x","n":null}'"""}, timeout=30)["ref"],
+        "json": c.call(
+            "exec", {"src": """echo '{"a":{"b":[1,2]},"s":"x","n":null}'"""}, timeout=30
+        )["ref"],
         "snow": c.call("exec", {"src": f"printf '%s' '{SNOW}'"}, timeout=30)["ref"],
         "bytes": c.call("exec", {"src": r"printf '\x00\x01\x02\xff\xfe'"}, timeout=30)["ref"],
         "big": c.call("exec", {"src": "seq 1 5000"}, timeout=30)["ref"],
@@ -75,17 +77,29 @@ def test_json_selector(vc):
     assert get(c, refs["json"], path=".out.json.s")["value"] == {"$": "str", "v": "x"}
     assert get(c, refs["json"], path=".out.json.n")["value"] == {"$": "null"}
     rec = get(c, refs["json"], path=".out.json.a")["value"]
-    assert rec == {"$": "record", "v": {"b": {"$": "list", "v": [{"$": "int", "v": 1}, {"$": "int", "v": 2}]}}}
+    assert rec == {
+        "$": "record",
+        "v": {"b": {"$": "list", "v": [{"$": "int", "v": 1}, {"$": "int", "v": 2}]}},
+    }
 
 
 def test_slice_on_str_counts_code_points(vc):
     c, refs = vc
     assert get(c, refs["snow"], path=".out")["value"] == {"$": "str", "v": SNOW}
     assert get(c, refs["snow"], path=".out", slice=[1, 4])["value"] == {"$": "str", "v": "\u00e9ll"}
-    assert get(c, refs["snow"], path=".out", slice=[12, 15])["value"] == {"$": "str", "v": "\u2603 \U0001f600"}
+    assert get(c, refs["snow"], path=".out", slice=[12, 15])["value"] == {
+        "$": "str",
+        "v": "\u2603 \U0001f600",
+    }
     assert get(c, refs["snow"], path=".out", slice=[-3, None])["value"] == {"$": "str", "v": "end"}
-    assert get(c, refs["snow"], path=".out", slice=[None, 2])["value"] == {"$": "str", "v": "h\u00e9"}
-    assert get(c, refs["snow"], path=".out", slice="7..12")["value"] == {"$": "str", "v": SNOW[7:12]}
+    assert get(c, refs["snow"], path=".out", slice=[None, 2])["value"] == {
+        "$": "str",
+        "v": "h\u00e9",
+    }
+    assert get(c, refs["snow"], path=".out", slice="7..12")["value"] == {
+        "$": "str",
+        "v": SNOW[7:12],
+    }
     assert get(c, refs["snow"], path=".out", slice=[3, 1])["value"] == {"$": "str", "v": ""}
     # raw of a code-point slice is that exact text
     raw = get(c, refs["snow"], path=".out", slice=[12, 15], format="raw")
@@ -97,7 +111,9 @@ def test_slice_on_lists_and_bytes(vc):
     assert get(c, refs["seq"], path=".out.lines", slice=[1, 3])["value"] == strs("1", "2")
     assert get(c, refs["seq"], path=".out.lines", slice=[-2, None])["value"] == strs("28", "29")
     assert get(c, refs["json"], path=".out.json.a.b", slice=[1, None])["value"] == {
-        "$": "list", "v": [{"$": "int", "v": 2}]}
+        "$": "list",
+        "v": [{"$": "int", "v": 2}],
+    }
     b = get(c, refs["bytes"], path=".out")["value"]
     assert b["$"] == "bytes" and base64.b64decode(b["v"]) == b"\x00\x01\x02\xff\xfe"
     sl = get(c, refs["bytes"], path=".out", slice=[1, 4])["value"]
@@ -145,9 +161,21 @@ def test_bad_slice_shape_is_invalid_params(vc):
     assert err.code == ErrorCode.INVALID_PARAMS and err.data["field"] == "slice"
 
 
-@pytest.mark.parametrize("ref", ["out:99999", "out:0", "bogus", "out:x", "shoal://nope/1",
-                                 "shoal://out/abc", "shoal://out/99999", "shoal://out/1/../2",
-                                 "out:" + "9" * 30, "shoal://out/" + "9" * 30])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "out:99999",
+        "out:0",
+        "bogus",
+        "out:x",
+        "shoal://nope/1",
+        "shoal://out/abc",
+        "shoal://out/99999",
+        "shoal://out/1/../2",
+        "out:" + "9" * 30,
+        "shoal://out/" + "9" * 30,
+    ],
+)
 def test_unknown_ref(vc, ref):
     c, _ = vc
     err = call_err(c, "value.get", {"ref": ref})
@@ -258,7 +286,9 @@ def test_elided_list_items_stay_addressable(vc):
 
 def test_hard_cap_holds_whatever_is_asked(vc):
     c, refs = vc
-    got = get(c, refs["big"], path=".out.lines", elide={"max_bytes": VALUE_HARD_CAP, "max_items": 100000})
+    got = get(
+        c, refs["big"], path=".out.lines", elide={"max_bytes": VALUE_HARD_CAP, "max_items": 100000}
+    )
     assert len(orjson.dumps(got["value"])) <= VALUE_HARD_CAP
 
 
@@ -269,8 +299,12 @@ def test_render_of_many_long_lines_is_bounded_and_its_marker_resolves(vc):
     (quadratic) and every line was materialised before bounding.
     """
     c, _ = vc
-    ref = c.call("exec", {"src": "head -c 5000000 /dev/zero | tr '\\0' a | fold -w 5000"}, timeout=60)["ref"]
-    got = get(c, ref, path=".out.lines", format="render", elide={"max_items": 100000, "max_bytes": 4096})
+    ref = c.call(
+        "exec", {"src": "head -c 5000000 /dev/zero | tr '\\0' a | fold -w 5000"}, timeout=60
+    )["ref"]
+    got = get(
+        c, ref, path=".out.lines", format="render", elide={"max_items": 100000, "max_bytes": 4096}
+    )
     render = got["render"]
     assert len(render.encode()) <= 4096
     marker = next(line for line in render.split("\n") if "lines elided" in line)

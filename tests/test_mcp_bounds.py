@@ -65,13 +65,16 @@ def _check_marker(text: str, full: str, uri: str | None) -> None:
     assert match, text[-300:]
     head = text[: match.start()]
     assert head.endswith("\n") and full.startswith(head), "the head must be whole leading lines"
-    rest = full[len(head):]
+    rest = full[len(head) :]
     assert int(match.group(1)) == rest.count("\n") + (0 if rest.endswith("\n") else 1)
     assert int(match.group(2)) == len(rest.encode())
     assert match.group(3) == uri
     # Longest run of whole lines: one more line would not have fitted.
     next_line = rest.split("\n", 1)[0] + "\n"
-    assert len(head.encode()) + len(next_line.encode()) + len(text[match.start():].encode()) > TEXT_LIMIT - 16
+    assert (
+        len(head.encode()) + len(next_line.encode()) + len(text[match.start() :].encode())
+        > TEXT_LIMIT - 16
+    )
 
 
 # --- layer 1: kernel elision alone ----------------------------------------------------------
@@ -111,13 +114,16 @@ LONG_LINES = "for i in $(seq 1 3000); do printf '%0200d\\n' $i; done"
         pytest.param("seq 1 2000000", {"max_bytes": 4096}, id="huge-output-4KiB"),
         pytest.param("seq 1 2000000", {"max_bytes": 256}, id="huge-output-256B"),
         pytest.param(LONG_LINES, {"max_bytes": 1024}, id="long-lines-1KiB"),
-        pytest.param(LONG_LINES, {"max_bytes": 65536, "render_head": 1000}, id="long-lines-head-1000"),
+        pytest.param(
+            LONG_LINES, {"max_bytes": 65536, "render_head": 1000}, id="long-lines-head-1000"
+        ),
     ],
 )
 def test_layer2_kernel_render_respects_callers_max_bytes(kc, src, elide):
     ran = _exec(kc, src)
-    out_bytes = kc.call("value.get", {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 1},
-                        timeout=30)["total"]
+    out_bytes = kc.call(
+        "value.get", {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 1}, timeout=30
+    )["total"]
     assert out_bytes > elide["max_bytes"]  # so the render bound has work to do
     got = kc.call("value.get", {"ref": ran["ref"], "format": "render", "elide": elide}, timeout=30)
     render = got["render"]
@@ -125,7 +131,9 @@ def test_layer2_kernel_render_respects_callers_max_bytes(kc, src, elide):
     assert "elided" in render and ran["ref"] in render  # the marker says how to fetch the rest
     if out_bytes <= ELIDE_MAX_BYTES:
         # Under the default budget the same value renders whole: the caller's bound did this.
-        default = kc.call("value.get", {"ref": ran["ref"], "format": "render"}, timeout=30)["render"]
+        default = kc.call("value.get", {"ref": ran["ref"], "format": "render"}, timeout=30)[
+            "render"
+        ]
         assert "elided" not in default and len(default.encode()) == out_bytes
     # exec itself honours the same bound for its render.
     direct = _exec(kc, src, elide=elide)
@@ -133,7 +141,9 @@ def test_layer2_kernel_render_respects_callers_max_bytes(kc, src, elide):
 
 
 def test_layer2_render_bound_survives_the_facade_untouched(facade):
-    reply = facade.tool("shoal_exec", {"src": "seq 1 2000000", "elide": {"max_bytes": 1024}}, timeout=60)
+    reply = facade.tool(
+        "shoal_exec", {"src": "seq 1 2000000", "elide": {"max_bytes": 1024}}, timeout=60
+    )
     result = reply["result"]
     render = result["structuredContent"]["render"]
     assert len(render.encode()) <= 1024
@@ -149,7 +159,11 @@ def test_layer2_render_bound_survives_the_facade_untouched(facade):
 def test_layer3_mcp_bounds_a_large_resource_read(kernel, kc, facade):
     channel = "user.bounds"
     for i in range(700):
-        kc.call("events.publish", {"channel": channel, "payload": {"i": i, "line": "e" * 150}}, timeout=10)
+        kc.call(
+            "events.publish",
+            {"channel": channel, "payload": {"i": i, "line": "e" * 150}},
+            timeout=10,
+        )
     uri = f"shoal://events/{channel}?limit=1024"
     # The kernel legitimately returns far more than 64 KiB here: nothing below the MCP
     # layer bounds it.
@@ -185,7 +199,9 @@ def test_layer3_text_bound_holds_for_the_widest_kernel_render(kc, facade):
     # A 2 MB single line rendered with the largest budget the kernel accepts.
     ran = _exec(kc, "head -c 2000000 /dev/zero | tr '\\0' x")
     reply = facade.tool(
-        "shoal_get", {"ref": ran["ref"], "format": "render", "elide": {"max_bytes": 65536}}, timeout=30
+        "shoal_get",
+        {"ref": ran["ref"], "format": "render", "elide": {"max_bytes": 65536}},
+        timeout=30,
     )
     result = reply["result"]
     assert result["isError"] is False
@@ -200,13 +216,19 @@ CONTROL_CHARS = "head -c 100000 /dev/zero | tr '\\0' '\\1'"
 
 def test_kernel_raw_page_stays_under_the_hard_cap(kc):
     ran = _exec(kc, CONTROL_CHARS)
-    page = kc.call("value.get", {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 65536}, timeout=30)
+    page = kc.call(
+        "value.get",
+        {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 65536},
+        timeout=30,
+    )
     assert _size(page) <= 64 * 1024 + 512
 
 
 def test_layer3_text_bound_holds_for_an_escaped_raw_page(kc, facade):
     ran = _exec(kc, CONTROL_CHARS)
-    reply = facade.tool("shoal_get", {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 65536})
+    reply = facade.tool(
+        "shoal_get", {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 65536}
+    )
     result = reply["result"]
     assert result["isError"] is False
     text = result["content"][0]["text"]

@@ -36,9 +36,19 @@ from shoal_mcp.protocol.limits import TEXT_LIMIT
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
 TOOL_NAMES = {
-    "shoal_exec", "shoal_plan", "shoal_apply", "shoal_get", "shoal_journal", "shoal_cancel",
-    "shoal_cap_request", "shoal_pty_open", "shoal_pty_send", "shoal_pty_read", "shoal_pty_resize",
-    "shoal_pty_close", "shoal_pty_list",
+    "shoal_exec",
+    "shoal_plan",
+    "shoal_apply",
+    "shoal_get",
+    "shoal_journal",
+    "shoal_cancel",
+    "shoal_cap_request",
+    "shoal_pty_open",
+    "shoal_pty_send",
+    "shoal_pty_read",
+    "shoal_pty_resize",
+    "shoal_pty_close",
+    "shoal_pty_list",
 }
 RAW = TypeAdapter(dict[str, Any])  # send_request(..., RAW) returns the result as the server sent it
 SCENARIO_TIMEOUT_S = 45
@@ -65,7 +75,8 @@ class Notes:
 
     def updated(self, uri: str | None = None) -> list[str]:
         return [
-            n.params.uri for n in self.items
+            n.params.uri
+            for n in self.items
             if getattr(n, "method", None) == "notifications/resources/updated"
             and (uri is None or n.params.uri == uri)
         ]
@@ -84,7 +95,10 @@ def run_session(
 
     async def main() -> Any:
         params = StdioServerParameters(
-            command=sys.executable, args=["-m", "shoal_mcp.facade"], env=facade_env(k), cwd=str(k.tmp)
+            command=sys.executable,
+            args=["-m", "shoal_mcp.facade"],
+            env=facade_env(k),
+            cwd=str(k.tmp),
         )
         with open(errlog_path, "a") as errlog, anyio.fail_after(SCENARIO_TIMEOUT_S):
             async with (
@@ -161,7 +175,9 @@ def test_initialize_negotiates_and_lists_13_closed_tools(kernel):
     assert {t.name for t in tools.tools} == TOOL_NAMES
     exec_schema = next(t for t in listed if t["name"] == "shoal_exec")["inputSchema"]
     assert exec_schema["required"] == ["src"]
-    assert {"src", "mode", "position", "background", "timeout_ms", "elide"} <= set(exec_schema["properties"])
+    assert {"src", "mode", "position", "background", "timeout_ms", "elide"} <= set(
+        exec_schema["properties"]
+    )
 
 
 # --- tools ------------------------------------------------------------------------------
@@ -299,6 +315,7 @@ def test_cancelling_an_inflight_call_ends_the_kernel_task(kernel):
         t0 = time.monotonic()
         with anyio.move_on_after(20) as scope:
             async with anyio.create_task_group() as tg:
+
                 async def call() -> None:
                     await s.call_tool("shoal_exec", {"src": f"sleep {marker}"})
 
@@ -327,7 +344,9 @@ def test_cancelling_an_inflight_call_ends_the_kernel_task(kernel):
 
 def test_kernel_error_is_an_iserror_result(kernel):
     async def scenario(s: ClientSession, notes: Notes):
-        failed = await s.call_tool("shoal_exec", {"src": "echo oops >&2; false", "position": "stmt"})
+        failed = await s.call_tool(
+            "shoal_exec", {"src": "echo oops >&2; false", "position": "stmt"}
+        )
         as_value = await s.call_tool("shoal_exec", {"src": "false"})
         unknown = await s.call_tool("shoal_get", {"ref": "out:999999"})
         return failed, as_value, unknown
@@ -380,7 +399,9 @@ def test_progress_notifications_for_a_slow_command(kernel):
         quick = await s.call_tool("shoal_exec", {"src": "true"}, progress_callback=on_progress)
         quick_updates = len(updates)
         slow = await s.call_tool(
-            "shoal_exec", {"src": "for i in 1 2 3; do echo tick $i; sleep 1; done"}, progress_callback=on_progress
+            "shoal_exec",
+            {"src": "for i in 1 2 3; do echo tick $i; sleep 1; done"},
+            progress_callback=on_progress,
         )
         return quick, quick_updates, slow
 
@@ -416,7 +437,12 @@ def test_oversize_request_fails_fast_instead_of_hanging(kernel):
 def test_unknown_resources_are_32002(kernel):
     async def scenario(s: ClientSession, notes: Notes):
         codes = {}
-        for uri in ("shoal://nope", "shoal://out/999999", "shoal://task/999999", "file:///etc/passwd"):
+        for uri in (
+            "shoal://nope",
+            "shoal://out/999999",
+            "shoal://task/999999",
+            "file:///etc/passwd",
+        ):
             with pytest.raises(MCPError) as info:
                 await s.read_resource(uri)
             codes[uri] = info.value.error.code

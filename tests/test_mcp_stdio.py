@@ -95,7 +95,9 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
 
     # A second, much larger frame must not raise the peak: the reader never holds more
     # than MAX_FRAME + one chunk, and the facade never builds the frame as a str.
-    writer = _send_in_background(facade, head.replace(b":42,", b":44,") + b"y" * (48 * MiB) + b'"}}}\n')
+    writer = _send_in_background(
+        facade, head.replace(b":42,", b":44,") + b"y" * (48 * MiB) + b'"}}}\n'
+    )
     _error(facade.wait_reply(44, timeout=60), -32600)
     writer.join(60)
     assert facade.tool("shoal_exec", {"src": "echo after"})["result"]["isError"] is False
@@ -106,7 +108,11 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
 
 def test_oversize_frame_without_recoverable_id_has_no_id_member(facade):
     # The id comes after the payload: not trusted, so the error carries no id at all.
-    line = b'{"jsonrpc":"2.0","method":"tools/call","params":{"a":"' + b"z" * (17 * MiB) + b'"},"id":7}\n'
+    line = (
+        b'{"jsonrpc":"2.0","method":"tools/call","params":{"a":"'
+        + b"z" * (17 * MiB)
+        + b'"},"id":7}\n'
+    )
     writer = _send_in_background(facade, line)
     message = facade.next_message(timeout=30)
     writer.join(30)
@@ -138,8 +144,15 @@ def test_crlf_input_and_ids_echoed_with_their_exact_type(facade):
         assert type(reply["id"]) is type(msg_id)
         assert facade.lines[-1] == orjson.dumps(reply) + b"\n"  # compact, one line
     # A tools/call with a zero id works end to end too.
-    facade.send({"jsonrpc": "2.0", "id": 0, "method": "tools/call",
-                 "params": {"name": "shoal_exec", "arguments": {"src": "echo zero"}}}, eol=b"\r\n")
+    facade.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "tools/call",
+            "params": {"name": "shoal_exec", "arguments": {"src": "echo zero"}},
+        },
+        eol=b"\r\n",
+    )
     reply = facade.wait_reply(0, timeout=15)
     assert reply["result"]["content"][0]["text"].startswith("zero")
 
@@ -158,8 +171,13 @@ def test_unknown_methods_fail_fast_before_and_after_initialize(kernel, open_faca
 
 @pytest.mark.parametrize(
     ("asked", "answered"),
-    [("2025-06-18", "2025-06-18"), ("2025-03-26", "2025-03-26"), ("2024-11-05", "2024-11-05"),
-     ("2025-11-25", "2025-06-18"), ("2099-01-01", "2025-06-18")],
+    [
+        ("2025-06-18", "2025-06-18"),
+        ("2025-03-26", "2025-03-26"),
+        ("2024-11-05", "2024-11-05"),
+        ("2025-11-25", "2025-06-18"),
+        ("2099-01-01", "2025-06-18"),
+    ],
 )
 def test_protocol_version_negotiation(kernel, open_facade, asked, answered):
     f = open_facade(facade_env(kernel), initialize=False)
@@ -195,7 +213,11 @@ def test_cancel_for_unknown_request_sends_nothing(facade):
 def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
     marker = f"30.{random.randrange(10**6):06d}"
     try:
-        facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}}, msg_id="c1")
+        facade.request(
+            "tools/call",
+            {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+            msg_id="c1",
+        )
         deadline = time.monotonic() + 10
         while not pids_with_arg(marker):
             assert time.monotonic() < deadline, "the command never started"
@@ -213,7 +235,11 @@ def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
 
 
 def test_slow_call_does_not_block_a_later_ping(facade):
-    facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": "sleep 2; echo slow"}}, msg_id="slow")
+    facade.request(
+        "tools/call",
+        {"name": "shoal_exec", "arguments": {"src": "sleep 2; echo slow"}},
+        msg_id="slow",
+    )
     t0 = time.monotonic()
     facade.request("ping", {}, msg_id="fast")
     first = facade.next_message(timeout=10)
@@ -224,7 +250,9 @@ def test_slow_call_does_not_block_a_later_ping(facade):
 
 
 def test_concurrent_calls_complete_out_of_order(facade):
-    facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": "sleep 1.5; echo a"}}, msg_id=1)
+    facade.request(
+        "tools/call", {"name": "shoal_exec", "arguments": {"src": "sleep 1.5; echo a"}}, msg_id=1
+    )
     facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": "echo b"}}, msg_id=2)
     order = [facade.next_message(timeout=15)["id"], facade.next_message(timeout=15)["id"]]
     assert order == [2, 1]
@@ -241,7 +269,11 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(open_fa
     try:
         f = open_facade(env)
         assert f.tool("shoal_exec", {"src": "echo before"})["result"]["isError"] is False
-        f.request("tools/call", {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}}, msg_id="doomed")
+        f.request(
+            "tools/call",
+            {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+            msg_id="doomed",
+        )
         deadline = time.monotonic() + 10
         while not pids_with_arg(marker):
             assert time.monotonic() < deadline
@@ -269,11 +301,19 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(open_fa
 def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade):
     tmp = short_tmp()
     sock = tmp / "run" / "kernel.sock"
-    env = child_env({"SHOAL_SOCKET": str(sock), "SHOAL_STATE_DIR": str(tmp / "state"), "SHOAL_NO_AUTOSTART": "1"})
+    env = child_env(
+        {
+            "SHOAL_SOCKET": str(sock),
+            "SHOAL_STATE_DIR": str(tmp / "state"),
+            "SHOAL_NO_AUTOSTART": "1",
+        }
+    )
     try:
         f = open_facade(env)
         t0 = time.monotonic()
-        reply = f.call("tools/call", {"name": "shoal_exec", "arguments": {"src": "echo hi"}}, timeout=10)
+        reply = f.call(
+            "tools/call", {"name": "shoal_exec", "arguments": {"src": "echo hi"}}, timeout=10
+        )
         assert time.monotonic() - t0 < 3
         error = _error(reply, -32603)
         assert "kernel" in error["message"] and str(sock) in error["message"]
@@ -295,10 +335,27 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
     try:
         burst = b""
         for i, marker in enumerate(markers):
-            burst += orjson.dumps({"jsonrpc": "2.0", "id": f"early{i}", "method": "tools/call",
-                                   "params": {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}}}) + b"\n"
-            burst += orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                   "params": {"requestId": f"early{i}"}}) + b"\n"
+            burst += (
+                orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": f"early{i}",
+                        "method": "tools/call",
+                        "params": {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+                    }
+                )
+                + b"\n"
+            )
+            burst += (
+                orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": f"early{i}"},
+                    }
+                )
+                + b"\n"
+            )
         facade.write(burst)
         deadline = time.monotonic() + 10
         time.sleep(0.5)
@@ -318,8 +375,11 @@ def test_cancel_is_not_starved_by_busy_workers(facade):
     markers = [f"40.{base:05d}{i:02d}" for i in range(64)]
     try:
         for i, marker in enumerate(markers):
-            facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
-                           msg_id=f"busy{i}")
+            facade.request(
+                "tools/call",
+                {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+                msg_id=f"busy{i}",
+            )
         deadline = time.monotonic() + 20
         while not all(pids_with_arg(m) for m in markers):
             assert time.monotonic() < deadline, "not all calls started"

@@ -70,8 +70,9 @@ def verdict(policy: Policy, principal: str, src: str, cwd: str = "/home/u/projec
     return policy.for_principal(principal, LOCAL).evaluate(a.effects, a.reversibility)
 
 
-def verdict_of(p: PrincipalPolicy, effects: list[dict[str, str]],
-               rev: str = "reversible") -> Verdict:
+def verdict_of(
+    p: PrincipalPolicy, effects: list[dict[str, str]], rev: str = "reversible"
+) -> Verdict:
     return p.evaluate(effects, rev)
 
 
@@ -126,19 +127,23 @@ def test_omitted_keys_take_defaults(tmp_path: Path) -> None:
         ('[principal."agent:x"]\ntasks_read = "some"', 'principal."agent:x".tasks_read'),
         ('[principal."agent:x"]\nmax_tasks = -1', 'principal."agent:x".max_tasks'),
         ('[principal."agent:x"]\nmax_ptys = 1.5', 'principal."agent:x".max_ptys'),
-        ('[principal."agent:x"]\nmax_subscriptions = true', 'principal."agent:x".max_subscriptions'),
+        (
+            '[principal."agent:x"]\nmax_subscriptions = true',
+            'principal."agent:x".max_subscriptions',
+        ),
         ('[principal."agent:x"]\nfs = 3', 'principal."agent:x".fs'),
         ('[principal."agent:x".fs]\nread = "/x"', 'principal."agent:x".fs.read'),
         ('[principal."agent:x".fs]\nwrite = ["relative/**"]', 'principal."agent:x".fs.write'),
         ('[principal."agent:x".fs]\ndelete = [3]', 'principal."agent:x".fs.delete'),
-        ('principal = 3', "principal"),
+        ("principal = 3", "principal"),
         ('[principal]\n"agent:x" = 3', 'principal."agent:x"'),
         ('[agents."x"]\nproc_spawn = []', "agents"),
-        ('version = 1', "version"),
+        ("version = 1", "version"),
     ],
 )
-def test_bad_keys_and_values_are_rejected_with_key_named(tmp_path: Path, text: str,
-                                                         key: str) -> None:
+def test_bad_keys_and_values_are_rejected_with_key_named(
+    tmp_path: Path, text: str, key: str
+) -> None:
     with pytest.raises(PolicyError) as info:
         load(text, tmp_path)
     assert info.value.key == key
@@ -228,9 +233,11 @@ def test_net_connect_host_port_globs(policy: Policy) -> None:
 
 
 def test_net_star_grant_covers_unknown_remote(tmp_path: Path) -> None:
-    p = load('[principal."a"]\nproc_spawn=["git"]\nnet_connect = ["*:*"]\n'
-             '[principal."a".fs]\nread=["/**"]\nwrite=["/**"]',
-             tmp_path).for_principal("a", LOCAL)
+    p = load(
+        '[principal."a"]\nproc_spawn=["git"]\nnet_connect = ["*:*"]\n'
+        '[principal."a".fs]\nread=["/**"]\nwrite=["/**"]',
+        tmp_path,
+    ).for_principal("a", LOCAL)
     a = analyze("git pull", "/w", HOME)
     assert p.evaluate(a.effects, a.reversibility).verdict == "allow"
 
@@ -254,9 +261,10 @@ def test_session_write_default_and_restriction(policy: Policy) -> None:
     assert v.verdict == "deny" and v.ungranted == [eff("session_write", "cwd")]
 
 
-@pytest.mark.parametrize(("principal", "expected"),
-                         [("agent:reviewer", "ask"), ("agent:strict", "deny"),
-                          ("agent:optallow", "allow")])
+@pytest.mark.parametrize(
+    ("principal", "expected"),
+    [("agent:reviewer", "ask"), ("agent:strict", "deny"), ("agent:optallow", "allow")],
+)
 def test_opaque_settings(policy: Policy, principal: str, expected: str) -> None:
     p = policy.for_principal(principal, LOCAL)
     v = verdict_of(p, [eff("opaque", "eval")], "irreversible")
@@ -271,24 +279,34 @@ def test_deny_beats_ask_beats_allow(policy: Policy, tmp_path: Path) -> None:
     mixed = [eff("proc_spawn", "ls"), eff("fs_read", "/etc/hosts"), eff("opaque", "eval")]
     assert verdict_of(q, mixed, "irreversible").verdict == "ask"
     assert verdict_of(p, mixed + [eff("fs_write", "/x")], "irreversible").verdict == "deny"
-    r = load('[principal."a"]\nproc_spawn=["ls"]\nungranted="ask"\nopaque="deny"',
-             tmp_path).for_principal("a", LOCAL)
-    v = verdict_of(r, [eff("proc_spawn", "make"), eff("opaque", "eval"),
-                       eff("proc_spawn", "ls")], "irreversible")
+    r = load(
+        '[principal."a"]\nproc_spawn=["ls"]\nungranted="ask"\nopaque="deny"', tmp_path
+    ).for_principal("a", LOCAL)
+    v = verdict_of(
+        r,
+        [eff("proc_spawn", "make"), eff("opaque", "eval"), eff("proc_spawn", "ls")],
+        "irreversible",
+    )
     assert v.verdict == "deny"
     assert len(v.reasons) == 2 and v.ungranted == [eff("proc_spawn", "make")]
 
 
 @pytest.mark.parametrize(
     ("mode", "rev", "expected"),
-    [("in-grant", "reversible", "allow"), ("in-grant", "irreversible", "allow"),
-     ("never", "reversible", "ask"), ("never", "conditional", "ask"),
-     ("reversible", "reversible", "allow"), ("reversible", "conditional", "ask"),
-     ("reversible", "irreversible", "ask")],
+    [
+        ("in-grant", "reversible", "allow"),
+        ("in-grant", "irreversible", "allow"),
+        ("never", "reversible", "ask"),
+        ("never", "conditional", "ask"),
+        ("reversible", "reversible", "allow"),
+        ("reversible", "conditional", "ask"),
+        ("reversible", "irreversible", "ask"),
+    ],
 )
 def test_auto_apply_modes(tmp_path: Path, mode: str, rev: str, expected: str) -> None:
-    p = load(f'[principal."a"]\nproc_spawn = ["*"]\nauto_apply = "{mode}"',
-             tmp_path).for_principal("a", LOCAL)
+    p = load(f'[principal."a"]\nproc_spawn = ["*"]\nauto_apply = "{mode}"', tmp_path).for_principal(
+        "a", LOCAL
+    )
     v = verdict_of(p, [eff("proc_spawn", "make")], rev)
     assert v.verdict == expected
     if expected == "ask":
@@ -338,8 +356,10 @@ def test_principal_without_table_is_denied_everything(policy: Policy) -> None:
 
 
 def test_another_uid_is_not_the_local_human(policy: Policy) -> None:
-    assert verdict_of(policy.for_principal("uid:0", LOCAL),
-                      [eff("proc_spawn", "ls")]).verdict == "deny"
+    assert (
+        verdict_of(policy.for_principal("uid:0", LOCAL), [eff("proc_spawn", "ls")]).verdict
+        == "deny"
+    )
 
 
 def test_unknown_effect_kind_is_ungranted(policy: Policy) -> None:

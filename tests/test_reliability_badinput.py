@@ -41,7 +41,13 @@ WINDOW = 16
 MB = 1 << 20
 
 SAMPLES: dict[str, Any] = {
-    "string": "x", "integer": 7, "number": 1.5, "boolean": True, "null": None, "array": [1], "object": {"a": 1},
+    "string": "x",
+    "integer": 7,
+    "number": 1.5,
+    "boolean": True,
+    "null": None,
+    "array": [1],
+    "object": {"a": 1},
 }
 EDGE_STRINGS = [
     "",
@@ -147,7 +153,9 @@ def _edge_values(schema: dict) -> list[Any]:
     if "object" in allowed:
         out += [{}, {"bogus": 1}, {"a": {"b": {"c": [1, 2, {"d": None}]}}}]
         for name, sub in (schema.get("properties") or {}).items():
-            for v in _wrong_values(sub) + (EDGE_NUMBERS if _allowed_types(sub) & {"integer", "number"} else []):
+            for v in _wrong_values(sub) + (
+                EDGE_NUMBERS if _allowed_types(sub) & {"integer", "number"} else []
+            ):
                 out.append({name: v})
     return out
 
@@ -178,10 +186,16 @@ def _check_reply(reply: dict, case: tuple) -> str:
     assert ("result" in reply) != ("error" in reply), (case[:3], reply)
     if "error" in reply:
         err = reply["error"]
-        assert isinstance(err.get("code"), int) and isinstance(err.get("message"), str), (case[:3], err)
+        assert isinstance(err.get("code"), int) and isinstance(err.get("message"), str), (
+            case[:3],
+            err,
+        )
         return "error"
     result = reply["result"]
-    assert isinstance(result.get("content"), list) and isinstance(result.get("isError"), bool), (case[:3], result)
+    assert isinstance(result.get("content"), list) and isinstance(result.get("isError"), bool), (
+        case[:3],
+        result,
+    )
     return "iserror" if result["isError"] else "ok"
 
 
@@ -197,7 +211,9 @@ def _code(reply: dict) -> int | None:
 def live():
     tmp = short_tmp()
     kernel = KernelProcess(tmp).start()
-    pipe = McpPipe(facade_env(kernel.socket, kernel.state, "badinput"), stderr_path=tmp / "facade.err")
+    pipe = McpPipe(
+        facade_env(kernel.socket, kernel.state, "badinput"), stderr_path=tmp / "facade.err"
+    )
     try:
         pipe.initialize()
         base = structured(pipe.call_tool("shoal_exec", {"src": "echo base"}))
@@ -245,8 +261,17 @@ def test_tool_argument_matrix(live):
             schema_ok = False
         if kind in ("wrong-type", "missing", "extra") or not schema_ok:
             assert outcome == "error" and reply["error"]["code"] == ErrorCode.INVALID_PARAMS, (
-                tool_name, prop, kind, str(args)[:200], reply)
-            assert prop == "*" or prop in reply["error"]["message"], (tool_name, prop, reply["error"])
+                tool_name,
+                prop,
+                kind,
+                str(args)[:200],
+                reply,
+            )
+            assert prop == "*" or prop in reply["error"]["message"], (
+                tool_name,
+                prop,
+                reply["error"],
+            )
         if _code(reply) == ErrorCode.INTERNAL and (tool_name, prop) not in ALLOWED_INTERNAL:
             internal.append((tool_name, prop, str(args)[:120], str(reply)[:300]))
     print(f"\ntool matrix: {len(cases)} cases over {len(TOOLS)} tools: {tally}")
@@ -266,12 +291,17 @@ def test_path_traversal_in_uris_and_refs(live):
         requests.append(("resources/read", {"uri": uri}))
         requests.append(("resources/subscribe", {"uri": uri}))
         requests.append(("tools/call", {"name": "shoal_get", "arguments": {"ref": uri}}))
-        requests.append(("tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1", "path": uri}}))
+        requests.append(
+            ("tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1", "path": uri}})
+        )
     replies = _run_pipelined(pipe, requests)
     for (method, params), reply in zip(requests, replies, strict=True):
         case = (method, str(params)[:200], "traversal")
-        outcome = _check_reply(reply, case) if method == "tools/call" else (
-            "error" if "error" in reply else "ok")
+        outcome = (
+            _check_reply(reply, case)
+            if method == "tools/call"
+            else ("error" if "error" in reply else "ok")
+        )
         if method == "resources/subscribe" and outcome == "ok":
             # Subscribing names a channel, not a file: fine when the URI's own path
             # (query aside) is a plain one, e.g. shoal://task/1/out?path=../..
@@ -317,8 +347,14 @@ def _valid_sample(schema: dict) -> Any:
                 return schema["enum"][0]
             if t == "string" and "pattern" in schema:
                 return "0" * 64
-            return {"string": "x", "integer": 1, "boolean": True, "object": {}, "array": [],
-                    "number": 1.0}[t]
+            return {
+                "string": "x",
+                "integer": 1,
+                "boolean": True,
+                "object": {},
+                "array": [],
+                "number": 1.0,
+            }[t]
     return "x"
 
 
@@ -337,7 +373,12 @@ def test_kernel_methods_wrong_params(live):
             for (method, prop, params), msg_id in zip(batch, ids, strict=True):
                 reply = conn.wait(msg_id, CALL_TIMEOUT)
                 assert "error" in reply and "result" not in reply, (method, prop, params, reply)
-                assert reply["error"]["code"] == ErrorCode.INVALID_PARAMS, (method, prop, str(params)[:200], reply)
+                assert reply["error"]["code"] == ErrorCode.INVALID_PARAMS, (
+                    method,
+                    prop,
+                    str(params)[:200],
+                    reply,
+                )
         assert no_traceback(conn.frames) == []
         assert conn.call("ping", {})["result"]["pong"] is True
         ok = conn.call("exec", {"src": "echo kernel-alive", "position": "value"})

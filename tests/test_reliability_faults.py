@@ -48,8 +48,12 @@ def _can_mount_tmpfs() -> bool:
         return False
     probe = short_tmp("shmnt-")
     try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
-                            capture_output=True).returncode == 0
+        ok = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], capture_output=True
+            ).returncode
+            == 0
+        )
         if ok:
             subprocess.run(["umount", str(probe)], check=False)
         return ok
@@ -74,10 +78,21 @@ class LimitedKernel(KernelProcess):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(self.socket),
-             "--state-dir", str(self.state)],
-            env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=limit,
+            [
+                sys.executable,
+                "-m",
+                "shoal_mcp.kernel",
+                "--socket",
+                str(self.socket),
+                "--state-dir",
+                str(self.state),
+            ],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=limit,
         )
         if wait:
             self.wait_ready()
@@ -92,9 +107,13 @@ def full_kernel(request):
     mounted = False
     if request.param == "tmpfs":
         if not CAN_MOUNT:
-            pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN); rlimit covers it")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)],
-                       check=True)
+            pytest.skip(
+                "cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN); rlimit covers it"
+            )
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)],
+            check=True,
+        )
         mounted = True
         k = KernelProcess(tmp).start()
     else:
@@ -131,12 +150,17 @@ def test_output_larger_than_the_state_dir(full_kernel):
             c.call("exec", {"src": BIG, "position": "value"}, timeout=60)
         _assert_state_dir_full(info.value)
         reason = info.value.data["reason"]
-        assert ("no space left" in reason) if k.mechanism == "tmpfs" else ("file size limit" in reason)
+        assert (
+            ("no space left" in reason) if k.mechanism == "tmpfs" else ("file size limit" in reason)
+        )
         # The kernel dropped the partial spool itself and keeps serving.
         assert list((k.state / "spool").glob("run-*")) == []
         again = c.call("exec", {"src": "echo after"}, timeout=30)
         assert again["value"]["out"]["v"] == "after\n"
-        assert c.call("value.get", {"ref": ok["ref"], "path": ".out"}, timeout=30)["value"]["v"] == "before\n"
+        assert (
+            c.call("value.get", {"ref": ok["ref"], "path": ".out"}, timeout=30)["value"]["v"]
+            == "before\n"
+        )
         assert k.proc.poll() is None
     finally:
         c.close()
@@ -168,7 +192,10 @@ def test_disk_filled_by_someone_else_then_freed():
     tmp = short_tmp()
     state = tmp / "state"
     state.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FS_LIMIT},mode=0700", "tmpfs", str(state)],
+        check=True,
+    )
     k = KernelProcess(tmp).start()
     filler = state / "filler"
     try:
@@ -314,4 +341,3 @@ def test_sigterm_kills_running_tasks_and_removes_socket():
             kill_group(g)
         k.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-

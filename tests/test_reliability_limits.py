@@ -53,13 +53,19 @@ def _idle(pid: int) -> tuple[int, int]:
 def _settled(pid: int, fds0: int, thr0: int) -> tuple[int, int]:
     def ok():
         now = (fd_count(pid), threads(pid))
-        return now if not children(pid) and now[0] <= fds0 + FD_SLACK and now[1] <= thr0 + THREAD_SLACK else None
+        return (
+            now
+            if not children(pid) and now[0] <= fds0 + FD_SLACK and now[1] <= thr0 + THREAD_SLACK
+            else None
+        )
 
     try:
         return wait_until(ok, timeout=60, interval=0.1)
     except AssertionError:
-        raise AssertionError(f"kernel did not settle: fds {fds0} -> {fd_count(pid)}, threads {thr0} -> "
-                             f"{threads(pid)}, children {children(pid)}") from None
+        raise AssertionError(
+            f"kernel did not settle: fds {fds0} -> {fd_count(pid)}, threads {thr0} -> "
+            f"{threads(pid)}, children {children(pid)}"
+        ) from None
 
 
 def test_thousand_background_tasks_all_reaped(kernel):
@@ -73,13 +79,20 @@ def test_thousand_background_tasks_all_reaped(kernel):
         created = 0
         task_ids: list[str] = []
         while created < TASKS:
-            batch = [conn.send("exec", {"src": "true", "background": True})
-                     for _ in range(min(TASK_BATCH, TASKS - created))]
+            batch = [
+                conn.send("exec", {"src": "true", "background": True})
+                for _ in range(min(TASK_BATCH, TASKS - created))
+            ]
             handles = [conn.wait(i) for i in batch]
-            assert all("result" in h for h in handles), [h for h in handles if "result" not in h][:3]
+            assert all("result" in h for h in handles), [h for h in handles if "result" not in h][
+                :3
+            ]
             created += len(handles)
             peak_children = max(peak_children, len(children(pid)))
-            waits = [conn.send("task.await", {"task": h["result"]["task"], "timeout_ms": 30000}) for h in handles]
+            waits = [
+                conn.send("task.await", {"task": h["result"]["task"], "timeout_ms": 30000})
+                for h in handles
+            ]
             for w in waits:
                 record = conn.wait(w)["result"]
                 assert record["done"] and record["state"] == "completed", record
@@ -90,9 +103,11 @@ def test_thousand_background_tasks_all_reaped(kernel):
         assert len(listed) >= TASKS
         fds1, thr1 = _settled(pid, fds0, thr0)
         assert zombies(pid) == []
-    print(f"\n{TASKS} background tasks: kernel fds {fds0} -> {fds1}, threads {thr0} -> {thr1}, "
-          f"children at end {len(children(pid))}, peak children seen {peak_children}, "
-          f"zombies seen at batch ends (transient) {seen_zombies}")
+    print(
+        f"\n{TASKS} background tasks: kernel fds {fds0} -> {fds1}, threads {thr0} -> {thr1}, "
+        f"children at end {len(children(pid))}, peak children seen {peak_children}, "
+        f"zombies seen at batch ends (transient) {seen_zombies}"
+    )
 
 
 def _exec_many(socket, total: int) -> None:
@@ -143,8 +158,10 @@ def test_ten_thousand_transcript_values_memory_bounded(kernel):
         last = c.call("value.get", {"ref": f"out:{VALUES + 400}", "path": ".status"})
         assert last["result"]["value"] == {"$": "int", "v": 0}, last
         assert "error" in c.call("value.get", {"ref": f"out:{VALUES + 401}"})
-    print(f"\n{VALUES} transcript values: kernel VmRSS {rss0} -> {rss1} KiB (+{rss1 - rss0}), "
-          f"fds {fds0} -> {fds1}, threads {thr0} -> {thr1}")
+    print(
+        f"\n{VALUES} transcript values: kernel VmRSS {rss0} -> {rss1} KiB (+{rss1 - rss0}), "
+        f"fds {fds0} -> {fds1}, threads {thr0} -> {thr1}"
+    )
     assert rss1 - rss0 < RSS_BOUND_KIB
 
 
@@ -161,11 +178,15 @@ def test_subscription_storm(kernel):
         rss0 = rss_kib(pid)
         for i in range(STORM_CYCLES):
             channel = f"user.storm.{i % 300}"  # more channels than the kernel keeps rings for
-            ids = [sub.send("events.subscribe", {"channel": channel}),
-                   sub.send("events.subscribe", {"channel": "user.shared"})]
+            ids = [
+                sub.send("events.subscribe", {"channel": channel}),
+                sub.send("events.subscribe", {"channel": "user.shared"}),
+            ]
             subs = [sub.wait(x)["result"]["subscription"] for x in ids]
-            p = [pub.send("events.publish", {"channel": c, "payload": {"i": i, "pad": "x" * 200}})
-                 for c in (channel, "user.shared", "user.nobody")]
+            p = [
+                pub.send("events.publish", {"channel": c, "payload": {"i": i, "pad": "x" * 200}})
+                for c in (channel, "user.shared", "user.nobody")
+            ]
             for x in p:
                 assert "result" in pub.wait(x)
             un = [sub.send("events.unsubscribe", {"subscription": s}) for s in subs]
@@ -181,8 +202,10 @@ def test_subscription_storm(kernel):
         pub.call("events.publish", {"channel": "user.shared", "payload": {"last": True}})
         fds1, thr1 = _settled(pid, fds0, thr0)
         rss1 = rss_kib(pid)
-    print(f"\nsubscription storm ({STORM_CYCLES} cycles x 2 subscriptions, 3 publishes each, "
-          f"250 abandoned): threads {thr0} -> {thr1}, fds {fds0} -> {fds1}, VmRSS {rss0} -> {rss1} KiB")
+    print(
+        f"\nsubscription storm ({STORM_CYCLES} cycles x 2 subscriptions, 3 publishes each, "
+        f"250 abandoned): threads {thr0} -> {thr1}, fds {fds0} -> {fds1}, VmRSS {rss0} -> {rss1} KiB"
+    )
     assert thr1 <= thr0 + THREAD_SLACK
     # Rings are bounded (256 channels × 1,024 events of ~300 bytes at worst); allow that.
     assert rss1 - rss0 < 96 * 1024
@@ -195,8 +218,12 @@ def test_subscription_storm_through_the_facade(kernel):
         pipe.initialize()
         with RawKernel(kernel.socket) as pub:
             pub.call("session.attach", {"session": "storm-mcp"})
-            assert "result" in pipe.request("resources/subscribe", {"uri": "shoal://events/user.warm"})
-            assert "result" in pipe.request("resources/unsubscribe", {"uri": "shoal://events/user.warm"})
+            assert "result" in pipe.request(
+                "resources/subscribe", {"uri": "shoal://events/user.warm"}
+            )
+            assert "result" in pipe.request(
+                "resources/unsubscribe", {"uri": "shoal://events/user.warm"}
+            )
             fds0, thr0 = _idle(pid)
             for i in range(300):
                 uri = f"shoal://events/user.mcp.{i % 20}"
@@ -207,11 +234,16 @@ def test_subscription_storm_through_the_facade(kernel):
             before = len(pipe.notifications)
             pub.call("events.publish", {"channel": "user.mcp.0", "payload": {"late": True}})
             assert "result" in pipe.request("ping", {})
-            late = [n for n in pipe.notifications[before:]
-                    if n.get("params", {}).get("uri") == "shoal://events/user.mcp.0"]
+            late = [
+                n
+                for n in pipe.notifications[before:]
+                if n.get("params", {}).get("uri") == "shoal://events/user.mcp.0"
+            ]
             assert late == []
             fds1, thr1 = _settled(pid, fds0, thr0)
         assert pipe.alive()
     finally:
         assert pipe.close() == 0
-    print(f"\nfacade subscription storm (300 cycles): kernel threads {thr0} -> {thr1}, fds {fds0} -> {fds1}")
+    print(
+        f"\nfacade subscription storm (300 cycles): kernel threads {thr0} -> {thr1}, fds {fds0} -> {fds1}"
+    )

@@ -49,13 +49,16 @@ def test_concurrent_facades_lose_nothing_and_leak_nothing(kernel):
     # the baseline rather than counted as a leak.
     # The warm-up has the same concurrency, so the kernel's pool of idle SQLite
     # connections (bounded, Database.MAX_IDLE) is already full when the baseline is taken.
-    warm = run_load(kernel.socket, kernel.state, facades=FACADES, calls=8, window=4, log_dir=kernel.tmp)
+    warm = run_load(
+        kernel.socket, kernel.state, facades=FACADES, calls=8, window=4, log_dir=kernel.tmp
+    )
     assert not warm["errors"], warm["errors"]
     wait_until(lambda: not children(pid), timeout=30)
     fds0, thr0, kids0 = fd_count(pid), threads(pid), children(pid)
 
-    figures = run_load(kernel.socket, kernel.state, facades=FACADES, calls=CALLS, window=4,
-                       log_dir=kernel.tmp)
+    figures = run_load(
+        kernel.socket, kernel.state, facades=FACADES, calls=CALLS, window=4, log_dir=kernel.tmp
+    )
     print(
         f"\nload {FACADES}x{CALLS}: {figures['answered']} answered, {figures['calls_per_s']} calls/s, "
         f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms"
@@ -74,6 +77,8 @@ def test_concurrent_facades_lose_nothing_and_leak_nothing(kernel):
             f"kernel did not settle: fds {fds0} -> {fd_count(pid)}, threads {thr0} -> {threads(pid)}, "
             f"children {kids0} -> {children(pid)}"
         ) from None
-    print(f"kernel fds {fds0} -> {settled[0]}, threads {thr0} -> {settled[1]}, children {kids0} -> {settled[2]}")
+    print(
+        f"kernel fds {fds0} -> {settled[0]}, threads {thr0} -> {settled[1]}, children {kids0} -> {settled[2]}"
+    )
     assert zombies(pid) == []
     assert kernel.proc.poll() is None

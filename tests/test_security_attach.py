@@ -97,9 +97,22 @@ class RawConn:
 def shoal_cli(state: Path, *args: str) -> subprocess.CompletedProcess:
     """The real `shoal` console script in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from shoal_mcp.cli import run; run()", "--state-dir", str(state), *args],
-        capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("SHOAL_TOKEN", "SHOAL_SOCKET", "SHOAL_STATE_DIR")},
+        [
+            sys.executable,
+            "-c",
+            "from shoal_mcp.cli import run; run()",
+            "--state-dir",
+            str(state),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("SHOAL_TOKEN", "SHOAL_SOCKET", "SHOAL_STATE_DIR")
+        },
     )
 
 
@@ -231,7 +244,10 @@ def test_cli_revocation_applies_on_next_attach_without_restart(token_kernel: Ker
     # Same kernel process, still serving, other tokens unaffected.
     assert token_kernel.proc.poll() is None and token_kernel.pid == pid
     still = token_kernel.client("s2", token=other)
-    assert still.call("session.attach", {"session": "s2", "token": other})["principal"] == "agent:other"
+    assert (
+        still.call("session.attach", {"session": "s2", "token": other})["principal"]
+        == "agent:other"
+    )
     still.close()
     # Revoking by principal through the CLI works the same way.
     assert shoal_cli(state, "token", "revoke", "agent:other").returncode == 0
@@ -243,7 +259,9 @@ def test_cli_revocation_applies_on_next_attach_without_restart(token_kernel: Ker
 
 @pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="SO_PEERCRED is Linux-only")
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid (setuid to nobody)")
-def test_peer_credentials_refuse_another_uid_even_when_files_allow_it(kernel: KernelProcess) -> None:
+def test_peer_credentials_refuse_another_uid_even_when_files_allow_it(
+    kernel: KernelProcess,
+) -> None:
     """Hole: relying on file modes alone; the kernel itself must refuse other uids."""
     nobody = NOBODY_UID
     path = kernel.socket

@@ -33,9 +33,21 @@ OUTPUTS = {
     "binary": f"head -c {SIZE} /dev/urandom",
 }
 
-GREEDY = {"max_bytes": VALUE_HARD_CAP, "max_items": 100000, "max_rows": 100000, "max_bytes_raw": VALUE_HARD_CAP,
-          "preview_items": 100, "preview_chars": 4096, "render_head": 1000}
-ELIDES = [None, GREEDY, {"max_bytes": 256}, {"preview_chars": 4096, "render_head": 1000, "preview_items": 100}]
+GREEDY = {
+    "max_bytes": VALUE_HARD_CAP,
+    "max_items": 100000,
+    "max_rows": 100000,
+    "max_bytes_raw": VALUE_HARD_CAP,
+    "preview_items": 100,
+    "preview_chars": 4096,
+    "render_head": 1000,
+}
+ELIDES = [
+    None,
+    GREEDY,
+    {"max_bytes": 256},
+    {"preview_chars": 4096, "render_head": 1000, "preview_items": 100},
+]
 
 
 class Raw:
@@ -50,7 +62,10 @@ class Raw:
 
     def call(self, method: str, params: dict) -> tuple[int, dict]:
         msg_id = next(self.ids)
-        self.sock.sendall(orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}) + b"\n")
+        self.sock.sendall(
+            orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+            + b"\n"
+        )
         while True:
             while b"\n" not in self.buf:
                 data = self.sock.recv(1 << 20)
@@ -102,8 +117,10 @@ def test_raw_with_a_huge_length_is_clamped(big) -> None:
     conn, refs, _ = big
     for name, ref in refs.items():
         for offset in (0, 1, SIZE // 2, SIZE - 10, SIZE + 10, 10**12):
-            size, page = conn.ok("value.get", {"ref": ref, "path": ".out", "format": "raw",
-                                               "length": 10**9, "offset": offset})
+            size, page = conn.ok(
+                "value.get",
+                {"ref": ref, "path": ".out", "format": "raw", "length": 10**9, "offset": offset},
+            )
             assert size <= VALUE_HARD_CAP, (name, offset, size)
             body = page.get("raw", page.get("raw_base64"))
             assert body is not None and page["total"] == SIZE
@@ -114,11 +131,20 @@ def test_raw_with_a_huge_length_is_clamped(big) -> None:
             else:
                 assert "next" not in page
         # Following `next` keeps every page bounded too.
-        _, page = conn.ok("value.get", {"ref": ref, "path": ".out", "format": "raw", "length": 10**9})
+        _, page = conn.ok(
+            "value.get", {"ref": ref, "path": ".out", "format": "raw", "length": 10**9}
+        )
         query = parse_qs(urlsplit(page["next"]).query)
         assert query["format"] == ["raw"] and int(query["offset"][0]) == page["length"]
-        size, page2 = conn.ok("value.get", {"ref": page["next"], "format": "raw", "offset": int(query["offset"][0]),
-                                            "length": int(query["length"][0])})
+        size, page2 = conn.ok(
+            "value.get",
+            {
+                "ref": page["next"],
+                "format": "raw",
+                "offset": int(query["offset"][0]),
+                "length": int(query["length"][0]),
+            },
+        )
         assert size <= VALUE_HARD_CAP and page2["offset"] == page["length"]
 
 
@@ -159,7 +185,11 @@ def _check(name: str, params: dict, size: int, msg: dict) -> None:
         assert len(orjson.dumps(result["value"])) <= VALUE_HARD_CAP, where
     if "render" in result:
         assert len(orjson.dumps(result["render"])) <= VALUE_HARD_CAP, where
-    page = {k: result[k] for k in ("raw", "raw_base64", "offset", "length", "total", "next") if k in result}
+    page = {
+        k: result[k]
+        for k in ("raw", "raw_base64", "offset", "length", "total", "next")
+        if k in result
+    }
     if page:
         assert len(orjson.dumps(page)) <= VALUE_HARD_CAP, where
     parts = ("value" in result) + ("render" in result) + bool(page)
@@ -177,7 +207,12 @@ def test_value_get_of_50mb_is_bounded_whatever_the_elide(big, name) -> None:
     paths = [None, ".out", ".out.lines", ".out.lines[0..100000]", ".out.lines[-1000..]"]
     for elide in ELIDES:
         for path in paths:
-            for fmt, extra in (("json", {}), ("json", {"with_render": True}), ("render", {}), ("raw", {"length": 10**9})):
+            for fmt, extra in (
+                ("json", {}),
+                ("json", {"with_render": True}),
+                ("render", {}),
+                ("raw", {"length": 10**9}),
+            ):
                 params = {"ref": ref, "format": fmt, **extra}
                 if elide:
                     params["elide"] = elide
@@ -188,7 +223,13 @@ def test_value_get_of_50mb_is_bounded_whatever_the_elide(big, name) -> None:
         {"ref": f"shoal://out/{n}?path=.out.lines", "elide": GREEDY},
         {"ref": f"shoal://out/{n}?path=.out", "format": "render", "elide": GREEDY},
         {"ref": ref, "path": ".out", "slice": [0, 10**9], "elide": GREEDY},
-        {"ref": ref, "path": ".out.lines", "slice": [0, None], "elide": GREEDY, "with_render": True},
+        {
+            "ref": ref,
+            "path": ".out.lines",
+            "slice": [0, None],
+            "elide": GREEDY,
+            "with_render": True,
+        },
         {"ref": ref, "path": ".out.lines[5]", "elide": GREEDY, "with_render": True},
     ):
         _check(name, params, *conn.call("value.get", params))

@@ -104,8 +104,12 @@ def env():
     work.mkdir()
     policy = tmp / "policy.toml"
     policy.write_text(POLICY.format(grants=AGENT_GRANTS, work=work))
-    kernel = KernelProcess(tmp, "--policy", str(policy),
-                           env={"SHOAL_T_VISIBLE": "visible-value", "SHOAL_T_SECRET": "secret-value"})
+    kernel = KernelProcess(
+        tmp,
+        "--policy",
+        str(policy),
+        env={"SHOAL_T_VISIBLE": "visible-value", "SHOAL_T_SECRET": "secret-value"},
+    )
     store = TokenStore(kernel.state / "tokens.json")
     tokens = {p: store.create(p)[1] for p in PRINCIPALS}
     kernel.start()
@@ -118,7 +122,9 @@ def env():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def rpc_error(client: KernelClient, method: str, params: dict | None = None, timeout: float = 30) -> RpcError:
+def rpc_error(
+    client: KernelClient, method: str, params: dict | None = None, timeout: float = 30
+) -> RpcError:
     with pytest.raises(RpcError) as exc:
         client.call(method, params or {}, timeout=timeout)
     return exc.value
@@ -152,12 +158,17 @@ def test_another_principal_cannot_reach_anything_of_a(env: Env) -> None:
             rows = b.call("journal.query", {"limit": 1000})["rows"]
             assert rows and {r["principal"] for r in rows} == {"agent:b"}
             assert b.call("journal.query", {"principal": "agent:a"})["rows"] == []
-            shared_rows = b.call("journal.query", {"session": "iso-shared", "head": "echo", "limit": 1000})["rows"]
+            shared_rows = b.call(
+                "journal.query", {"session": "iso-shared", "head": "echo", "limit": 1000}
+            )["rows"]
             assert all(r["principal"] == "agent:b" for r in shared_rows)
             assert f"a-secret-{tag}" not in str(shared_rows)
             assert code(b, "value.get", {"ref": ref}) == UNKNOWN_REF
             assert code(b, "value.get", {"ref": f"shoal://out/{n}", "format": "raw"}) == UNKNOWN_REF
-            assert code(b, "value.get", {"ref": f"shoal://out/{n}?path=.out", "format": "render"}) == UNKNOWN_REF
+            assert (
+                code(b, "value.get", {"ref": f"shoal://out/{n}?path=.out", "format": "render"})
+                == UNKNOWN_REF
+            )
             assert code(b, "value.get", {"ref": task_ref}) == UNKNOWN_TASK
             assert code(b, "value.get", {"ref": f"shoal://task/{task_num}/out"}) == UNKNOWN_TASK
             assert code(b, "blob.get", {"hash": out_hash}) == UNKNOWN_REF
@@ -176,15 +187,22 @@ def test_another_principal_cannot_reach_anything_of_a(env: Env) -> None:
             assert code(b, "pty.resize", {"pty_id": pty, "cols": 40, "rows": 10}) == UNKNOWN_PTY
             assert code(b, "pty.close", {"pty_id": pty}) == UNKNOWN_PTY
             assert b.call("pty.list")["ptys"] == []
-            for channel, want in ((f"task.{task_num}", UNKNOWN_TASK), (f"pty.{pty.split(':')[1]}", UNKNOWN_PTY),
-                                  ("journal", DENIED), ("session.transcript", DENIED), ("approval", DENIED)):
+            for channel, want in (
+                (f"task.{task_num}", UNKNOWN_TASK),
+                (f"pty.{pty.split(':')[1]}", UNKNOWN_PTY),
+                ("journal", DENIED),
+                ("session.transcript", DENIED),
+                ("approval", DENIED),
+            ):
                 assert code(b, "events.read", {"channel": channel}) == want, channel
                 assert code(b, "events.subscribe", {"channel": channel}) == want, channel
         # Nothing B did touched A's things.
         assert a.call("task.get", {"task": task_ref})["state"] == "running"
         assert a.call("plan.get", {"plan_ref": plan})["state"] == "pending"
         assert a.call("pty.read", {"pty_id": pty})["alive"] is True
-        assert a.call("value.get", {"ref": ref, "path": ".out"})["value"]["v"] == f"a-secret-{tag}\n"
+        assert (
+            a.call("value.get", {"ref": ref, "path": ".out"})["value"]["v"] == f"a-secret-{tag}\n"
+        )
         assert a.call("events.read", {"channel": f"task.{task_num}"})["events"]
     finally:
         a.call("task.cancel", {"task": task_ref})
@@ -231,17 +249,34 @@ def test_approval_flow_needs_a_real_approver(env: Env) -> None:
     assert a.call("plan.get", {"plan_ref": ref})["state"] == "requested"  # never approved by asking
     assert code(a, "plan.apply", {"plan_ref": ref}) == APPROVAL_REQUIRED
     assert code(a, "cap.decide", {"plan_ref": ref, "approve": True}) == DENIED
-    assert code(b, "cap.decide", {"plan_ref": ref, "approve": True, "effects": ["proc_spawn", "fs_read"]}) == DENIED
-    assert a.call("cap.request", {"plan_ref": ref})["state"] == "approval_pending"  # asking again: still asking
+    assert (
+        code(
+            b,
+            "cap.decide",
+            {"plan_ref": ref, "approve": True, "effects": ["proc_spawn", "fs_read"]},
+        )
+        == DENIED
+    )
+    assert (
+        a.call("cap.request", {"plan_ref": ref})["state"] == "approval_pending"
+    )  # asking again: still asking
 
     # The local human approves; an approval must cover every effect kind.
-    partial = rpc_error(human, "cap.decide", {"plan_ref": ref, "approve": True, "effects": ["proc_spawn"]})
+    partial = rpc_error(
+        human, "cap.decide", {"plan_ref": ref, "approve": True, "effects": ["proc_spawn"]}
+    )
     assert partial.code == INVALID_PARAMS and partial.data["field"] == "effects"
     assert human.call("plan.get", {"plan_ref": ref})["state"] == "requested"
-    decided = human.call("cap.decide", {"plan_ref": ref, "approve": True, "effects": ["fs_read", "proc_spawn"]})
+    decided = human.call(
+        "cap.decide", {"plan_ref": ref, "approve": True, "effects": ["fs_read", "proc_spawn"]}
+    )
     assert decided["state"] == "approved" and decided["decided_by"].startswith("uid:")
-    wait_until(lambda: any(e["payload"].get("kind") == "decided" and e["payload"].get("plan_ref") == ref
-                           for e in events))
+    wait_until(
+        lambda: any(
+            e["payload"].get("kind") == "decided" and e["payload"].get("plan_ref") == ref
+            for e in events
+        )
+    )
 
     assert code(b, "plan.apply", {"plan_ref": ref}) == UNKNOWN_PLAN  # not B's to run
     ran = a.call("plan.apply", {"plan_ref": ref, "position": "value"}, timeout=30)
@@ -298,11 +333,19 @@ def test_a_denied_plan_stays_denied(env: Env) -> None:
     for _ in range(2):
         assert code(a, "cap.request", {"plan_ref": ref}) == DENIED
         assert code(human, "cap.decide", {"plan_ref": ref, "approve": True}) == DENIED
-        assert code(human, "cap.decide", {"plan_ref": ref, "approve": True,
-                                          "effects": ["proc_spawn", "fs_read"]}) == DENIED
+        assert (
+            code(
+                human,
+                "cap.decide",
+                {"plan_ref": ref, "approve": True, "effects": ["proc_spawn", "fs_read"]},
+            )
+            == DENIED
+        )
         assert code(a, "plan.apply", {"plan_ref": ref}) == DENIED
     # Planning or running the same source again does not reset it.
-    assert a.call("exec", {"src": "cat /etc/passwd", "mode": "plan"}, timeout=30)["state"] == "denied"
+    assert (
+        a.call("exec", {"src": "cat /etc/passwd", "mode": "plan"}, timeout=30)["state"] == "denied"
+    )
     again = rpc_error(a, "exec", {"src": "cat /etc/passwd"})
     assert again.code == APPROVAL_REQUIRED and again.data["plan_ref"] == ref
     assert code(a, "plan.apply", {"plan_ref": ref}) == DENIED
@@ -363,8 +406,12 @@ def test_exec_verdicts_ask_and_deny(env: Env) -> None:
     stored = a.call("plan.get", {"plan_ref": asked.data["plan_ref"]})
     assert stored["state"] == "pending" and stored["src"] == "cat /etc/hostname"
     # In-grant commands simply run.
-    assert a.call("exec", {"src": f"echo ok > {env.work}/v.txt && cat {env.work}/v.txt"},
-                  timeout=30)["render"].strip() == "ok"
+    assert (
+        a.call("exec", {"src": f"echo ok > {env.work}/v.txt && cat {env.work}/v.txt"}, timeout=30)[
+            "render"
+        ].strip()
+        == "ok"
+    )
 
     c = env.agent("c", "verdict")
     denied = rpc_error(c, "exec", {"src": f"cat {env.work}/v.txt"})
@@ -378,14 +425,19 @@ def test_exec_verdicts_ask_and_deny(env: Env) -> None:
         assert code(ghost, "exec", {"src": src}) == DENIED, src
     assert ghost.call("exec", {"src": "true", "mode": "plan"}, timeout=30)["verdict"] == "deny"
     assert code(ghost, "pty.open", {"cmd": "true"}) == DENIED
-    assert ghost.call("journal.query")["rows"] == [r for r in ghost.call("journal.query")["rows"]
-                                                   if r["principal"] == "agent:ghost"]
+    assert ghost.call("journal.query")["rows"] == [
+        r for r in ghost.call("journal.query")["rows"] if r["principal"] == "agent:ghost"
+    ]
 
 
 def test_pty_env_is_gated_like_exec_env(env: Env) -> None:
     """Hole: pty.open's env param setting LD_PRELOAD/PATH etc. outside the env_write grants."""
     a = env.agent("a", "ptyenv")
-    for variables in ({"LD_PRELOAD": "/nonexistent/evil.so"}, {"PATH": str(env.work)}, {"BASH_ENV": "/x"}):
+    for variables in (
+        {"LD_PRELOAD": "/nonexistent/evil.so"},
+        {"PATH": str(env.work)},
+        {"BASH_ENV": "/x"},
+    ):
         err = rpc_error(a, "pty.open", {"cmd": "cat", "env": variables})
         assert err.code == APPROVAL_REQUIRED, variables
         assert {"kind": "env_write", "target": next(iter(variables))} in err.data["effects"]
@@ -399,14 +451,21 @@ def test_quotas_are_per_principal(env: Env) -> None:
     or extra connections."""
     q = env.agent("q", "quota-1")
     q_other = env.agent("q", "quota-2")
-    tasks = [q.call("exec", {"src": "sleep 30", "background": True}, timeout=30)["task"] for _ in range(2)]
+    tasks = [
+        q.call("exec", {"src": "sleep 30", "background": True}, timeout=30)["task"]
+        for _ in range(2)
+    ]
     try:
         assert code(q, "exec", {"src": "sleep 30", "background": True}) == QUOTA
         assert code(q_other, "exec", {"src": "sleep 30", "background": True}) == QUOTA
-        assert code(q, "exec", {"src": "sleep 30", "timeout_ms": 0}) == QUOTA  # would detach and keep running
+        assert (
+            code(q, "exec", {"src": "sleep 30", "timeout_ms": 0}) == QUOTA
+        )  # would detach and keep running
         planned = q.call("exec", {"src": "sleep 31", "mode": "plan"}, timeout=30)["plan_ref"]
         assert code(q, "plan.apply", {"plan_ref": planned, "background": True}) == QUOTA
-        assert q.call("plan.get", {"plan_ref": planned})["state"] == "pending"  # refused, not used up
+        assert (
+            q.call("plan.get", {"plan_ref": planned})["state"] == "pending"
+        )  # refused, not used up
         assert len([t for t in q.call("task.list")["tasks"] if t["state"] == "running"]) == 2
     finally:
         for t in tasks:
@@ -468,7 +527,9 @@ def test_concurrent_background_execs_respect_the_task_quota(env: Env) -> None:
         for t in started:
             q.call("task.cancel", {"task": t})
         for t in started:
-            assert q.call("task.await", {"task": t, "timeout_ms": 20000}, timeout=30)["done"] is True
+            assert (
+                q.call("task.await", {"task": t, "timeout_ms": 20000}, timeout=30)["done"] is True
+            )
 
 
 def test_env_values_only_per_env_read(env: Env) -> None:
@@ -482,10 +543,15 @@ def test_env_values_only_per_env_read(env: Env) -> None:
     assert ghost.call("session.env")["values"] == {}
     human = env.human("envs")
     values = human.call("session.env")["values"]
-    assert values["SHOAL_T_SECRET"] == "secret-value" and values["SHOAL_T_VISIBLE"] == "visible-value"
+    assert (
+        values["SHOAL_T_SECRET"] == "secret-value" and values["SHOAL_T_VISIBLE"] == "visible-value"
+    )
     # Reading it through exec is gated by the same grant.
     assert code(a, "exec", {"src": "echo $SHOAL_T_SECRET"}) == APPROVAL_REQUIRED
-    assert a.call("exec", {"src": "echo $SHOAL_T_VISIBLE"}, timeout=30)["render"].strip() == "visible-value"
+    assert (
+        a.call("exec", {"src": "echo $SHOAL_T_VISIBLE"}, timeout=30)["render"].strip()
+        == "visible-value"
+    )
 
 
 def test_attach_reports_the_principals_caps(env: Env) -> None:
@@ -512,7 +578,10 @@ def test_many_agents_hammering_do_not_cross_wires(env: Env) -> None:
             for i in range(5):
                 got = c.call("exec", {"src": f"echo {name}-{i}", "position": "value"}, timeout=30)
                 assert got["value"]["out"]["v"] == f"{name}-{i}\n"
-                assert c.call("value.get", {"ref": got["ref"], "path": ".out"})["value"]["v"] == f"{name}-{i}\n"
+                assert (
+                    c.call("value.get", {"ref": got["ref"], "path": ".out"})["value"]["v"]
+                    == f"{name}-{i}\n"
+                )
             rows = c.call("journal.query", {"session": "hammer", "limit": 1000})["rows"]
             assert {r["principal"] for r in rows} == {f"agent:{name}"}
         except BaseException as exc:  # noqa: BLE001

@@ -12,8 +12,10 @@ from shoal_mcp.kernel.pty.termfilter import IN_OSC, OscFilter
 OSC_RE = re.compile(rb"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 
 text = st.binary(max_size=20).map(lambda b: b.replace(b"\x1b", b"").replace(b"\x07", b""))
-osc = st.tuples(st.binary(max_size=30).map(lambda b: b.replace(b"\x1b", b"").replace(b"\x07", b"")),
-                st.sampled_from([b"\x07", b"\x1b\\"])).map(lambda t: b"\x1b]" + t[0] + t[1])
+osc = st.tuples(
+    st.binary(max_size=30).map(lambda b: b.replace(b"\x1b", b"").replace(b"\x07", b"")),
+    st.sampled_from([b"\x07", b"\x1b\\"]),
+).map(lambda t: b"\x1b]" + t[0] + t[1])
 other_escape = st.sampled_from([b"\x1b[2J", b"\x1b[1;1H", b"\x1b[?1049h", b"\x1bM", b"\x1b(B"])
 stream = st.lists(st.one_of(text, osc, other_escape), max_size=30).map(b"".join)
 

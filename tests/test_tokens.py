@@ -39,14 +39,15 @@ def test_create_and_verify(store: TokenStore) -> None:
     assert store.verify(bearer) == "agent:reviewer"
 
 
-def test_bearers_are_unique_and_only_a_digest_is_stored(store: TokenStore,
-                                                        store_path: Path) -> None:
+def test_bearers_are_unique_and_only_a_digest_is_stored(
+    store: TokenStore, store_path: Path
+) -> None:
     _, b1 = store.create("a")
     _, b2 = store.create("a")
     assert b1 != b2
     text = store_path.read_text()
     assert b1 not in text and b2 not in text
-    assert b1[len("shoal_"):] not in text
+    assert b1[len("shoal_") :] not in text
     digests = [r["digest"] for r in orjson.loads(text)["tokens"]]
     assert all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests)
 
@@ -125,8 +126,20 @@ def test_existing_parent_mode_is_left_alone(tmp_path: Path) -> None:
     assert mode(tmp_path) == 0o755
 
 
-@pytest.mark.parametrize("bad", ["", "shoal_", "nope", "shoal_" + "A" * 42, "shoal_" + "A" * 44,
-                                 "xoxb_" + "A" * 44, "shoal_" + "A" * 43, None, 123])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "shoal_",
+        "nope",
+        "shoal_" + "A" * 42,
+        "shoal_" + "A" * 44,
+        "xoxb_" + "A" * 44,
+        "shoal_" + "A" * 43,
+        None,
+        123,
+    ],
+)
 def test_bad_bearers(store: TokenStore, bad: object) -> None:
     store.create("a")
     assert store.verify(bad) is None  # type: ignore[arg-type]
@@ -170,22 +183,23 @@ def test_unchanged_file_is_not_reparsed(store: TokenStore, monkeypatch: pytest.M
     assert store.verify(bearer) == "a"
     calls = []
     original = TokenStore._read_records
-    monkeypatch.setattr(TokenStore, "_read_records",
-                        lambda self, strict: calls.append(1) or original(self, strict))
+    monkeypatch.setattr(
+        TokenStore, "_read_records", lambda self, strict: calls.append(1) or original(self, strict)
+    )
     for _ in range(5):
         assert store.verify(bearer) == "a"
     assert calls == []
 
 
-def test_compare_runs_against_every_record(store: TokenStore,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_runs_against_every_record(
+    store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, first = store.create("a")
     for i in range(4):
         store.create(f"p{i}")
     calls = []
     real = auth.hmac.compare_digest
-    monkeypatch.setattr(auth.hmac, "compare_digest",
-                        lambda x, y: calls.append(1) or real(x, y))
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda x, y: calls.append(1) or real(x, y))
     assert store.verify(first) == "a"
     assert len(calls) == 5
 

@@ -61,8 +61,10 @@ def test_single_lines_and_capped_items(store, pieces, j, cap):
     view = LinesView(blob, 0, blob.line_count())
     j %= len(pieces)
     assert view.line(j).read() == pieces[j]
-    expected = [p[:cap].decode("utf-8", "ignore") if len(p) > cap else p.decode("utf-8", "replace")
-                for p in pieces]
+    expected = [
+        p[:cap].decode("utf-8", "ignore") if len(p) > cap else p.decode("utf-8", "replace")
+        for p in pieces
+    ]
     assert view.items(0, len(pieces), cap=cap) == expected
 
 

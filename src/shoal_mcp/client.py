@@ -132,7 +132,11 @@ class KernelClient:
                 return
             if msg.error is not None:
                 err = msg.error
-                fut.set_exception(RpcError(err.get("code", ErrorCode.INTERNAL), err.get("message", ""), err.get("data")))
+                fut.set_exception(
+                    RpcError(
+                        err.get("code", ErrorCode.INTERNAL), err.get("message", ""), err.get("data")
+                    )
+                )
             else:
                 fut.set_result(msg.result)
         elif isinstance(msg, Notification) and msg.method == "event" and self.on_event:
@@ -154,10 +158,20 @@ class KernelClient:
 def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
     """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir."""
     ensure_private_dir(state)
-    log = os.fdopen(os.open(state / "kernel.out", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600), "ab")
+    log = os.fdopen(
+        os.open(state / "kernel.out", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600), "ab"
+    )
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.kernel", "--socket", str(sock), "--state-dir", str(state)],
+            [
+                sys.executable,
+                "-m",
+                "shoal_mcp.kernel",
+                "--socket",
+                str(sock),
+                "--state-dir",
+                str(state),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -195,6 +209,8 @@ def connect(
             last = exc
         code = proc.poll()
         if code not in (None, 0):
-            raise KernelLost(f"shoal-kernel exited with status {code}; see its log in the state dir")
+            raise KernelLost(
+                f"shoal-kernel exited with status {code}; see its log in the state dir"
+            )
         time.sleep(AUTOSTART_POLL_S)
     raise KernelLost(f"shoal-kernel did not become ready within {timeout:.0f} s: {last}")

@@ -29,8 +29,12 @@ from .work import (
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", envvar="SHOAL_SOCKET", help="kernel socket path (SHOAL_SOCKET)")
-@click.option("--state-dir", envvar="SHOAL_STATE_DIR", help="kernel state directory (SHOAL_STATE_DIR)")
-@click.option("--session", envvar="SHOAL_SESSION", default="default", show_default=True, help="session name")
+@click.option(
+    "--state-dir", envvar="SHOAL_STATE_DIR", help="kernel state directory (SHOAL_STATE_DIR)"
+)
+@click.option(
+    "--session", envvar="SHOAL_SESSION", default="default", show_default=True, help="session name"
+)
 @click.version_option(__version__, message=f"shoal %(version)s (framing: {BACKEND})")
 @click.pass_context
 def main(ctx: click.Context, socket: str | None, state_dir: str | None, session: str) -> None:
@@ -38,8 +42,20 @@ def main(ctx: click.Context, socket: str | None, state_dir: str | None, session:
     ctx.obj = Ctx(socket, state_dir, session)
 
 
-for command in (exec_cmd, get_cmd, tasks_group, journal_cmd, events_group, plans_cmd, approve_cmd, deny_cmd,
-                token_group, kernel_group, doctor, mcp_config):
+for command in (
+    exec_cmd,
+    get_cmd,
+    tasks_group,
+    journal_cmd,
+    events_group,
+    plans_cmd,
+    approve_cmd,
+    deny_cmd,
+    token_group,
+    kernel_group,
+    doctor,
+    mcp_config,
+):
     main.add_command(command)
 
 

@@ -46,7 +46,9 @@ def token_create(ctx: Ctx, principal: str, ttl: float | None, label: str | None)
     except TokenStoreError as exc:
         raise click.ClickException(str(exc)) from exc
     expires = record.get("expires", "never")
-    click.echo(f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:")
+    click.echo(
+        f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:"
+    )
     click.echo(bearer)
 
 
@@ -62,8 +64,20 @@ def token_list(ctx: Ctx, as_json: bool) -> None:
     if as_json:
         emit_json(records)
         return
-    table([[r["id"], r["principal"], r.get("label"), r.get("created"), r.get("expires", "never"),
-            r.get("expired")] for r in records], ["ID", "PRINCIPAL", "LABEL", "CREATED", "EXPIRES", "EXPIRED"])
+    table(
+        [
+            [
+                r["id"],
+                r["principal"],
+                r.get("label"),
+                r.get("created"),
+                r.get("expires", "never"),
+                r.get("expired"),
+            ]
+            for r in records
+        ],
+        ["ID", "PRINCIPAL", "LABEL", "CREATED", "EXPIRES", "EXPIRED"],
+    )
 
 
 @token_group.command("revoke")
@@ -133,8 +147,18 @@ def kernel_status(ctx: Ctx, as_json: bool) -> None:
     if as_json:
         emit_json({"running": True, **status})
         return
-    for key in ("pid", "version", "socket", "state_dir", "uptime_s", "sessions", "tasks_running", "ptys",
-                "connections", "framing_backend"):
+    for key in (
+        "pid",
+        "version",
+        "socket",
+        "state_dir",
+        "uptime_s",
+        "sessions",
+        "tasks_running",
+        "ptys",
+        "connections",
+        "framing_backend",
+    ):
         click.echo(f"{style(key.ljust(16), bold=True)}{status.get(key)}")
 
 
@@ -150,8 +174,14 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
         _check("tree-sitter-bash", _grammar),
         _check("pyte", _pyte),
-        _check("framing backend", lambda: BACKEND if BACKEND == "cython" else _warn(
-            "pure-Python fallback (install with a C compiler for the compiled core)")),
+        _check(
+            "framing backend",
+            lambda: (
+                BACKEND
+                if BACKEND == "cython"
+                else _warn("pure-Python fallback (install with a C compiler for the compiled core)")
+            ),
+        ),
         _check("state dir", lambda: _private(ctx.state_path, 0o700, must_exist=False)),
         _check("socket dir", lambda: _private(ctx.socket_path.parent, 0o700, must_exist=False)),
         _check("socket", lambda: _private(ctx.socket_path, 0o600, must_exist=False)),
@@ -161,7 +191,9 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
     else:
         colours = {"ok": "green", "warn": "yellow", "fail": "red"}
         for name, status, detail in checks:
-            click.echo(f"{style(status.upper().ljust(5), fg=colours[status], bold=True)} {name}: {detail}")
+            click.echo(
+                f"{style(status.upper().ljust(5), fg=colours[status], bold=True)} {name}: {detail}"
+            )
     sys.exit(1 if any(s == "fail" for _, s, _ in checks) else 0)
 
 
@@ -241,5 +273,10 @@ def mcp_config(ctx: Ctx, name: str) -> None:
     server = {"command": command, "env": env}
     if args:
         server["args"] = args
-    click.echo(style("\n# Claude Desktop (claude_desktop_config.json) and generic mcpServers clients", bold=True))
+    click.echo(
+        style(
+            "\n# Claude Desktop (claude_desktop_config.json) and generic mcpServers clients",
+            bold=True,
+        )
+    )
     click.echo(orjson.dumps({"mcpServers": {name: server}}, option=orjson.OPT_INDENT_2).decode())

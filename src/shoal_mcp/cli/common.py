@@ -34,8 +34,11 @@ class Ctx:
         """A kernel client attached to the session (autostarting the kernel)."""
         if self._client is None or on_event is not None:
             client = connect(self.socket, self.state_dir, autostart=autostart, on_event=on_event)
-            params: dict = {"session": self.session, "client": {"kind": "cli", "tty": sys.stdout.isatty()},
-                            "cwd": os.getcwd()}
+            params: dict = {
+                "session": self.session,
+                "client": {"kind": "cli", "tty": sys.stdout.isatty()},
+                "cwd": os.getcwd(),
+            }
             token = os.environ.get("SHOAL_TOKEN")
             if token:
                 params["token"] = token

@@ -30,7 +30,11 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], max_width: int 
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    click.echo("  ".join(style(h.ljust(w), bold=True) for h, w in zip(headers, widths, strict=True)).rstrip())
+    click.echo(
+        "  ".join(
+            style(h.ljust(w), bold=True) for h, w in zip(headers, widths, strict=True)
+        ).rstrip()
+    )
     for row in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
@@ -52,6 +56,14 @@ def when(ts: float | None) -> str:
 
 
 def state_colour(state: str) -> str:
-    colours = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
-               "suspended": "magenta", "approved": "green", "denied": "red", "requested": "yellow"}
+    colours = {
+        "completed": "green",
+        "failed": "red",
+        "cancelled": "yellow",
+        "running": "cyan",
+        "suspended": "magenta",
+        "approved": "green",
+        "denied": "red",
+        "requested": "yellow",
+    }
     return style(state, fg=colours.get(state))

@@ -31,7 +31,9 @@ def exec_cmd(ctx: Ctx, src: str, as_json: bool, background: bool) -> None:
     Ctrl-C cancels the command's task.
     """
     client = ctx.client()
-    msg_id, fut = client.start_call("exec", {"src": src, "position": "value", "background": background})
+    msg_id, fut = client.start_call(
+        "exec", {"src": src, "position": "value", "background": background}
+    )
     try:
         result = _wait_with_spinner(client, msg_id, fut)
     except KeyboardInterrupt:
@@ -81,10 +83,14 @@ def _wait_with_spinner(client, msg_id: int, fut):
             if elapsed - last_poll > 1.0:
                 last_poll = elapsed
                 try:
-                    out_bytes = client.call("task.get", {"call": msg_id}, timeout=1).get("out_bytes", 0)
+                    out_bytes = client.call("task.get", {"call": msg_id}, timeout=1).get(
+                        "out_bytes", 0
+                    )
                 except (RpcError, KernelLost, TimeoutError):
                     pass
-            sys.stderr.write(f"\r{next(frames)} {elapsed:5.1f} s  {out_bytes} bytes  (Ctrl-C cancels)")
+            sys.stderr.write(
+                f"\r{next(frames)} {elapsed:5.1f} s  {out_bytes} bytes  (Ctrl-C cancels)"
+            )
             sys.stderr.flush()
             shown = True
     finally:
@@ -96,11 +102,19 @@ def _wait_with_spinner(client, msg_id: int, fut):
 @click.command("get")
 @click.argument("ref")
 @click.option("--path", "path", default=None, help="selector, e.g. .out.lines[-3..]")
-@click.option("--format", "fmt", type=click.Choice(["json", "render", "raw"]), default="render", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "render", "raw"]),
+    default="render",
+    show_default=True,
+)
 @click.option("--offset", type=int, default=None, help="raw: byte offset")
 @click.option("--length", type=int, default=None, help="raw: page size")
 @pass_ctx
-def get_cmd(ctx: Ctx, ref: str, path: str | None, fmt: str, offset: int | None, length: int | None) -> None:
+def get_cmd(
+    ctx: Ctx, ref: str, path: str | None, fmt: str, offset: int | None, length: int | None
+) -> None:
     """Fetch a stored value (out:N, task:N, shoal://…) or a part of it."""
     params: dict = {"ref": ref, "format": fmt}
     if path:
@@ -134,8 +148,13 @@ def tasks_group(click_ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json(tasks)
         return
-    table([[t["task"], state_colour(t["state"]), when(t["started"]), t.get("out_bytes"), t["src"]] for t in tasks],
-          ["TASK", "STATE", "STARTED", "OUT", "SRC"])
+    table(
+        [
+            [t["task"], state_colour(t["state"]), when(t["started"]), t.get("out_bytes"), t["src"]]
+            for t in tasks
+        ],
+        ["TASK", "STATE", "STARTED", "OUT", "SRC"],
+    )
 
 
 @tasks_group.command("show")
@@ -166,7 +185,9 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
         click.echo(f"{record['task']} still {record['state']}", err=True)
         sys.exit(4)
     if "result_ref" in record:
-        click.echo(ctx.call("value.get", {"ref": record["result_ref"], "format": "render"})["render"])
+        click.echo(
+            ctx.call("value.get", {"ref": record["result_ref"], "format": "render"})["render"]
+        )
     click.echo(style(f"── {record['task']} {record['state']}", dim=True), err=True)
 
 
@@ -184,10 +205,22 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
 @click.option("--follow", "-f", is_flag=True, help="keep printing new rows")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
-def journal_cmd(ctx: Ctx, since, until, principal, head, ok, effects, limit, follow, as_json) -> None:
+def journal_cmd(
+    ctx: Ctx, since, until, principal, head, ok, effects, limit, follow, as_json
+) -> None:
     """What ran: newest first, with filters."""
-    params = {k: v for k, v in {"since": since, "until": until, "principal": principal, "head": head,
-                                "ok": ok, "limit": limit}.items() if v is not None}
+    params = {
+        k: v
+        for k, v in {
+            "since": since,
+            "until": until,
+            "principal": principal,
+            "head": head,
+            "ok": ok,
+            "limit": limit,
+        }.items()
+        if v is not None
+    }
     if effects:
         params["effects"] = list(effects)
     rows = ctx.call("journal.query", params)["rows"]
@@ -215,8 +248,19 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         for row in rows:
             emit_json(row)
         return
-    data = [[r["id"], when(r["ts"]), r["principal"], r.get("kind"), r.get("status"),
-             f"{r.get('duration_ms', 0) or 0:.0f}ms", r.get("ref"), r["src"]] for r in rows]
+    data = [
+        [
+            r["id"],
+            when(r["ts"]),
+            r["principal"],
+            r.get("kind"),
+            r.get("status"),
+            f"{r.get('duration_ms', 0) or 0:.0f}ms",
+            r.get("ref"),
+            r["src"],
+        ]
+        for r in rows
+    ]
     if header:
         table(data, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
     else:
@@ -262,7 +306,9 @@ def events_tail(ctx: Ctx, channel: str, since: int | None, as_json: bool) -> Non
 
 
 @click.command("plans")
-@click.option("--all", "show_all", is_flag=True, help="every state, not only those awaiting a decision")
+@click.option(
+    "--all", "show_all", is_flag=True, help="every state, not only those awaiting a decision"
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
@@ -274,14 +320,28 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     if as_json:
         emit_json(plans)
         return
-    table([[p["plan_ref"], state_colour(p["state"]), p["principal"], p["verdict"],
-            ",".join(sorted({e["kind"] for e in p["effects"]})), p["src"]] for p in plans],
-          ["PLAN", "STATE", "PRINCIPAL", "VERDICT", "EFFECTS", "SRC"], max_width=70)
+    table(
+        [
+            [
+                p["plan_ref"],
+                state_colour(p["state"]),
+                p["principal"],
+                p["verdict"],
+                ",".join(sorted({e["kind"] for e in p["effects"]})),
+                p["src"],
+            ]
+            for p in plans
+        ],
+        ["PLAN", "STATE", "PRINCIPAL", "VERDICT", "EFFECTS", "SRC"],
+        max_width=70,
+    )
 
 
 @click.command("approve")
 @click.argument("plan")
-@click.option("--effects", help="comma-separated effect kinds to approve (default: all of the plan's)")
+@click.option(
+    "--effects", help="comma-separated effect kinds to approve (default: all of the plan's)"
+)
 @pass_ctx
 def approve_cmd(ctx: Ctx, plan: str, effects: str | None) -> None:
     """Approve PLAN (you must be an approver)."""

@@ -13,8 +13,10 @@ def main() -> None:
         print(f"shoal-mcp {__version__} (framing: {BACKEND})")
         sys.exit(0)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
-        print("shoal-mcp: MCP stdio server for shoal. Configure with SHOAL_SOCKET, SHOAL_SESSION, "
-              "SHOAL_TOKEN, SHOAL_NO_AUTOSTART.")
+        print(
+            "shoal-mcp: MCP stdio server for shoal. Configure with SHOAL_SOCKET, SHOAL_SESSION, "
+            "SHOAL_TOKEN, SHOAL_NO_AUTOSTART."
+        )
         sys.exit(0)
     from .server import main_loop
 

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class KernelLink:
-    def __init__(self, client_info: dict | None = None, on_event: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self, client_info: dict | None = None, on_event: Callable[[dict], None] | None = None
+    ) -> None:
         self.session = os.environ.get("SHOAL_SESSION") or DEFAULT_SESSION
         self.token = os.environ.get("SHOAL_TOKEN")
         self.client_info = client_info or {}
@@ -33,7 +35,10 @@ class KernelLink:
     def _attach(self, client: KernelClient) -> dict:
         params: dict[str, Any] = {
             "session": self.session,
-            "client": {"kind": "mcp", **{k: v for k, v in self.client_info.items() if k in ("name", "version")}},
+            "client": {
+                "kind": "mcp",
+                **{k: v for k, v in self.client_info.items() if k in ("name", "version")},
+            },
             "cwd": os.getcwd(),
         }
         if self.token:

@@ -26,14 +26,26 @@ ROOTS = [
 ]
 
 TEMPLATES = [
-    ("shoal://out/{n}{?path,slice,format}", "transcript value", "Value out:N of this session; path selects."),
+    (
+        "shoal://out/{n}{?path,slice,format}",
+        "transcript value",
+        "Value out:N of this session; path selects.",
+    ),
     ("shoal://val/{hash}{?offset,length}", "blob", "Raw bytes of a stored blob, paged (base64)."),
     ("shoal://task/{id}", "task", "A task record (state, result ref)."),
-    ("shoal://task/{id}/out{?path,slice,format}", "task output", "A task's stdout, live while it runs."),
+    (
+        "shoal://task/{id}/out{?path,slice,format}",
+        "task output",
+        "A task's stdout, live while it runs.",
+    ),
     ("shoal://plan/{ref}", "plan", "A stored plan: effects, verdict, state."),
     ("shoal://session/{view}", "session view", "cwd, env or reef."),
     ("shoal://pty/{id}", "pty screen", "The rendered screen of a PTY."),
-    ("shoal://journal{?since,until,head,principal,ok,effects,limit}", "journal query", "Filtered journal rows."),
+    (
+        "shoal://journal{?since,until,head,principal,ok,effects,limit}",
+        "journal query",
+        "Filtered journal rows.",
+    ),
     ("shoal://events/{channel}{?since,limit}", "event channel", "Recent events of a channel."),
 ]
 
@@ -98,7 +110,11 @@ def kernel_read(p: ParsedUri) -> tuple[str, dict, str]:
     if head == "pty" and not rest:
         return "pty.list", {}, "application/json"
     if head == "pty" and len(rest) == 1:
-        return "pty.read", {"pty_id": f"pty:{rest[0]}" if rest[0].isdigit() else rest[0]}, "application/json"
+        return (
+            "pty.read",
+            {"pty_id": f"pty:{rest[0]}" if rest[0].isdigit() else rest[0]},
+            "application/json",
+        )
     if head == "jobs" and not rest:
         return "task.list", {}, "application/json"
     if head == "journal" and not rest:
@@ -108,7 +124,9 @@ def kernel_read(p: ParsedUri) -> tuple[str, dict, str]:
                 try:
                     params[key] = float(q[key])
                 except ValueError:
-                    raise RpcError(-32602, f"invalid params: {key}: not a number", {"field": key}) from None
+                    raise RpcError(
+                        -32602, f"invalid params: {key}: not a number", {"field": key}
+                    ) from None
         for key in ("head", "principal"):
             if key in q:
                 params[key] = q[key]
@@ -144,7 +162,11 @@ def _value_get(ref: str, q: dict) -> tuple[str, dict, str]:
 
 def read_contents(uri: str, result: dict, mime: str) -> dict:
     if mime == "text/plain":
-        text = result.get("render") if "render" in result else result.get("raw", result.get("raw_base64", ""))
+        text = (
+            result.get("render")
+            if "render" in result
+            else result.get("raw", result.get("raw_base64", ""))
+        )
     else:
         text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
     return {

@@ -16,7 +16,12 @@ from .resources import (
 )
 
 # Kernel "no such thing" errors become MCP's resource-not-found.
-NOT_FOUND_CODES = {ErrorCode.UNKNOWN_REF, ErrorCode.UNKNOWN_TASK, ErrorCode.UNKNOWN_PLAN, ErrorCode.UNKNOWN_PTY}
+NOT_FOUND_CODES = {
+    ErrorCode.UNKNOWN_REF,
+    ErrorCode.UNKNOWN_TASK,
+    ErrorCode.UNKNOWN_PLAN,
+    ErrorCode.UNKNOWN_PTY,
+}
 
 
 class ResourceApi:
@@ -27,12 +32,22 @@ class ResourceApi:
         entries = [listing_entry(uri, name, desc) for uri, name, desc in ROOTS]
         try:
             for task in self.link.call("task.list", {}).get("tasks", []):
-                entries.append(listing_entry(task["uri"], task["task"], f"{task['state']}: {task['src'][:80]}"))
+                entries.append(
+                    listing_entry(task["uri"], task["task"], f"{task['state']}: {task['src'][:80]}")
+                )
             for plan in self.link.call("plan.list", {}).get("plans", []):
-                entries.append(listing_entry(plan["uri"], plan["plan_ref"], f"{plan['state']}: {plan['src'][:80]}"))
+                entries.append(
+                    listing_entry(
+                        plan["uri"], plan["plan_ref"], f"{plan['state']}: {plan['src'][:80]}"
+                    )
+                )
             for pty in self.link.call("pty.list", {}).get("ptys", []):
                 num = pty["pty_id"].split(":")[-1]
-                entries.append(listing_entry(f"shoal://pty/{num}", pty["pty_id"], f"pty running {pty.get('cmd', '')}"))
+                entries.append(
+                    listing_entry(
+                        f"shoal://pty/{num}", pty["pty_id"], f"pty running {pty.get('cmd', '')}"
+                    )
+                )
         except (RpcError, KernelLost):
             pass  # the static roots are still useful without a kernel
         return {"resources": entries}
@@ -41,7 +56,12 @@ class ResourceApi:
     def templates() -> dict:
         return {
             "resourceTemplates": [
-                {"uriTemplate": t, "name": name, "description": desc, "mimeType": "application/json"}
+                {
+                    "uriTemplate": t,
+                    "name": name,
+                    "description": desc,
+                    "mimeType": "application/json",
+                }
                 for t, name, desc in TEMPLATES
             ]
         }
@@ -49,7 +69,9 @@ class ResourceApi:
     def read(self, params: dict) -> dict:
         uri = params.get("uri")
         if not isinstance(uri, str):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"})
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"}
+            )
         parsed = parse_uri(uri)
         method, kparams, mime = kernel_read(parsed)
         try:

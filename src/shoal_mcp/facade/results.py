@@ -16,7 +16,11 @@ def _pretty(value: Any) -> str:
 
 
 def _link(uri: str, name: str | None = None) -> dict:
-    mime = "application/json" if uri.startswith(("shoal://task/", "shoal://plan/")) and "/out" not in uri else "text/plain"
+    mime = (
+        "application/json"
+        if uri.startswith(("shoal://task/", "shoal://plan/")) and "/out" not in uri
+        else "text/plain"
+    )
     return {"type": "resource_link", "uri": uri, "name": name or uri, "mimeType": mime}
 
 
@@ -36,10 +40,16 @@ def tool_result(result: Any) -> dict:
         text = _pretty(structured)
     elif "ref" in structured and uri:
         body = text.rstrip("\n")
-        text = f"{body}\n\n[{structured['ref']} · {uri}]" if body else f"[{structured['ref']} · {uri}]"
+        text = (
+            f"{body}\n\n[{structured['ref']} · {uri}]" if body else f"[{structured['ref']} · {uri}]"
+        )
     content: list[dict] = [{"type": "text", "text": bound_text(text, TEXT_LIMIT, uri)}]
     if uri:
-        content.append(_link(uri, structured.get("ref") or structured.get("task") or structured.get("plan_ref")))
+        content.append(
+            _link(
+                uri, structured.get("ref") or structured.get("task") or structured.get("plan_ref")
+            )
+        )
     return {"content": content, "structuredContent": structured, "isError": False}
 
 

@@ -55,7 +55,9 @@ INSTRUCTIONS = (
 class InFlight:
     request_id: Any
     cancelled: bool = False
-    kernel: tuple[Any, int, Any] | None = None  # (client, kernel request id, its future) of a task-owning call
+    kernel: tuple[Any, int, Any] | None = (
+        None  # (client, kernel request id, its future) of a task-owning call
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -91,8 +93,12 @@ class McpServer:
         try:
             frame = encode_frame(message)
         except FrameTooLarge:
-            log.error("response to id %r exceeds the frame limit; sending -32603", message.get("id"))
-            frame = encode_frame(error_response(message.get("id"), ErrorCode.INTERNAL, "result too large"))
+            log.error(
+                "response to id %r exceeds the frame limit; sending -32603", message.get("id")
+            )
+            frame = encode_frame(
+                error_response(message.get("id"), ErrorCode.INTERNAL, "result too large")
+            )
         try:
             self.writer.write_frame(frame)
         except OSError as exc:  # client went away; the reader will see EOF
@@ -133,11 +139,19 @@ class McpServer:
             return  # responses: we send no requests to the client
         entry = self.handlers.get(msg.method)
         if entry is None:
-            self.send(error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {msg.method}"))
+            self.send(
+                error_response(
+                    msg.id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {msg.method}"
+                )
+            )
             return
         handler, concurrent = entry
         if not isinstance(msg.params, dict):
-            self.send(error_response(msg.id, ErrorCode.INVALID_PARAMS, "invalid params: params must be an object"))
+            self.send(
+                error_response(
+                    msg.id, ErrorCode.INVALID_PARAMS, "invalid params: params must be an object"
+                )
+            )
             return
         if concurrent:
             flight = InFlight(msg.id)
@@ -157,11 +171,19 @@ class McpServer:
         except RpcError as exc:
             reply = error_response(msg.id, exc.code, exc.message, exc.data)
         except KernelLost as exc:
-            reply = error_response(msg.id, ErrorCode.INTERNAL, f"shoal kernel unavailable: {exc}",
-                                   {"hint": "the next call reconnects (and autostarts the kernel unless SHOAL_NO_AUTOSTART=1)"})
+            reply = error_response(
+                msg.id,
+                ErrorCode.INTERNAL,
+                f"shoal kernel unavailable: {exc}",
+                {
+                    "hint": "the next call reconnects (and autostarts the kernel unless SHOAL_NO_AUTOSTART=1)"
+                },
+            )
         except Exception as exc:  # noqa: BLE001 - no traceback ever reaches the client
             log.exception("%s failed", msg.method)
-            reply = error_response(msg.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"[:500])
+            reply = error_response(
+                msg.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"[:500]
+            )
         if flight is not None:
             with self._inflight_lock:
                 self.inflight.pop(_key(msg.id), None)
@@ -188,8 +210,12 @@ class McpServer:
     def _start_cancel(self, client: Any, kernel_id: int, fut: Any) -> None:
         # Its own thread: with every pool worker busy on a long call, a queued cancel
         # would wait for one of them to finish.
-        threading.Thread(target=self._cancel_kernel_call, args=(client, kernel_id, fut),
-                         name="mcp-cancel", daemon=True).start()
+        threading.Thread(
+            target=self._cancel_kernel_call,
+            args=(client, kernel_id, fut),
+            name="mcp-cancel",
+            daemon=True,
+        ).start()
 
     @staticmethod
     def _cancel_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
@@ -223,7 +249,11 @@ class McpServer:
     def _set_level(self, params: dict) -> dict:
         level = params.get("level")
         if not isinstance(level, str):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: level: required string", {"field": "level"})
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS,
+                "invalid params: level: required string",
+                {"field": "level"},
+            )
         self.log_level = level
         return {}
 
@@ -231,18 +261,32 @@ class McpServer:
         return {"tools": [t.listing() for t in TOOLS]}
 
     def _tools_call(self, params: dict, flight: InFlight) -> dict:
-        validate(params, {"type": "object", "properties": {"name": {"type": "string"},
-                                                            "arguments": {"type": "object"}}, "required": ["name"]})
-        token = (params.get("_meta") or {}).get("progressToken") if isinstance(params.get("_meta"), dict) else None
+        validate(
+            params,
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+                "required": ["name"],
+            },
+        )
+        token = (
+            (params.get("_meta") or {}).get("progressToken")
+            if isinstance(params.get("_meta"), dict)
+            else None
+        )
         progress = None
         if token is not None:
             start = time.monotonic()
 
             def progress(out_bytes: int | None) -> None:
                 elapsed = time.monotonic() - start
-                message = f"{elapsed:.0f} s elapsed" + (f", {out_bytes} bytes of output" if out_bytes is not None else "")
-                self.notify("notifications/progress", {"progressToken": token, "progress": round(elapsed, 3),
-                                                       "message": message})
+                message = f"{elapsed:.0f} s elapsed" + (
+                    f", {out_bytes} bytes of output" if out_bytes is not None else ""
+                )
+                self.notify(
+                    "notifications/progress",
+                    {"progressToken": token, "progress": round(elapsed, 3), "message": message},
+                )
 
         def own_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
             with flight.lock:
@@ -252,7 +296,9 @@ class McpServer:
                 self._start_cancel(client, kernel_id, fut)
 
         try:
-            result = self.tools.run(params["name"], params.get("arguments") or {}, progress, own_kernel_call)
+            result = self.tools.run(
+                params["name"], params.get("arguments") or {}, progress, own_kernel_call
+            )
         except ArgumentError:
             raise
         except RpcError as exc:
@@ -269,5 +315,7 @@ def _key(request_id: Any) -> tuple[str, Any]:
 
 
 def main_loop() -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="shoal-mcp: %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="shoal-mcp: %(levelname)s %(message)s"
+    )
     return McpServer().serve()

@@ -83,5 +83,7 @@ class Subscriptions:
 def _uri(params: dict) -> str:
     uri = params.get("uri")
     if not isinstance(uri, str):
-        raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"})
+        raise RpcError(
+            ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"}
+        )
     return uri

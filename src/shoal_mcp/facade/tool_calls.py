@@ -63,13 +63,19 @@ class ToolRunner:
 
     def _get(self, args: dict) -> Any:
         ref = args["ref"].strip()
-        value_args = {k: args[k] for k in ("path", "slice", "format", "offset", "length", "elide") if k in args}
+        value_args = {
+            k: args[k]
+            for k in ("path", "slice", "format", "offset", "length", "elide")
+            if k in args
+        }
         if plan := PLAN_REF.match(ref):
             return self.link.call("plan.get", {"plan_ref": plan.group(1)})
         if task := TASK_REF.match(ref):
             task_ref = f"task:{task.group(1)}"
             if "wait_ms" in args:
-                record = self.link.call("task.await", {"task": task_ref, "timeout_ms": args["wait_ms"]})
+                record = self.link.call(
+                    "task.await", {"task": task_ref, "timeout_ms": args["wait_ms"]}
+                )
             else:
                 record = self.link.call("task.get", {"task": task_ref})
             if "result_ref" not in record:

@@ -39,7 +39,12 @@ SLICE_SCHEMA = {
     "description": "[a, b] applied after path: list items, string code points or bytes; null = open end.",
 }
 DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
-PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64, "description": "pty:N from shoal_pty_open"}
+PTY_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "pty:N from shoal_pty_open",
+}
 KEY_INPUT = {
     "description": (
         "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
@@ -65,7 +70,12 @@ class Tool:
     cancels_task: bool = False  # an in-flight call owns a kernel task (exec/apply)
 
     def listing(self) -> dict:
-        out = {"name": self.name, "title": self.title, "description": self.description, "inputSchema": self.schema}
+        out = {
+            "name": self.name,
+            "title": self.title,
+            "description": self.description,
+            "inputSchema": self.schema,
+        }
         if self.annotations:
             out["annotations"] = {"title": self.title, **self.annotations}
         return out
@@ -91,12 +101,26 @@ TOOLS: list[Tool] = [
         "(status, stderr) unless position is 'stmt'.",
         closed(
             {
-                "src": {"type": "string", "description": "bash source, run with bash --noprofile --norc -c"},
-                "mode": {"type": "string", "enum": ["run", "plan"], "description": "plan = analyse only, run nothing"},
-                "position": {"type": "string", "enum": ["value", "stmt"],
-                             "description": "value (default): failures are values; stmt: failures are errors"},
+                "src": {
+                    "type": "string",
+                    "description": "bash source, run with bash --noprofile --norc -c",
+                },
+                "mode": {
+                    "type": "string",
+                    "enum": ["run", "plan"],
+                    "description": "plan = analyse only, run nothing",
+                },
+                "position": {
+                    "type": "string",
+                    "enum": ["value", "stmt"],
+                    "description": "value (default): failures are values; stmt: failures are errors",
+                },
                 "background": {"type": "boolean", "description": "return task:N immediately"},
-                "timeout_ms": {"type": "integer", "minimum": 0, "description": "wait budget; never kills"},
+                "timeout_ms": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "wait budget; never kills",
+                },
                 "elide": ELIDE_SCHEMA,
             },
             ("src",),
@@ -120,7 +144,10 @@ TOOLS: list[Tool] = [
         "Apply a plan",
         "Run exactly the source stored in a plan you made, once it is allowed or approved. Returns "
         "what shoal_exec returns.",
-        closed({"plan_ref": {"type": "string", "description": "plan:<hex> from shoal_plan"}}, ("plan_ref",)),
+        closed(
+            {"plan_ref": {"type": "string", "description": "plan:<hex> from shoal_plan"}},
+            ("plan_ref",),
+        ),
         {"destructiveHint": True, "openWorldHint": True},
         lambda args: ("plan.apply", {**args, "position": "value"}),
         cancels_task=True,
@@ -137,13 +164,25 @@ TOOLS: list[Tool] = [
                 "ref": {"type": "string", "description": REF_DESC},
                 "path": {"type": "string", "description": PATH_DESC},
                 "slice": SLICE_SCHEMA,
-                "format": {"type": "string", "enum": ["json", "render", "raw"],
-                           "description": "json (default, tagged values), render (text), raw (paged bytes)"},
+                "format": {
+                    "type": "string",
+                    "enum": ["json", "render", "raw"],
+                    "description": "json (default, tagged values), render (text), raw (paged bytes)",
+                },
                 "offset": {"type": "integer", "minimum": 0, "description": "raw: byte offset"},
-                "length": {"type": "integer", "minimum": 1, "maximum": 65536, "description": "raw: page size"},
+                "length": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 65536,
+                    "description": "raw: page size",
+                },
                 "elide": ELIDE_SCHEMA,
-                "wait_ms": {"type": "integer", "minimum": 0, "maximum": 600000,
-                            "description": "for task:N, wait up to this long for it to finish"},
+                "wait_ms": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 600000,
+                    "description": "for task:N, wait up to this long for it to finish",
+                },
             },
             ("ref",),
         ),
@@ -161,7 +200,11 @@ TOOLS: list[Tool] = [
                 "until": {"type": "number", "description": "unix time, inclusive"},
                 "principal": STR,
                 "ok": {"type": "boolean"},
-                "effects": {"type": "array", "items": STR, "description": "effect kinds, e.g. fs_delete"},
+                "effects": {
+                    "type": "array",
+                    "items": STR,
+                    "description": "effect kinds, e.g. fs_delete",
+                },
                 "head": {"type": "string", "description": "first command word, e.g. git"},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
             }
@@ -223,7 +266,10 @@ TOOLS: list[Tool] = [
         "Read a terminal screen",
         "The rendered screen (rows, right-trimmed), cursor, whether it changed since your last read, and "
         "whether the program is alive (exit status when not). scrollback: lines above the screen.",
-        closed({"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0, "maximum": 10000}}, ("pty_id",)),
+        closed(
+            {"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0, "maximum": 10000}},
+            ("pty_id",),
+        ),
         {"readOnlyHint": True},
         _same("pty.read"),
     ),

@@ -64,7 +64,9 @@ class Kernel:
         self.events = EventBus(self.event_store)
         self.tasks = TaskManager(self.events, self._finalize)
         self.resolver = Resolver(self.cas)
-        self.values = ValueService(self.transcript, self.tasks, self.resolver, self.journal_read_all)
+        self.values = ValueService(
+            self.transcript, self.tasks, self.resolver, self.journal_read_all
+        )
         self.local_principal = local_principal()
         self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
         self.plans = PlanStore()
@@ -99,7 +101,12 @@ class Kernel:
     # -- exec -------------------------------------------------------------------------
 
     def start_exec(
-        self, who: Principal, session: Session, src: str, background: bool, effects: list[dict] | None = None
+        self,
+        who: Principal,
+        session: Session,
+        src: str,
+        background: bool,
+        effects: list[dict] | None = None,
     ) -> Task:
         cwd, env = session.snapshot()
         if not background:
@@ -150,18 +157,38 @@ class Kernel:
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         analysis, cwd = self.analyze(who, src)
-        verdict = self.guard.for_principal(who.principal).evaluate(analysis.effects, analysis.reversibility)
+        verdict = self.guard.for_principal(who.principal).evaluate(
+            analysis.effects, analysis.reversibility
+        )
         ref = plan_ref(who.session, who.principal, src, analysis.effects)
-        plan = Plan(ref, who.session, who.principal, src, cwd, analysis.effects,
-                    analysis.reversibility, verdict.verdict, list(verdict.reasons))
+        plan = Plan(
+            ref,
+            who.session,
+            who.principal,
+            src,
+            cwd,
+            analysis.effects,
+            analysis.reversibility,
+            verdict.verdict,
+            list(verdict.reasons),
+        )
         return plan, verdict
 
     def plan(self, who: Principal, src: str) -> dict:
         """exec mode=plan: analyse, store, journal; nothing is spawned."""
         plan, _ = self.evaluate(who, src)
         plan = self.plans.put(plan)
-        self.journal.record(JournalEntry(session=who.session, principal=who.principal, cwd=plan.cwd, src=src,
-                                         kind="plan", effects=plan.effects, ref=plan.ref))
+        self.journal.record(
+            JournalEntry(
+                session=who.session,
+                principal=who.principal,
+                cwd=plan.cwd,
+                src=src,
+                kind="plan",
+                effects=plan.effects,
+                ref=plan.ref,
+            )
+        )
         return plan.record()
 
     def gate_exec(self, who: Principal, src: str) -> list[dict]:
@@ -171,19 +198,38 @@ class Kernel:
             return plan.effects
         if verdict.verdict == "deny":
             self._journal_refusal(who, plan, "denied", None)
-            raise RpcError(ErrorCode.DENIED, "denied by policy", {"effects": plan.effects, "reasons": plan.reasons})
+            raise RpcError(
+                ErrorCode.DENIED,
+                "denied by policy",
+                {"effects": plan.effects, "reasons": plan.reasons},
+            )
         plan = self.plans.put(plan)
         self._journal_refusal(who, plan, "approval_required", plan.ref)
         raise RpcError(
             ErrorCode.APPROVAL_REQUIRED,
             "approval required: call cap.request, then plan.apply once approved",
-            {"plan_ref": plan.ref, "uri": plan.uri, "effects": plan.effects, "reasons": plan.reasons},
+            {
+                "plan_ref": plan.ref,
+                "uri": plan.uri,
+                "effects": plan.effects,
+                "reasons": plan.reasons,
+            },
         )
 
     def _journal_refusal(self, who: Principal, plan: Plan, kind: str, ref: str | None) -> None:
         """An exec that policy stopped still gets its journal row: operators see attempts."""
-        self.journal.record(JournalEntry(session=who.session, principal=who.principal, cwd=plan.cwd,
-                                         src=plan.src, kind=kind, effects=plan.effects, ok=False, ref=ref))
+        self.journal.record(
+            JournalEntry(
+                session=who.session,
+                principal=who.principal,
+                cwd=plan.cwd,
+                src=plan.src,
+                kind=kind,
+                effects=plan.effects,
+                ok=False,
+                ref=ref,
+            )
+        )
 
     def check_task_quota(self, who: Principal) -> None:
         self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
@@ -209,7 +255,9 @@ class Kernel:
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""
-        return sum(1 for p in self.ptys.list(None) if p.get("owner", "").split("\x00", 1)[-1] == principal)
+        return sum(
+            1 for p in self.ptys.list(None) if p.get("owner", "").split("\x00", 1)[-1] == principal
+        )
 
     def can_see_all_tasks(self, principal: str) -> bool:
         return self.guard.for_principal(principal).tasks_read == "all"
@@ -232,14 +280,22 @@ class Kernel:
         """task.N / pty.N only for their owners; journal and approval per policy."""
         kind, _, num = channel.partition(".")
         if kind == "task":
-            self.tasks.get(num, who.session, who.principal, see_all=self.can_see_all_tasks(who.principal))
+            self.tasks.get(
+                num, who.session, who.principal, see_all=self.can_see_all_tasks(who.principal)
+            )
         elif kind == "pty":
             if not any(p["pty_id"] == f"pty:{num}" for p in self.ptys.list(owner_key(who))):
-                raise RpcError(ErrorCode.UNKNOWN_PTY, f"unknown pty pty:{num}", {"pty_id": f"pty:{num}"})
+                raise RpcError(
+                    ErrorCode.UNKNOWN_PTY, f"unknown pty pty:{num}", {"pty_id": f"pty:{num}"}
+                )
         elif channel in DURABLE_CHANNELS and not self.journal_read_all(who.principal):
-            raise RpcError(ErrorCode.DENIED, f"{channel} events need journal_read = all", {"channel": channel})
+            raise RpcError(
+                ErrorCode.DENIED, f"{channel} events need journal_read = all", {"channel": channel}
+            )
         elif channel == "approval" and not self.guard.for_principal(who.principal).approver:
-            raise RpcError(ErrorCode.DENIED, "approval events are for approvers", {"channel": channel})
+            raise RpcError(
+                ErrorCode.DENIED, "approval events are for approvers", {"channel": channel}
+            )
 
     def _finalize(self, task: Task) -> dict[str, Any]:
         """Ingest the spools, store ``out:N``, journal it; runs once per task."""
@@ -300,9 +356,20 @@ class Kernel:
                 effects=task.effects,
             )
         )
-        self.events.publish("journal", {"id": row["id"], "session": task.session, "principal": task.principal,
-                                        "head": row.get("head", ""), "ok": outcome["ok"], "ref": ref})
-        self.events.publish("session.transcript", {"session": task.session, "ref": ref, "ok": outcome["ok"]})
+        self.events.publish(
+            "journal",
+            {
+                "id": row["id"],
+                "session": task.session,
+                "principal": task.principal,
+                "head": row.get("head", ""),
+                "ok": outcome["ok"],
+                "ref": ref,
+            },
+        )
+        self.events.publish(
+            "session.transcript", {"session": task.session, "ref": ref, "ok": outcome["ok"]}
+        )
         return {
             "ref": ref,
             "uri": f"shoal://out/{n}",
@@ -325,12 +392,16 @@ class Kernel:
         free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
         sizes = run.output_sizes()
         if free == 0:
-            return (f"no space left on device while spooling output ({sizes[0]} bytes stdout, "
-                    f"{sizes[1]} bytes stderr written before it filled); the partial output was discarded")
+            return (
+                f"no space left on device while spooling output ({sizes[0]} bytes stdout, "
+                f"{sizes[1]} bytes stderr written before it filled); the partial output was discarded"
+            )
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY and max(sizes) >= limit:
-            return (f"output reached the file size limit (RLIMIT_FSIZE {limit} bytes); "
-                    "the partial output was discarded")
+            return (
+                f"output reached the file size limit (RLIMIT_FSIZE {limit} bytes); "
+                "the partial output was discarded"
+            )
         return None
 
     def exec_result(self, who: Principal, task: Task, elide: ElideOptions, started: float) -> dict:
@@ -344,5 +415,6 @@ class Kernel:
             "render": self.values.render(sel, elide),
             "elapsed_ms": round((time.time() - started) * 1000, 3),
         }
+
 
 __all__ = ["Kernel", "KernelConfig", "Principal", "owner_key"]

@@ -90,7 +90,9 @@ def parse_message(frame: bytes) -> Request | Notification | Response | Invalid:
         method = msg["method"]
         params = msg.get("params", {})
         if not isinstance(method, str) or msg.get("jsonrpc") != "2.0":
-            why = "method must be a string" if not isinstance(method, str) else "jsonrpc must be 2.0"
+            why = (
+                "method must be a string" if not isinstance(method, str) else "jsonrpc must be 2.0"
+            )
             return Invalid(
                 error_response(msg_id, ErrorCode.INVALID_REQUEST, f"invalid request: {why}")
                 if has_id
@@ -101,7 +103,9 @@ def parse_message(frame: bytes) -> Request | Notification | Response | Invalid:
             params = {}
         if not isinstance(params, (dict, list)):
             return Invalid(
-                error_response(msg_id, ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
+                error_response(
+                    msg_id, ErrorCode.INVALID_PARAMS, "invalid params: params must be an object"
+                )
                 if has_id
                 else None,
                 "params",

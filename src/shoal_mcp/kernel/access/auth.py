@@ -54,8 +54,7 @@ def _now() -> float:
 
 
 def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _parse_ts(value: Any) -> float | None:
@@ -91,11 +90,16 @@ class TokenStore:
 
     # --- public API ----------------------------------------------------------------
 
-    def create(self, principal: str, ttl_s: float | None = None,
-               label: str | None = None) -> tuple[dict[str, Any], str]:
+    def create(
+        self, principal: str, ttl_s: float | None = None, label: str | None = None
+    ) -> tuple[dict[str, Any], str]:
         """Mint a bearer for ``principal``; returns (record without digest, bearer)."""
-        if not isinstance(principal, str) or not principal.strip() or \
-                len(principal) > _MAX_PRINCIPAL or not principal.isprintable():
+        if (
+            not isinstance(principal, str)
+            or not principal.strip()
+            or len(principal) > _MAX_PRINCIPAL
+            or not principal.isprintable()
+        ):
             raise TokenStoreError("principal must be a printable, non-empty string")
         if ttl_s is not None and not (isinstance(ttl_s, int | float) and ttl_s > 0):
             raise TokenStoreError("ttl must be a positive number of seconds")
@@ -112,8 +116,12 @@ class TokenStore:
             while token_id in taken:
                 token_id = secrets.token_hex(4)
             bearer = new_bearer()
-            record: dict[str, Any] = {"id": token_id, "principal": principal,
-                                      "label": label, "created": _rfc3339(now)}
+            record: dict[str, Any] = {
+                "id": token_id,
+                "principal": principal,
+                "label": label,
+                "created": _rfc3339(now),
+            }
             if label is None:
                 del record["label"]
             if ttl_s is not None:
@@ -139,8 +147,11 @@ class TokenStore:
         """Remove tokens whose id or principal equals the argument; returns how many."""
         with self._locked():
             records = self._read_records(strict=True)
-            kept = [r for r in records
-                    if r.get("id") != id_or_principal and r.get("principal") != id_or_principal]
+            kept = [
+                r
+                for r in records
+                if r.get("id") != id_or_principal and r.get("principal") != id_or_principal
+            ]
             removed = len(records) - len(kept)
             if removed:
                 self._write_records(kept)
@@ -148,8 +159,11 @@ class TokenStore:
 
     def verify(self, bearer: str) -> str | None:
         """The principal of a valid, unexpired bearer; None otherwise."""
-        if not isinstance(bearer, str) or len(bearer) != _BEARER_LEN or \
-                not bearer.startswith(BEARER_PREFIX):
+        if (
+            not isinstance(bearer, str)
+            or len(bearer) != _BEARER_LEN
+            or not bearer.startswith(BEARER_PREFIX)
+        ):
             return None  # the shape is public; rejecting it early leaks nothing
         loaded = self._current()
         if not loaded.ok or loaded.key is None:
@@ -273,10 +287,13 @@ class TokenStore:
                 ok = True
             except (orjson.JSONDecodeError, KeyError, TypeError, TokenStoreError, OSError):
                 records, key, ok = (), None, False
-            expiries = tuple(_parse_ts(r.get("expires")) if "expires" in r else None
-                             for r in records)
+            expiries = tuple(
+                _parse_ts(r.get("expires")) if "expires" in r else None for r in records
+            )
             # An `expires` that does not parse fails closed: treat it as already past.
-            expiries = tuple(0.0 if ("expires" in r and e is None) else e
-                             for r, e in zip(records, expiries, strict=True))
+            expiries = tuple(
+                0.0 if ("expires" in r and e is None) else e
+                for r, e in zip(records, expiries, strict=True)
+            )
             self._loaded = _Loaded(identity, records, expiries, key, ok)
             return self._loaded

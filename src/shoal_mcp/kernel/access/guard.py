@@ -14,7 +14,9 @@ from .policy import Policy, PrincipalPolicy
 
 
 class Guard:
-    def __init__(self, state_dir: Path, policy_path: Path | None, local_principal: str, require_token: bool) -> None:
+    def __init__(
+        self, state_dir: Path, policy_path: Path | None, local_principal: str, require_token: bool
+    ) -> None:
         self.tokens = TokenStore(state_dir / "tokens.json")
         self.policy = Policy.load(str(policy_path) if policy_path else None)
         self.local_principal = local_principal
@@ -26,8 +28,11 @@ class Guard:
     def authenticate(self, token: str | None) -> str:
         if token is None:
             if self.require_token:
-                raise RpcError(ErrorCode.AUTH_FAILED, "auth failed: this kernel requires a token",
-                               {"hint": "set SHOAL_TOKEN (create one with: shoal token create NAME)"})
+                raise RpcError(
+                    ErrorCode.AUTH_FAILED,
+                    "auth failed: this kernel requires a token",
+                    {"hint": "set SHOAL_TOKEN (create one with: shoal token create NAME)"},
+                )
             return self.local_principal
         principal = self.tokens.verify(token)
         if principal is None:
@@ -49,4 +54,8 @@ class Guard:
     def check_quota(self, principal: str, what: str, current: int) -> None:
         limit = getattr(self.for_principal(principal), what)
         if current >= limit:
-            raise RpcError(ErrorCode.QUOTA, f"quota exceeded: {what} = {limit}", {"quota": what, "limit": limit})
+            raise RpcError(
+                ErrorCode.QUOTA,
+                f"quota exceeded: {what} = {limit}",
+                {"quota": what, "limit": limit},
+            )

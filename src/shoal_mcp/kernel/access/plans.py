@@ -18,7 +18,13 @@ import orjson
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import PLAN_REF_HEX
 
-PENDING, REQUESTED, APPROVED, DENIED, APPLIED = "pending", "requested", "approved", "denied", "applied"
+PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
+    "pending",
+    "requested",
+    "approved",
+    "denied",
+    "applied",
+)
 
 
 @dataclass
@@ -98,7 +104,9 @@ class PlanStore:
                     return store[ref]
         raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
 
-    def list(self, session: str | None, principal: str | None, state: str | None = None) -> list[Plan]:
+    def list(
+        self, session: str | None, principal: str | None, state: str | None = None
+    ) -> list[Plan]:
         with self._lock:
             plans = [
                 p
@@ -106,7 +114,9 @@ class PlanStore:
                 if (session is None or s == session) and (principal is None or pr == principal)
                 for p in store.values()
             ]
-        return sorted((p for p in plans if state is None or p.state == state), key=lambda p: p.created)
+        return sorted(
+            (p for p in plans if state is None or p.state == state), key=lambda p: p.created
+        )
 
     def claim(self, plan: Plan) -> str:
         """Mark ``plan`` applied, atomically, so concurrent applies run it once; returns
@@ -115,7 +125,9 @@ class PlanStore:
             if plan.state == DENIED:
                 raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
             if plan.state == APPLIED:
-                raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
+                raise RpcError(
+                    ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref}
+                )
             previous, plan.state = plan.state, APPLIED
             return previous
 
@@ -130,29 +142,41 @@ class PlanStore:
         if plan.state == DENIED:
             raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
         if plan.verdict == "deny":
-            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
-                           {"plan_ref": plan.ref, "reasons": plan.reasons})
+            raise RpcError(
+                ErrorCode.DENIED,
+                f"{plan.ref} is denied by policy; approval cannot override it",
+                {"plan_ref": plan.ref, "reasons": plan.reasons},
+            )
         if plan.state in (PENDING,):
             plan.state = REQUESTED
 
     @staticmethod
     def decide(plan: Plan, approver: str, approve: bool, kinds: list[str] | None) -> None:
         if plan.state == DENIED:
-            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref})
+            raise RpcError(
+                ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref}
+            )
         if plan.state == APPLIED:
-            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
+            raise RpcError(
+                ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref}
+            )
         if not approve:
             plan.state = DENIED
             plan.decided_by = approver
             return
         if plan.verdict == "deny":  # deny beats ask beats allow: no approval overrides the policy
-            raise RpcError(ErrorCode.DENIED, f"{plan.ref} is denied by policy; approval cannot override it",
-                           {"plan_ref": plan.ref, "reasons": plan.reasons})
+            raise RpcError(
+                ErrorCode.DENIED,
+                f"{plan.ref} is denied by policy; approval cannot override it",
+                {"plan_ref": plan.ref, "reasons": plan.reasons},
+            )
         needed = plan.effect_kinds()
         granted = set(kinds) if kinds is not None else needed
         missing = needed - granted
         if missing:
-            raise invalid_params("effects", f"must cover every plan effect kind; missing {sorted(missing)}")
+            raise invalid_params(
+                "effects", f"must cover every plan effect kind; missing {sorted(missing)}"
+            )
         plan.approved_kinds = sorted(granted & needed) if needed else []
         plan.state = APPROVED
         plan.decided_by = approver

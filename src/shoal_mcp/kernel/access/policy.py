@@ -69,16 +69,37 @@ _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
 
 _TABLE_DEFAULTS: dict[str, Any] = {
-    "auto_apply": "in-grant", "ungranted": DENY, "opaque": DENY, "approver": False,
-    "journal_read": "own", "tasks_read": "own", "session_write": True,
-    "max_tasks": 8, "max_ptys": 2, "max_subscriptions": 16,
+    "auto_apply": "in-grant",
+    "ungranted": DENY,
+    "opaque": DENY,
+    "approver": False,
+    "journal_read": "own",
+    "tasks_read": "own",
+    "session_write": True,
+    "max_tasks": 8,
+    "max_ptys": 2,
+    "max_subscriptions": 16,
 }
 _LOCAL_DEFAULTS: dict[str, Any] = {
-    **_TABLE_DEFAULTS, "approver": True, "journal_read": "all", "tasks_read": "all",
-    "max_tasks": 64, "max_ptys": 16, "max_subscriptions": 256,
+    **_TABLE_DEFAULTS,
+    "approver": True,
+    "journal_read": "all",
+    "tasks_read": "all",
+    "max_tasks": 64,
+    "max_ptys": 16,
+    "max_subscriptions": 256,
 }
-_SYSTEM_BIN = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin",
-                         "/usr/local/sbin", "/opt/homebrew/bin"})
+_SYSTEM_BIN = frozenset(
+    {
+        "/bin",
+        "/usr/bin",
+        "/usr/local/bin",
+        "/sbin",
+        "/usr/sbin",
+        "/usr/local/sbin",
+        "/opt/homebrew/bin",
+    }
+)
 _GLOB_FLAGS = glob.GLOBSTAR | glob.DOTGLOB | glob.BRACE
 _NAME_FLAGS = fnmatch.CASE
 _DEEP_PROBE = "/\uffff/\uffff"  # a path below a subtree that no literal pattern names
@@ -167,8 +188,15 @@ class Verdict:
 class PrincipalPolicy:
     """The effective rules for one principal, with its globs compiled."""
 
-    def __init__(self, principal: str, settings: Mapping[str, Any], *, home: str,
-                 permissive: bool = False, defined: bool = True) -> None:
+    def __init__(
+        self,
+        principal: str,
+        settings: Mapping[str, Any],
+        *,
+        home: str,
+        permissive: bool = False,
+        defined: bool = True,
+    ) -> None:
         self.principal = principal
         self.permissive = permissive
         self.defined = defined
@@ -179,15 +207,21 @@ class PrincipalPolicy:
                 return home + g[1:]
             return os.path.expanduser(g)
 
-        self._spawn = [(g, fnmatch.compile(g, flags=_NAME_FLAGS))
-                       for g in settings.get("proc_spawn", ())]
-        self._net = [(fnmatch.compile(h.lower(), flags=_NAME_FLAGS),
-                      fnmatch.compile(p, flags=_NAME_FLAGS))
-                     for h, _, p in (e.rpartition(":") for e in settings.get("net_connect", ()))]
-        self._env = {k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)
-                     for k in ("env_read", "env_write")}
-        self._fs = {k: [_FsPattern(expand(g)) for g in settings.get(k, ())]
-                    for k in ("fs_read", "fs_write", "fs_delete")}
+        self._spawn = [
+            (g, fnmatch.compile(g, flags=_NAME_FLAGS)) for g in settings.get("proc_spawn", ())
+        ]
+        self._net = [
+            (fnmatch.compile(h.lower(), flags=_NAME_FLAGS), fnmatch.compile(p, flags=_NAME_FLAGS))
+            for h, _, p in (e.rpartition(":") for e in settings.get("net_connect", ()))
+        ]
+        self._env = {
+            k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)
+            for k in ("env_read", "env_write")
+        }
+        self._fs = {
+            k: [_FsPattern(expand(g)) for g in settings.get(k, ())]
+            for k in ("fs_read", "fs_write", "fs_delete")
+        }
 
     # settings the kernel reads directly
 
@@ -224,12 +258,14 @@ class PrincipalPolicy:
 
     # verdicts
 
-    def evaluate(self, analysis_effects: Iterable[Mapping[str, str]],
-                 reversibility: str) -> Verdict:
+    def evaluate(
+        self, analysis_effects: Iterable[Mapping[str, str]], reversibility: str
+    ) -> Verdict:
         effects = [dict(e) for e in analysis_effects]
         if not self.defined:
-            return Verdict(DENY, [f"principal {self.principal!r} has no policy table"],
-                           effects[:MAX_REASONS])
+            return Verdict(
+                DENY, [f"principal {self.principal!r} has no policy table"], effects[:MAX_REASONS]
+            )
         if self.permissive:
             return Verdict(ALLOW)
         worst = ALLOW
@@ -314,8 +350,9 @@ class _FsPattern:
 class Policy:
     """A loaded policy file: principal name → validated settings."""
 
-    def __init__(self, tables: Mapping[str, Mapping[str, Any]] | None = None,
-                 home: str | None = None) -> None:
+    def __init__(
+        self, tables: Mapping[str, Mapping[str, Any]] | None = None, home: str | None = None
+    ) -> None:
         self.tables = {k: dict(v) for k, v in (tables or {}).items()}
         self.home = home or os.path.expanduser("~")
         self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
@@ -364,6 +401,7 @@ class Policy:
         table = self.tables.get(principal)
         defaults = _LOCAL_DEFAULTS if is_local else _TABLE_DEFAULTS
         if table is None:
-            return PrincipalPolicy(principal, defaults, home=self.home, permissive=is_local,
-                                   defined=is_local)
+            return PrincipalPolicy(
+                principal, defaults, home=self.home, permissive=is_local, defined=is_local
+            )
         return PrincipalPolicy(principal, {**defaults, **table}, home=self.home)

@@ -70,8 +70,19 @@ from .state import (
 )
 
 __all__ = [
-    "CONDITIONAL", "IRREVERSIBLE", "MAX_BRACE", "MAX_DEPTH", "MAX_EFFECTS", "MAX_LIST",
-    "REVERSIBLE", "SHELL_BUILTINS", "Analysis", "Args", "Handler", "analyze", "parse_summary",
+    "CONDITIONAL",
+    "IRREVERSIBLE",
+    "MAX_BRACE",
+    "MAX_DEPTH",
+    "MAX_EFFECTS",
+    "MAX_LIST",
+    "REVERSIBLE",
+    "SHELL_BUILTINS",
+    "Analysis",
+    "Args",
+    "Handler",
+    "analyze",
+    "parse_summary",
 ]
 
 MAX_DEPTH = 64
@@ -122,15 +133,24 @@ def _point(src: bytes, node: Node, at_end: bool = False) -> dict[str, int]:
 def _first_error(src: bytes, root: Node) -> dict[str, Any] | None:
     for n in _walk(root):
         if n.is_missing:
-            return {"start": _point(src, n), "end": _point(src, n, True),
-                    "message": f"syntax error: missing {n.type!r}"}
+            return {
+                "start": _point(src, n),
+                "end": _point(src, n, True),
+                "message": f"syntax error: missing {n.type!r}",
+            }
         if n.is_error:
-            near = src[n.start_byte:n.end_byte][:40].decode("utf-8", "replace")
-            return {"start": _point(src, n), "end": _point(src, n, True),
-                    "message": f"syntax error near {near!r}"}
+            near = src[n.start_byte : n.end_byte][:40].decode("utf-8", "replace")
+            return {
+                "start": _point(src, n),
+                "end": _point(src, n, True),
+                "message": f"syntax error near {near!r}",
+            }
     if root.has_error:
-        return {"start": _point(src, root), "end": _point(src, root, True),
-                "message": "syntax error"}
+        return {
+            "start": _point(src, root),
+            "end": _point(src, root, True),
+            "message": "syntax error",
+        }
     return None
 
 
@@ -147,7 +167,7 @@ def parse_summary(src: str) -> dict[str, Any]:
         if n.type == "command":
             name_node = n.child_by_field_name("name")
             if name_node is not None:
-                name = data[name_node.start_byte:name_node.end_byte].decode("utf-8", "replace")
+                name = data[name_node.start_byte : name_node.end_byte].decode("utf-8", "replace")
         elif n.type in ("declaration_command", "unset_command") and n.child_count:
             name = n.children[0].type
         if name is not None:
@@ -174,8 +194,12 @@ class Analysis:
     reasons: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"effects": self.effects, "reversibility": self.reversibility,
-                               "parse_ok": self.parse_ok, "reasons": self.reasons}
+        out: dict[str, Any] = {
+            "effects": self.effects,
+            "reversibility": self.reversibility,
+            "parse_ok": self.parse_ok,
+            "reasons": self.reasons,
+        }
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -191,14 +215,31 @@ def analyze(src: str, cwd: str, home: str | None = None) -> Analysis:
         error = _first_error(data, root)
         a.opaque("parse error")
     a.visit(root)
-    return Analysis(effects=[{"kind": k, "target": t} for k, t in a.effects],
-                    reversibility=LEVELS[a.level], parse_ok=not root.has_error,
-                    error=error, reasons=a.reasons)
+    return Analysis(
+        effects=[{"kind": k, "target": t} for k, t in a.effects],
+        reversibility=LEVELS[a.level],
+        parse_ok=not root.has_error,
+        error=error,
+        reasons=a.reasons,
+    )
 
 
 _ANSI_C = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
-_ANSI_MAP = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b",
-             "f": "\f", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_ANSI_MAP = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "E": "\x1b",
+    "f": "\f",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
 
 
 def _ansi_c(body: str) -> str:
@@ -227,7 +268,7 @@ class _Analyzer(Recorder):
         self._subst = False  # set while evaluating a word that holds $(...)
 
     def text(self, node: Node) -> str:
-        return self.src[node.start_byte:node.end_byte].decode("utf-8", "surrogateescape")
+        return self.src[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
 
     # statements
 
@@ -372,11 +413,15 @@ class _Analyzer(Recorder):
 
     def declaration(self, node: Node) -> None:
         keyword = node.children[0].type if node.child_count else ""
-        flags = "".join(self.text(c)[1:] for c in node.named_children
-                        if c.type == "word" and self.text(c).startswith("-"))
+        flags = "".join(
+            self.text(c)[1:]
+            for c in node.named_children
+            if c.type == "word" and self.text(c).startswith("-")
+        )
         exported = keyword == "export" or "x" in flags
-        names = [c for c in node.named_children if c.type in ("variable_assignment",
-                                                                "variable_name")]
+        names = [
+            c for c in node.named_children if c.type in ("variable_assignment", "variable_name")
+        ]
         if not names and (keyword in ("export", "declare", "typeset") or "p" in flags):
             self.env_read("*")
         for c in names:
@@ -410,8 +455,11 @@ class _Analyzer(Recorder):
         value = self.eval(node, first=True)
         if value is None:
             return [None]
-        if node.type in ("word", "concatenation", "brace_expression") and "{" in value \
-                and not any(c.type in ("string", "raw_string") for c in node.named_children):
+        if (
+            node.type in ("word", "concatenation", "brace_expression")
+            and "{" in value
+            and not any(c.type in ("string", "raw_string") for c in node.named_children)
+        ):
             try:
                 return list(bracex.expand(value, limit=MAX_BRACE))
             except Exception:  # bracex raises on over-limit / malformed; keep the text
@@ -508,7 +556,6 @@ class _Analyzer(Recorder):
             self.redirect(r)
         self._subst = outer_subst
 
-
     def redirect(self, node: Node) -> None:
         if node.type == "herestring_redirect":
             for c in node.named_children:
@@ -568,4 +615,3 @@ _STATEMENT_HANDLERS: dict[str, Callable[[_Analyzer, Node], None]] = {
     "declaration_command": _Analyzer.declaration,
     "unset_command": _Analyzer.unset,
 }
-

@@ -25,8 +25,13 @@ Args = list[str | None]
 """Static argv words; None stands for a word whose value is only known at run time."""
 
 
-def options(args: Sequence[str | None], short_val: str = "", long_val: Sequence[str] = (),
-            *, stop_at_positional: bool = False) -> tuple[list[tuple[str, str | None]], Args]:
+def options(
+    args: Sequence[str | None],
+    short_val: str = "",
+    long_val: Sequence[str] = (),
+    *,
+    stop_at_positional: bool = False,
+) -> tuple[list[tuple[str, str | None]], Args]:
     """Split getopt-style ``args`` into (options, positionals); valued options take theirs."""
     opts: list[tuple[str, str | None]] = []
     pos: Args = []
@@ -52,7 +57,7 @@ def options(args: Sequence[str | None], short_val: str = "", long_val: Sequence[
             continue
         for j, ch in enumerate(arg[1:]):
             if ch in short_val:
-                rest = arg[2 + j:]
+                rest = arg[2 + j :]
                 if not rest:
                     rest = args[i] if i < len(args) else None  # type: ignore[assignment]
                     i += 1
@@ -72,9 +77,20 @@ def values(opts: list[tuple[str, str | None]], *names: str) -> list[str | None]:
     return [v for o, v in opts if o in names]
 
 
-_SCHEME_PORTS = {"https": "443", "http": "80", "ssh": "22", "git+ssh": "22", "ssh+git": "22",
-                 "git": "9418", "ftp": "21", "ftps": "990", "sftp": "22", "rsync": "873",
-                 "ws": "80", "wss": "443"}
+_SCHEME_PORTS = {
+    "https": "443",
+    "http": "80",
+    "ssh": "22",
+    "git+ssh": "22",
+    "ssh+git": "22",
+    "git": "9418",
+    "ftp": "21",
+    "ftps": "990",
+    "sftp": "22",
+    "rsync": "873",
+    "ws": "80",
+    "wss": "443",
+}
 _SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?(\[[^\]]+\]|[^:/]+):(?!//)")
 
 
@@ -103,7 +119,6 @@ def net_target(host: str, port: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-
 def remote_spec(arg: str | None) -> tuple[str, str, str] | None:
     """(host, port, path) for scp/rsync remote operands; None for local paths."""
     if arg is None:
@@ -115,4 +130,3 @@ def remote_spec(arg: str | None) -> tuple[str, str, str] | None:
     if not m:
         return None
     return m.group(1).strip("[]").lower(), "873" if m.group(2) == "::" else "22", m.group(3)
-

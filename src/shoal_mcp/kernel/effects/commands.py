@@ -62,8 +62,14 @@ def run(a: Recorder, argv: Args) -> None:
 # --- file and text tools --------------------------------------------------------------
 
 
-def _reader(short_val: str = "", long_val: Sequence[str] = (), *, default_cwd: bool = False,
-            recursive: str | None = None, pattern_first: bool = False) -> Handler:
+def _reader(
+    short_val: str = "",
+    long_val: Sequence[str] = (),
+    *,
+    default_cwd: bool = False,
+    recursive: str | None = None,
+    pattern_first: bool = False,
+) -> Handler:
     """A program that reads its path operands (``recursive``: flag letters or "always")."""
 
     def handler(a: Recorder, name: str, args: Args) -> bool:
@@ -74,8 +80,12 @@ def _reader(short_val: str = "", long_val: Sequence[str] = (), *, default_cwd: b
             if not has(opts, "-e", "-f", "--regexp", "--file") and paths:
                 paths = paths[1:]
         subtree = recursive == "always" or bool(
-            recursive and (has(opts, *("-" + c for c in recursive))
-                           or has(opts, "--recursive", "--dereference-recursive")))
+            recursive
+            and (
+                has(opts, *("-" + c for c in recursive))
+                or has(opts, "--recursive", "--dereference-recursive")
+            )
+        )
         if not paths and (default_cwd or subtree):
             paths = ["."]  # `ls`, `du`, `grep -r` default to the cwd
         for p in paths:
@@ -86,8 +96,11 @@ def _reader(short_val: str = "", long_val: Sequence[str] = (), *, default_cwd: b
 
 
 for _names, _handler in [
-    ("cat tac less more nl strings file md5sum sha1sum sha256sum sha512sum b2sum cksum "
-     "readlink realpath cmp comm paste fold fmt rev", _reader()),
+    (
+        "cat tac less more nl strings file md5sum sha1sum sha256sum sha512sum b2sum cksum "
+        "readlink realpath cmp comm paste fold fmt rev",
+        _reader(),
+    ),
     ("head tail", _reader("nc", ("--lines", "--bytes"))),
     ("wc", _reader()),
     ("stat", _reader("c", ("--format", "--printf"))),
@@ -95,26 +108,82 @@ for _names, _handler in [
     ("base64", _reader("w", ("--wrap",))),
     ("cut", _reader("bcdf", ("--delimiter", "--fields", "--bytes", "--characters"))),
     ("column", _reader("cstoNRWEHO", ())),
-    ("grep egrep fgrep", _reader("ABCDdm", ("--regexp", "--file", "--max-count", "--label",
-                                            "--context", "--after-context", "--before-context"),
-                                 recursive="rR", pattern_first=True)),
-    ("ls", _reader("ITw", ("--ignore", "--width", "--tabsize", "--hide"), default_cwd=True,
-                   recursive="R")),
-    ("du", _reader("dBt", ("--max-depth", "--block-size", "--threshold", "--exclude"),
-                   default_cwd=True, recursive="always")),
-    ("diff", _reader("CUxXIFL", ("--label", "--exclude", "--exclude-from", "--unified",
-                                 "--context"), recursive="r")),
+    (
+        "grep egrep fgrep",
+        _reader(
+            "ABCDdm",
+            (
+                "--regexp",
+                "--file",
+                "--max-count",
+                "--label",
+                "--context",
+                "--after-context",
+                "--before-context",
+            ),
+            recursive="rR",
+            pattern_first=True,
+        ),
+    ),
+    (
+        "ls",
+        _reader(
+            "ITw", ("--ignore", "--width", "--tabsize", "--hide"), default_cwd=True, recursive="R"
+        ),
+    ),
+    (
+        "du",
+        _reader(
+            "dBt",
+            ("--max-depth", "--block-size", "--threshold", "--exclude"),
+            default_cwd=True,
+            recursive="always",
+        ),
+    ),
+    (
+        "diff",
+        _reader(
+            "CUxXIFL",
+            ("--label", "--exclude", "--exclude-from", "--unified", "--context"),
+            recursive="r",
+        ),
+    ),
 ]:
     command(*_names.split())(_handler)
 
 
 @command("rg", "ag")
 def _rg(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "efgtTmABCjMErd", (
-        "--regexp", "--file", "--glob", "--iglob", "--type", "--type-not", "--max-count",
-        "--context", "--after-context", "--before-context", "--threads", "--replace",
-        "--max-depth", "--encoding", "--ignore-file", "--type-add", "--pre", "--pre-glob",
-        "--sort", "--sortr", "--max-columns", "--max-filesize", "--color", "--colors"))
+    opts, pos = options(
+        args,
+        "efgtTmABCjMErd",
+        (
+            "--regexp",
+            "--file",
+            "--glob",
+            "--iglob",
+            "--type",
+            "--type-not",
+            "--max-count",
+            "--context",
+            "--after-context",
+            "--before-context",
+            "--threads",
+            "--replace",
+            "--max-depth",
+            "--encoding",
+            "--ignore-file",
+            "--type-add",
+            "--pre",
+            "--pre-glob",
+            "--sort",
+            "--sortr",
+            "--max-columns",
+            "--max-filesize",
+            "--color",
+            "--colors",
+        ),
+    )
     if has(opts, "--pre"):
         a.opaque("rg --pre")
     for f in values(opts, "-f", "--file"):
@@ -128,9 +197,18 @@ def _rg(a: Recorder, name: str, args: Args) -> bool:
 
 @command("sort")
 def _sort(a: Recorder, name: str, args: Args) -> bool:
-    opts, paths = options(args, "kotTS", ("--key", "--output", "--field-separator",
-                                           "--temporary-directory", "--buffer-size",
-                                           "--files0-from"))
+    opts, paths = options(
+        args,
+        "kotTS",
+        (
+            "--key",
+            "--output",
+            "--field-separator",
+            "--temporary-directory",
+            "--buffer-size",
+            "--files0-from",
+        ),
+    )
     for p in paths:
         a.read(p, name)
     for f in values(opts, "--files0-from"):
@@ -142,8 +220,11 @@ def _sort(a: Recorder, name: str, args: Args) -> bool:
 
 @command("uniq", "xxd")
 def _in_out(a: Recorder, name: str, args: Args) -> bool:
-    _, paths = options(args, "fswcgloOs" if name == "xxd" else "fsw",
-                        ("--skip-fields", "--skip-chars", "--check-chars"))
+    _, paths = options(
+        args,
+        "fswcgloOs" if name == "xxd" else "fsw",
+        ("--skip-fields", "--skip-chars", "--check-chars"),
+    )
     if paths:
         a.read(paths[0], name)
     if len(paths) > 1:
@@ -223,8 +304,11 @@ def _sources_and_dest(opts, pos: list) -> tuple[list, str | None, bool] | None:
 
 @command("cp", "install")
 def _cp(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "tSmogT" if name == "install" else "tS",
-                         ("--target-directory", "--suffix", "--mode", "--owner", "--group"))
+    opts, pos = options(
+        args,
+        "tSmogT" if name == "install" else "tS",
+        ("--target-directory", "--suffix", "--mode", "--owner", "--group"),
+    )
     if name == "install" and has(opts, "-d", "--directory"):
         for p in pos:
             a.write(p, name)
@@ -273,8 +357,11 @@ def _rm(a: Recorder, name: str, args: Args) -> bool:
 
 @command("mkdir", "touch", "tee", "truncate")
 def _writer(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, {"mkdir": "m", "touch": "dtr", "truncate": "sr"}.get(name, ""),
-                         ("--mode", "--date", "--reference", "--size"))
+    opts, pos = options(
+        args,
+        {"mkdir": "m", "touch": "dtr", "truncate": "sr"}.get(name, ""),
+        ("--mode", "--date", "--reference", "--size"),
+    )
     for ref in values(opts, "-r", "--reference"):
         a.read(ref, name)
     for p in pos:
@@ -284,8 +371,7 @@ def _writer(a: Recorder, name: str, args: Args) -> bool:
 
 @command("chmod", "chown", "chgrp")
 def _chmod(a: Recorder, name: str, args: Args) -> bool:
-    flags = [x for x in args if x is not None and re.fullmatch(r"-[cfvRhHLP]+|--\w[\w-]*(=.*)?",
-                                                            x)]
+    flags = [x for x in args if x is not None and re.fullmatch(r"-[cfvRhHLP]+|--\w[\w-]*(=.*)?", x)]
     pos = [x for x in args if x not in flags]
     rec = any("R" in f for f in flags if not f.startswith("--")) or "--recursive" in flags
     if not any(f.startswith("--reference") for f in flags):
@@ -301,8 +387,12 @@ def _ln(a: Recorder, name: str, args: Args) -> bool:
     target = values(opts, "-t", "--target-directory")
     if target:
         for p in pos:
-            a.write(None if p is None or target[-1] is None
-                    else posixpath.join(target[-1], posixpath.basename(p)), name)
+            a.write(
+                None
+                if p is None or target[-1] is None
+                else posixpath.join(target[-1], posixpath.basename(p)),
+                name,
+            )
     elif len(pos) == 1:
         a.write(None if pos[0] is None else posixpath.basename(pos[0].rstrip("/")), name)
     elif pos:
@@ -366,8 +456,11 @@ def _dd(a: Recorder, name: str, args: Args) -> bool:
 def _tar(a: Recorder, name: str, args: Args) -> bool:
     if args and args[0] is not None and not args[0].startswith("-"):
         args = ["-" + args[0], *args[1:]]  # old-style bundled modes: `tar xzf a.tgz`
-    opts, pos = options(args, "fCTXbHKLNgV", ("--file", "--directory", "--files-from",
-                                                "--exclude-from", "--exclude"))
+    opts, pos = options(
+        args,
+        "fCTXbHKLNgV",
+        ("--file", "--directory", "--files-from", "--exclude-from", "--exclude"),
+    )
     archive = (values(opts, "-f", "--file") or ["-"])[-1]
     where = (values(opts, "-C", "--directory") or ["."])[-1]
     if has(opts, "-x", "--extract", "--get"):
@@ -415,7 +508,8 @@ def _compress(a: Recorder, name: str, args: Args) -> bool:
     to_stdout = has(opts, "-c", "--stdout", "-l", "--list", "-t", "--test")
     decompress = name.startswith("un") or has(opts, "-d", "--decompress")
     ext = {"gzip": ".gz", "bzip2": ".bz2", "xz": ".xz", "zstd": ".zst"}.get(
-        name.removeprefix("un").replace("gunzip", "gzip").replace("bunzip2", "bzip2"), ".gz")
+        name.removeprefix("un").replace("gunzip", "gzip").replace("bunzip2", "bzip2"), ".gz"
+    )
     for p in pos:
         a.read(p, name)
         if to_stdout or p is None:
@@ -434,8 +528,12 @@ def _cd(a: Recorder, name: str, args: Args) -> bool:
     a.add("session_write", "cwd", 1)
     _, pos = options(args)
     target = pos[0] if pos else (a.home if name == "cd" else None)
-    if name == "popd" or target is None or target.startswith(("-", "+")) or (
-            not target.startswith("/") and a.cwd is None):
+    if (
+        name == "popd"
+        or target is None
+        or target.startswith(("-", "+"))
+        or (not target.startswith("/") and a.cwd is None)
+    ):
         a.cwd = None
         return True
     a.cwd = posixpath.normpath(posixpath.join(a.cwd or "/", target))
@@ -489,9 +587,12 @@ def _wrapped(a: Recorder, wrapper: str, argv: Args) -> bool:
 
 @command("sudo", "doas")
 def _sudo(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "ugpCDhrtUTRa", ("--user", "--group", "--prompt",
-                                                "--chdir", "--host", "--role", "--type"),
-                         stop_at_positional=True)
+    opts, pos = options(
+        args,
+        "ugpCDhrtUTRa",
+        ("--user", "--group", "--prompt", "--chdir", "--host", "--role", "--type"),
+        stop_at_positional=True,
+    )
     if has(opts, "-e", "--edit"):
         for p in pos:
             a.write(p, name)
@@ -506,8 +607,9 @@ def _sudo(a: Recorder, name: str, args: Args) -> bool:
 
 @command("env")
 def _env(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "uCS", ("--unset", "--chdir", "--split-string"),
-                         stop_at_positional=True)
+    opts, pos = options(
+        args, "uCS", ("--unset", "--chdir", "--split-string"), stop_at_positional=True
+    )
     if has(opts, "-S", "--split-string"):
         a.opaque("env -S")
         return False
@@ -529,14 +631,35 @@ def _env(a: Recorder, name: str, args: Args) -> bool:
     return _wrapped(a, name, pos)
 
 
-@command("nice", "time", "nohup", "timeout", "stdbuf", "ionice", "setsid", "exec", "command",
-          "builtin", "chronic", "caffeinate")
+@command(
+    "nice",
+    "time",
+    "nohup",
+    "timeout",
+    "stdbuf",
+    "ionice",
+    "setsid",
+    "exec",
+    "command",
+    "builtin",
+    "chronic",
+    "caffeinate",
+)
 def _wrapper(a: Recorder, name: str, args: Args) -> bool:
-    short = {"nice": "n", "time": "fo", "timeout": "sk", "stdbuf": "ioe", "ionice": "cnp",
-             "exec": "a"}.get(name, "")
-    opts, pos = options(args, short, ("--adjustment", "--signal", "--kill-after", "--input",
-                                       "--output", "--error", "--format"),
-                         stop_at_positional=True)
+    short = {
+        "nice": "n",
+        "time": "fo",
+        "timeout": "sk",
+        "stdbuf": "ioe",
+        "ionice": "cnp",
+        "exec": "a",
+    }.get(name, "")
+    opts, pos = options(
+        args,
+        short,
+        ("--adjustment", "--signal", "--kill-after", "--input", "--output", "--error", "--format"),
+        stop_at_positional=True,
+    )
     if name == "command" and has(opts, "-v", "-V"):
         return True
     for f in values(opts, "-o", "--output") if name == "time" else []:
@@ -548,9 +671,12 @@ def _wrapper(a: Recorder, name: str, args: Args) -> bool:
 
 @command("xargs", "parallel")
 def _xargs(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "adEeIiLlnPs", ("--arg-file", "--delimiter", "--max-args",
-                                               "--max-procs", "--replace"),
-                         stop_at_positional=True)
+    opts, pos = options(
+        args,
+        "adEeIiLlnPs",
+        ("--arg-file", "--delimiter", "--max-args", "--max-procs", "--replace"),
+        stop_at_positional=True,
+    )
     for f in values(opts, "-a", "--arg-file"):
         a.read(f, name)
     a.opaque(name)

@@ -26,18 +26,63 @@ command = registrar(COMMANDS)
 
 @command("curl")
 def _curl(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "oDdXTFHuUAebcKxyYzmwrECtQ", (
-        "--output", "--dump-header", "--data", "--data-binary", "--data-raw", "--data-ascii",
-        "--data-urlencode", "--json", "--form", "--form-string", "--request",
-        "--upload-file", "--header", "--user", "--proxy-user", "--user-agent", "--referer",
-        "--cookie", "--cookie-jar", "--config", "--proxy", "--max-time", "--connect-timeout",
-        "--retry", "--write-out", "--range", "--cacert", "--cert", "--key", "--url",
-        "--output-dir", "--resolve", "--connect-to", "--netrc-file", "--limit-rate"))
+    opts, pos = options(
+        args,
+        "oDdXTFHuUAebcKxyYzmwrECtQ",
+        (
+            "--output",
+            "--dump-header",
+            "--data",
+            "--data-binary",
+            "--data-raw",
+            "--data-ascii",
+            "--data-urlencode",
+            "--json",
+            "--form",
+            "--form-string",
+            "--request",
+            "--upload-file",
+            "--header",
+            "--user",
+            "--proxy-user",
+            "--user-agent",
+            "--referer",
+            "--cookie",
+            "--cookie-jar",
+            "--config",
+            "--proxy",
+            "--max-time",
+            "--connect-timeout",
+            "--retry",
+            "--write-out",
+            "--range",
+            "--cacert",
+            "--cert",
+            "--key",
+            "--url",
+            "--output-dir",
+            "--resolve",
+            "--connect-to",
+            "--netrc-file",
+            "--limit-rate",
+        ),
+    )
     urls = pos + values(opts, "--url")
     method = (values(opts, "-X", "--request") or ["GET"])[-1]
     uploads = values(opts, "-T", "--upload-file")
-    bodies = values(opts, "-d", "--data", "--data-binary", "--data-raw", "--data-ascii",
-                     "--data-urlencode", "--json", "-F", "--form", "--form-string")
+    bodies = values(
+        opts,
+        "-d",
+        "--data",
+        "--data-binary",
+        "--data-raw",
+        "--data-ascii",
+        "--data-urlencode",
+        "--json",
+        "-F",
+        "--form",
+        "--form-string",
+    )
     writes = bool(uploads or bodies) or (method or "").upper() not in ("GET", "HEAD")
     if has(opts, "-K", "--config"):
         a.opaque("curl config file")
@@ -57,23 +102,51 @@ def _curl(a: Recorder, name: str, args: Args) -> bool:
     for u in urls:
         a.url(u, name, write=f"{name} {method if writes else ''}".strip() if writes else None)
     for out in values(opts, "-o", "--output"):
-        a.write(out if out is None or out.startswith("/") or out_dir is None
-                else posixpath.join(out_dir, out), name)
+        a.write(
+            out
+            if out is None or out.startswith("/") or out_dir is None
+            else posixpath.join(out_dir, out),
+            name,
+        )
     if has(opts, "-O", "--remote-name", "--remote-name-all"):
         for u in urls:
             base = None if u is None else posixpath.basename(urlsplit(u).path) or None
-            a.write(None if base is None or out_dir is None else posixpath.join(out_dir, base),
-                    name)
+            a.write(
+                None if base is None or out_dir is None else posixpath.join(out_dir, base), name
+            )
     return False
 
 
 @command("wget")
 def _wget(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "OoaPiUteTwlQADRIXe", (
-        "--output-document", "--output-file", "--append-output", "--directory-prefix",
-        "--input-file", "--user-agent", "--header", "--post-data", "--post-file",
-        "--method", "--body-data", "--body-file", "--user", "--password", "--tries",
-        "--timeout", "--wait", "--level", "--quota", "--accept", "--reject", "--domains"))
+    opts, pos = options(
+        args,
+        "OoaPiUteTwlQADRIXe",
+        (
+            "--output-document",
+            "--output-file",
+            "--append-output",
+            "--directory-prefix",
+            "--input-file",
+            "--user-agent",
+            "--header",
+            "--post-data",
+            "--post-file",
+            "--method",
+            "--body-data",
+            "--body-file",
+            "--user",
+            "--password",
+            "--tries",
+            "--timeout",
+            "--wait",
+            "--level",
+            "--quota",
+            "--accept",
+            "--reject",
+            "--domains",
+        ),
+    )
     if has(opts, "-e", "--execute"):
         a.opaque("wget -e")
     for f in values(opts, "-i", "--input-file"):
@@ -82,8 +155,9 @@ def _wget(a: Recorder, name: str, args: Args) -> bool:
     for f in values(opts, "--post-file", "--body-file"):
         a.read(f, name)
     method = (values(opts, "--method") or ["GET"])[-1] or "?"
-    writes = has(opts, "--post-data", "--post-file", "--body-data", "--body-file") or \
-        method.upper() not in ("GET", "HEAD")
+    writes = has(
+        opts, "--post-data", "--post-file", "--body-data", "--body-file"
+    ) or method.upper() not in ("GET", "HEAD")
     for u in pos:
         a.url(u, name, write="wget with a body" if writes else None)
     for f in values(opts, "-o", "--output-file", "-a", "--append-output"):
@@ -97,9 +171,14 @@ def _wget(a: Recorder, name: str, args: Args) -> bool:
         a.write(prefix, name, subtree=True)
     else:
         for u in pos:
-            base = None if u is None or prefix is None else (
-                posixpath.basename(urlsplit(u if "://" in u else "http://" + u).path)
-                or "index.html")
+            base = (
+                None
+                if u is None or prefix is None
+                else (
+                    posixpath.basename(urlsplit(u if "://" in u else "http://" + u).path)
+                    or "index.html"
+                )
+            )
             a.write(None if base is None else posixpath.join(prefix, base), name)
     return False
 
@@ -127,8 +206,11 @@ def _ssh(a: Recorder, name: str, args: Args) -> bool:
         return False
     hp = host_port(dest if "://" in dest else f"ssh://{dest}")
     host, dport = hp or ("*", "*")
-    a.net(host, port if dport in ("22", "*") else dport,
-          write="ssh remote command" if len(pos) > 1 else None)
+    a.net(
+        host,
+        port if dport in ("22", "*") else dport,
+        write="ssh remote command" if len(pos) > 1 else None,
+    )
     return False
 
 
@@ -141,10 +223,28 @@ def _copy_remote(a: Recorder, name: str, args: Args) -> bool:
         if has(opts, "-S"):
             a.opaque("scp -S program")
     else:
-        opts, pos = options(args, "efTB", (
-            "--rsh", "--exclude", "--include", "--filter", "--exclude-from", "--include-from",
-            "--files-from", "--port", "--temp-dir", "--backup-dir", "--log-file",
-            "--password-file", "--chmod", "--max-size", "--min-size", "--timeout"))
+        opts, pos = options(
+            args,
+            "efTB",
+            (
+                "--rsh",
+                "--exclude",
+                "--include",
+                "--filter",
+                "--exclude-from",
+                "--include-from",
+                "--files-from",
+                "--port",
+                "--temp-dir",
+                "--backup-dir",
+                "--log-file",
+                "--password-file",
+                "--chmod",
+                "--max-size",
+                "--min-size",
+                "--timeout",
+            ),
+        )
         port = (values(opts, "--port") or ["22"])[-1] or "*"
         rec = has(opts, "-r", "-a", "--recursive", "--archive")
         for rsh in values(opts, "-e", "--rsh"):
@@ -174,23 +274,49 @@ def _copy_remote(a: Recorder, name: str, args: Args) -> bool:
 
 # --- package managers -----------------------------------------------------------------
 
-_PIP_READ = frozenset({"list", "show", "freeze", "check", "help", "search", "config", "debug",
-                       "inspect", "hash", "cache"})
+_PIP_READ = frozenset(
+    {
+        "list",
+        "show",
+        "freeze",
+        "check",
+        "help",
+        "search",
+        "config",
+        "debug",
+        "inspect",
+        "hash",
+        "cache",
+    }
+)
 
 
 @command("pip", "pip3")
 def _pip(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "rcetiC", ("--requirement", "--constraint", "--editable",
-                                          "--target", "--index-url", "--extra-index-url",
-                                          "--python", "--root", "--prefix"))
+    opts, pos = options(
+        args,
+        "rcetiC",
+        (
+            "--requirement",
+            "--constraint",
+            "--editable",
+            "--target",
+            "--index-url",
+            "--extra-index-url",
+            "--python",
+            "--root",
+            "--prefix",
+        ),
+    )
     sub = pos[0] if pos else None
     if sub in _PIP_READ or has(opts, "--version", "-V", "-h", "--help"):
         return True
     if sub in ("install", "download", "wheel"):
         for f in values(opts, "-r", "--requirement", "-c", "--constraint"):
             a.read(f, name)
-        for f in values(opts, "-e", "--editable") + [p for p in pos[1:]
-                                                      if p is None or p.startswith((".", "/"))]:
+        for f in values(opts, "-e", "--editable") + [
+            p for p in pos[1:] if p is None or p.startswith((".", "/"))
+        ]:
             a.read(f, name, subtree=True)
         if not has(opts, "--no-index"):
             indexes = values(opts, "-i", "--index-url")
@@ -206,16 +332,34 @@ def _pip(a: Recorder, name: str, args: Args) -> bool:
     return False
 
 
-_NPM_NET = frozenset({"install", "i", "ci", "add", "update", "up", "upgrade", "install-test",
-                      "it", "audit", "outdated", "view", "info", "show", "search", "dlx",
-                      "exec", "x"})
+_NPM_NET = frozenset(
+    {
+        "install",
+        "i",
+        "ci",
+        "add",
+        "update",
+        "up",
+        "upgrade",
+        "install-test",
+        "it",
+        "audit",
+        "outdated",
+        "view",
+        "info",
+        "show",
+        "search",
+        "dlx",
+        "exec",
+        "x",
+    }
+)
 
 
 @command("npm", "npx", "yarn", "pnpm")
 def _npm(a: Recorder, name: str, args: Args) -> bool:
     opts, pos = options(args, "C", ("--registry", "--prefix", "--cwd", "--dir"))
-    sub = "exec" if name == "npx" else (pos[0] if pos else ("install" if name == "yarn"
-                                                             else None))
+    sub = "exec" if name == "npx" else (pos[0] if pos else ("install" if name == "yarn" else None))
     registries = values(opts, "--registry")
     if sub == "publish":
         for r in registries or ["https://registry.npmjs.org"]:
@@ -226,8 +370,17 @@ def _npm(a: Recorder, name: str, args: Args) -> bool:
             a.url(r, name)
         if not registries:
             a.net("registry.yarnpkg.com" if name == "yarn" else "registry.npmjs.org", "443")
-        if name != "npx" and sub not in ("view", "info", "show", "search", "outdated", "audit",
-                                         "exec", "x", "dlx"):
+        if name != "npx" and sub not in (
+            "view",
+            "info",
+            "show",
+            "search",
+            "outdated",
+            "audit",
+            "exec",
+            "x",
+            "dlx",
+        ):
             a.write("node_modules", name, subtree=True)
     elif sub in ("uninstall", "remove", "rm", "un", "prune"):
         a.write("node_modules", name, subtree=True)
@@ -247,16 +400,21 @@ _GIT_READ = wordset(
     "status log diff show blame grep ls-files ls-tree rev-parse rev-list describe shortlog "
     "cat-file for-each-ref show-ref merge-base name-rev count-objects var help version "
     "whatchanged check-ignore check-attr diff-tree diff-files diff-index range-diff "
-    "annotate show-branch cherry")
+    "annotate show-branch cherry"
+)
 _GIT_WRITE = wordset(
     "add commit checkout switch merge rebase mv stash tag branch init am apply cherry-pick "
     "revert config remote worktree submodule notes gc prune repack bisect format-patch "
     "update-index update-ref symbolic-ref reflog replace sparse-checkout maintenance "
-    "restore reset clean rm")
+    "restore reset clean rm"
+)
 _GIT_NET = frozenset({"clone", "fetch", "pull", "push", "ls-remote"})
-_GIT_RISKY_CONFIG = re.compile(r"(pager|sshcommand|editor|^alias\.|helper|external|fsmonitor|"
-                               r"hookspath|askpass|textconv|program|gitproxy|uploadpack|"
-                               r"receivepack|proxycommand)", re.I)
+_GIT_RISKY_CONFIG = re.compile(
+    r"(pager|sshcommand|editor|^alias\.|helper|external|fsmonitor|"
+    r"hookspath|askpass|textconv|program|gitproxy|uploadpack|"
+    r"receivepack|proxycommand)",
+    re.I,
+)
 
 
 def _git_is_read(sub: str, rest: Args) -> bool:
@@ -265,18 +423,32 @@ def _git_is_read(sub: str, rest: Args) -> bool:
     flags = {x for x in rest if x is not None and x.startswith("-")}
     words = [x for x in rest if x is None or not x.startswith("-")]
     if sub == "branch":
-        return not words and not flags & {"-d", "-D", "-m", "-M", "-c", "-C", "--delete",
-                                          "--move", "--copy", "-u", "--set-upstream-to",
-                                          "--unset-upstream", "--edit-description"}
+        return not words and not flags & {
+            "-d",
+            "-D",
+            "-m",
+            "-M",
+            "-c",
+            "-C",
+            "--delete",
+            "--move",
+            "--copy",
+            "-u",
+            "--set-upstream-to",
+            "--unset-upstream",
+            "--edit-description",
+        }
     if sub == "tag":
         return not words or bool(flags & {"-l", "--list"})
     if sub in ("stash", "worktree", "remote", "notes", "submodule"):
         # Bare `git stash` pushes (a write); the others list.
         return (not words and sub != "stash") or (
-            bool(words) and words[0] in ("list", "show", "get-url", "status"))
+            bool(words) and words[0] in ("list", "show", "get-url", "status")
+        )
     if sub == "config":
         return bool(flags & {"--get", "--get-all", "--get-regexp", "--list", "-l"}) or (
-            len(words) == 1 and not flags & {"--unset", "--unset-all", "--add"})
+            len(words) == 1 and not flags & {"--unset", "--unset-all", "--add"}
+        )
     if sub == "reflog":
         return not words or words[0] == "show"
     return False
@@ -300,8 +472,12 @@ def _git_discards(sub: str, rest: Args) -> str | None:
 
 @command("git")
 def _git(a: Recorder, name: str, args: Args) -> bool:
-    opts, pos = options(args, "Cc", ("--git-dir", "--work-tree", "--namespace",
-                                      "--exec-path", "--config-env"), stop_at_positional=True)
+    opts, pos = options(
+        args,
+        "Cc",
+        ("--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"),
+        stop_at_positional=True,
+    )
     for kv in values(opts, "-c", "--config-env"):
         if kv is None or _GIT_RISKY_CONFIG.search(kv.split("=", 1)[0]):
             a.opaque("git -c may run a program")
@@ -339,11 +515,29 @@ def _git(a: Recorder, name: str, args: Args) -> bool:
 
 
 def _git_net(a: Recorder, name: str, sub: str, rest: Args, repo: str | None) -> bool:
-    opts, pos = options(rest, "bojcuX" if sub != "push" else "o", (
-        "--branch", "--origin", "--depth", "--config", "--reference", "--separate-git-dir",
-        "--upload-pack", "--receive-pack", "--template", "--jobs", "--filter",
-        "--shallow-since", "--shallow-exclude", "--push-option", "--repo", "--strategy",
-        "--strategy-option"))
+    opts, pos = options(
+        rest,
+        "bojcuX" if sub != "push" else "o",
+        (
+            "--branch",
+            "--origin",
+            "--depth",
+            "--config",
+            "--reference",
+            "--separate-git-dir",
+            "--upload-pack",
+            "--receive-pack",
+            "--template",
+            "--jobs",
+            "--filter",
+            "--shallow-since",
+            "--shallow-exclude",
+            "--push-option",
+            "--repo",
+            "--strategy",
+            "--strategy-option",
+        ),
+    )
     remote = pos[0] if pos else None
     write = "git push" if sub == "push" else None
     if remote is None and not pos and sub != "clone":
@@ -361,15 +555,17 @@ def _git_net(a: Recorder, name: str, sub: str, rest: Args, repo: str | None) -> 
             a.net("*", "*", write=write)
             a.bump(1, f"git {sub}: remote {remote!r} is not a literal URL")
     if sub == "clone" and remote is not None:
-        dest = pos[1] if len(pos) > 1 else posixpath.basename(
-            remote.rstrip("/").split(":")[-1]).removesuffix(".git")
+        dest = (
+            pos[1]
+            if len(pos) > 1
+            else posixpath.basename(remote.rstrip("/").split(":")[-1]).removesuffix(".git")
+        )
         base = a.path(repo, name)
-        a.write(dest if dest is None or base is None else posixpath.join(base, dest), name,
-                subtree=True)
+        a.write(
+            dest if dest is None or base is None else posixpath.join(base, dest), name, subtree=True
+        )
     elif sub == "fetch":
         a.write(None if repo is None else posixpath.join(repo, ".git"), name, subtree=True)
     elif sub == "pull":
         a.write(repo, name, subtree=True)
     return False
-
-

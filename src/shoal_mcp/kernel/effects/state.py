@@ -32,8 +32,16 @@ REVERSIBLE, CONDITIONAL, IRREVERSIBLE = "reversible", "conditional", "irreversib
 LEVELS = (REVERSIBLE, CONDITIONAL, IRREVERSIBLE)
 """Reversibility names, indexed by ``Recorder.level``."""
 
-PSEUDO_FILES = ("/dev/null", "/dev/zero", "/dev/stdin", "/dev/stdout", "/dev/stderr",
-                "/dev/tty", "/dev/random", "/dev/urandom")
+PSEUDO_FILES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/stdin",
+    "/dev/stdout",
+    "/dev/stderr",
+    "/dev/tty",
+    "/dev/random",
+    "/dev/urandom",
+)
 
 
 class Recorder:
@@ -85,8 +93,13 @@ class Recorder:
         else:
             self.add("net_connect", target, 1)
 
-    def url(self, value: str | None, cmd: str, write: str | None = None,
-            default_scheme: str | None = "http") -> None:
+    def url(
+        self,
+        value: str | None,
+        cmd: str,
+        write: str | None = None,
+        default_scheme: str | None = "http",
+    ) -> None:
         if value is None:
             self.opaque(f"dynamic URL: {cmd}")
             return
@@ -99,8 +112,11 @@ class Recorder:
         if value is None:
             self.opaque(f"dynamic path: {cmd}")
             return None
-        if value in ("", "-") or value in PSEUDO_FILES or value.startswith(
-                ("/dev/fd/", "/proc/self/fd/")):
+        if (
+            value in ("", "-")
+            or value in PSEUDO_FILES
+            or value.startswith(("/dev/fd/", "/proc/self/fd/"))
+        ):
             return None
         if value.startswith("~"):
             self.opaque(f"unresolved ~ in path: {cmd}")
@@ -122,12 +138,17 @@ class Recorder:
         if p is not None:
             self.add("fs_read", p)
 
-    def write(self, value: str | None, cmd: str, subtree: bool = False,
-              destroys: str | None = None) -> None:
+    def write(
+        self, value: str | None, cmd: str, subtree: bool = False, destroys: str | None = None
+    ) -> None:
         p = self.path(value, cmd, subtree)
         if p is not None:
-            self.add("fs_write", p, 2 if destroys else 1,
-                     f"{destroys}: fs_write {p}" if destroys else None)
+            self.add(
+                "fs_write",
+                p,
+                2 if destroys else 1,
+                f"{destroys}: fs_write {p}" if destroys else None,
+            )
 
     def delete(self, value: str | None, cmd: str, subtree: bool = False) -> None:
         p = self.path(value, cmd, subtree)

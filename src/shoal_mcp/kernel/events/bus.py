@@ -365,8 +365,9 @@ class EventBus:
         with self._lock:
             if self._closed:
                 raise RuntimeError("event bus is closed")
-            sub = Subscription(self, f"sub:{next(self._ids)}", channel, sink, self._queue_size,
-                               on_close)
+            sub = Subscription(
+                self, f"sub:{next(self._ids)}", channel, sink, self._queue_size, on_close
+            )
             self._subs[sub.id] = sub
         while True:
             ch = self._channel(channel, create=True)

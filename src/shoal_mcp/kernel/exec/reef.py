@@ -47,7 +47,10 @@ def tool_version(path: str) -> str | None:
             return _cache[key]
     try:
         proc = subprocess.run(
-            [path, "--version"], capture_output=True, timeout=VERSION_TIMEOUT_S, stdin=subprocess.DEVNULL
+            [path, "--version"],
+            capture_output=True,
+            timeout=VERSION_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
         )
         text = (proc.stdout or proc.stderr).decode("utf-8", "replace").strip().splitlines()
         version = text[0][:200] if text else None

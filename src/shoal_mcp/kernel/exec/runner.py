@@ -30,7 +30,7 @@ def _prelude(fd: int) -> str:
     # Kept on the same line as the user's first line so bash's line numbers match theirs.
     return (
         "__shoal_exit() { local __shoal_s=$?; { printf '%s\\0' \"$PWD\"; "
-        "for __shoal_n in $(compgen -e); do printf '%s=%s\\0' \"$__shoal_n\" \"${!__shoal_n}\"; "
+        'for __shoal_n in $(compgen -e); do printf \'%s=%s\\0\' "$__shoal_n" "${!__shoal_n}"; '
         f"done; }} >&{fd} 2>/dev/null; exit $__shoal_s; }}; trap __shoal_exit EXIT; "
     )
 
@@ -125,7 +125,9 @@ class RunningCommand:
         for item in parts[1:]:
             name, sep, value = item.partition(b"=")
             if sep:
-                env[name.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+                env[name.decode("utf-8", "surrogateescape")] = value.decode(
+                    "utf-8", "surrogateescape"
+                )
         return cwd, env
 
     def discard_state(self) -> None:
@@ -184,7 +186,9 @@ def spawn(src: str, cwd: str, env: dict[str, str], spool_dir: Path) -> RunningCo
     except OSError as exc:
         for p in paths:
             p.unlink(missing_ok=True)
-        raise RpcError(ErrorCode.INTERNAL, f"cannot spawn bash: {exc}", {"reason": str(exc)}) from exc
+        raise RpcError(
+            ErrorCode.INTERNAL, f"cannot spawn bash: {exc}", {"reason": str(exc)}
+        ) from exc
     finally:
         for fd in fds:
             os.close(fd)

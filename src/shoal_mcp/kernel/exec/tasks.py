@@ -51,8 +51,8 @@ class Task:
         return f"task.{self.id}"
 
     def record(self) -> dict[str, Any]:
-        out_bytes, err_bytes = self.run.output_sizes() if not self.done.is_set() else (
-            self._final_sizes()
+        out_bytes, err_bytes = (
+            self.run.output_sizes() if not self.done.is_set() else (self._final_sizes())
         )
         rec: dict[str, Any] = {
             "task": self.ref,
@@ -91,9 +91,17 @@ class TaskManager:
         self._closing = False  # set by shutdown(): no task may start behind its back
 
     def start(
-        self, session: str, principal: str, src: str, run: RunningCommand, background: bool, effects: list[dict]
+        self,
+        session: str,
+        principal: str,
+        src: str,
+        run: RunningCommand,
+        background: bool,
+        effects: list[dict],
     ) -> Task:
-        task = Task(next(self._ids), session, principal, src, run, listed=background, effects=effects)
+        task = Task(
+            next(self._ids), session, principal, src, run, listed=background, effects=effects
+        )
         with self._lock:
             closing = self._closing
             if not closing:
@@ -102,9 +110,15 @@ class TaskManager:
             # A call that spawned while the kernel began to exit: shutdown() has already
             # taken its list of tasks to kill, so this one dies here, not as an orphan.
             run.terminate()
-            raise RpcError(ErrorCode.INTERNAL, "kernel is shutting down; the command was killed as it started")
-        self.events.publish(task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]})
-        threading.Thread(target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True).start()
+            raise RpcError(
+                ErrorCode.INTERNAL, "kernel is shutting down; the command was killed as it started"
+            )
+        self.events.publish(
+            task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]}
+        )
+        threading.Thread(
+            target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True
+        ).start()
         return task
 
     def _wait(self, task: Task) -> None:
@@ -146,14 +160,17 @@ class TaskManager:
         with self._lock:
             task = self._tasks.get(num)
         if task is None or task.session != session or (task.principal != principal and not see_all):
-            raise RpcError(ErrorCode.UNKNOWN_TASK, f"unknown task {task_id}", {"task": str(task_id)})
+            raise RpcError(
+                ErrorCode.UNKNOWN_TASK, f"unknown task {task_id}", {"task": str(task_id)}
+            )
         return task
 
     def list(self, session: str, principal: str, see_all: bool = False) -> list[Task]:
         with self._lock:
             tasks = list(self._tasks.values())
         return [
-            t for t in tasks
+            t
+            for t in tasks
             if t.listed and t.session == session and (see_all or t.principal == principal)
         ]
 
@@ -166,8 +183,11 @@ class TaskManager:
         ``max_tasks`` quota. Foreground execs still being waited for do not count, so
         concurrent foreground calls never make a background start fail."""
         with self._lock:
-            return sum(1 for t in self._tasks.values()
-                       if t.principal == principal and t.listed and not t.done.is_set())
+            return sum(
+                1
+                for t in self._tasks.values()
+                if t.principal == principal and t.listed and not t.done.is_set()
+            )
 
     # -- control --------------------------------------------------------------------------
 
@@ -188,7 +208,9 @@ class TaskManager:
         with task.lock:
             if task.done.is_set():
                 raise RpcError(
-                    ErrorCode.TASK_CONTROL, f"{task.ref} already {task.state}", {"state": task.state}
+                    ErrorCode.TASK_CONTROL,
+                    f"{task.ref} already {task.state}",
+                    {"state": task.state},
                 )
             task.state = "cancelled"
         threading.Thread(target=task.run.terminate, name=f"cancel-{task.id}", daemon=True).start()
@@ -236,8 +258,10 @@ def parse_task_id(value: int | str) -> int:
     text = str(value)
     for prefix in ("task:", "shoal://task/"):
         if text.startswith(prefix):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
     try:
         return int(text)
     except ValueError:
-        raise RpcError(ErrorCode.UNKNOWN_TASK, f"unknown task {value!r}", {"task": str(value)}) from None
+        raise RpcError(
+            ErrorCode.UNKNOWN_TASK, f"unknown task {value!r}", {"task": str(value)}
+        ) from None

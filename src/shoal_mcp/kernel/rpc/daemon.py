@@ -36,9 +36,13 @@ class StartRefused(Exception):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="shoal-kernel", description="shoal kernel daemon")
     p.add_argument("--socket", help="Unix socket path (default: $SHOAL_SOCKET or XDG runtime dir)")
-    p.add_argument("--state-dir", help="state directory (default: $SHOAL_STATE_DIR or XDG state dir)")
+    p.add_argument(
+        "--state-dir", help="state directory (default: $SHOAL_STATE_DIR or XDG state dir)"
+    )
     p.add_argument("--policy", help="policy TOML file (default: <state>/policy.toml if present)")
-    p.add_argument("--require-token", action="store_true", help="refuse attachments without a token")
+    p.add_argument(
+        "--require-token", action="store_true", help="refuse attachments without a token"
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"shoal-kernel {__version__}")
     return p.parse_args(argv)
@@ -134,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         except StartRefused:
             live = False
         if live:
-            print(f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr)
+            print(
+                f"shoal-kernel: a kernel is already listening on {sock_path}; refusing",
+                file=sys.stderr,
+            )
             return EXIT_REFUSED
         print("shoal-kernel: another kernel holds the lock; exiting", file=sys.stderr)
         return EXIT_OK
@@ -144,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shoal-kernel: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     if state_of_socket == "live":
-        print(f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr)
+        print(
+            f"shoal-kernel: a kernel is already listening on {sock_path}; refusing", file=sys.stderr
+        )
         return EXIT_REFUSED
     if state_of_socket == "stale":
         os.unlink(sock_path)

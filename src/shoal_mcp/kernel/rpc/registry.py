@@ -42,7 +42,9 @@ def method(name: str, schema: dict | None = None, *, blocking: bool = False):
     def register(func: Callable[[Call, dict], Any]) -> Callable[[Call, dict], Any]:
         if name in REGISTRY:
             raise RuntimeError(f"method {name} registered twice")
-        REGISTRY[name] = MethodSpec(name, func, schema or obj(), name not in UNATTACHED_METHODS, blocking)
+        REGISTRY[name] = MethodSpec(
+            name, func, schema or obj(), name not in UNATTACHED_METHODS, blocking
+        )
         return func
 
     return register

@@ -71,7 +71,9 @@ class Connection:
         except FrameTooLarge:
             log.error("reply to %r too large; sending -32603 instead", message.get("id"))
             frame = encode_frame(
-                error_response(message.get("id"), ErrorCode.INTERNAL, "result too large for one frame")
+                error_response(
+                    message.get("id"), ErrorCode.INTERNAL, "result too large for one frame"
+                )
             )
         # Checked and written under ``lock``, which _close_conn also takes before closing
         # the fd: a reply can never go to a recycled fd (another client's connection).
@@ -233,7 +235,9 @@ class KernelServer:
         assert isinstance(msg, Request)
         spec = REGISTRY.get(msg.method)
         if spec is None:
-            conn.send(error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"no method {msg.method!r}"))
+            conn.send(
+                error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"no method {msg.method!r}")
+            )
             return
         if spec.attach and not conn.attached:
             conn.send(
@@ -265,7 +269,9 @@ class KernelServer:
         except Exception as exc:  # noqa: BLE001 - never a traceback to the client
             log.exception("method %s failed", spec.name)
             reply = error_response(
-                msg.id, ErrorCode.INTERNAL, f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500]
+                msg.id,
+                ErrorCode.INTERNAL,
+                f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500],
             )
         if spec.blocking:
             conn.inflight.pop(msg.id, None)
@@ -304,7 +310,9 @@ def _close_conn(conn: Connection, close_fd: bool = True) -> None:
 def _refuse(sock: socket.socket) -> None:
     try:
         sock.sendall(
-            encode_frame(error_response(NO_ID, ErrorCode.AUTH_FAILED, "connection refused: different user"))
+            encode_frame(
+                error_response(NO_ID, ErrorCode.AUTH_FAILED, "connection refused: different user")
+            )
         )
     except OSError:
         pass

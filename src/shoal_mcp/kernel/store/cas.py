@@ -47,7 +47,9 @@ class BlobSource(Protocol):
 
     def read_range(self, start: int, end: int) -> bytes: ...
 
-    def blocks(self, start: int, end: int, backward: bool = False) -> Iterator[tuple[int, bytes]]: ...
+    def blocks(
+        self, start: int, end: int, backward: bool = False
+    ) -> Iterator[tuple[int, bytes]]: ...
 
 
 class FileSource:
@@ -65,7 +67,9 @@ class FileSource:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError as exc:
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available") from exc
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available"
+            ) from exc
         try:
             if os.fstat(fd).st_size == 0:
                 yield b""
@@ -118,7 +122,9 @@ class FileSource:
         try:
             return os.open(self.path, os.O_RDONLY)
         except FileNotFoundError as exc:
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available") from exc
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF, f"{self.path.name} is no longer available"
+            ) from exc
 
     def info(self) -> BlobInfo:
         """Metadata computed now (the file may still be growing)."""

@@ -33,7 +33,11 @@ class JournalEntry:
 def command_head(src: str) -> str:
     """The first command word of ``src`` (skipping assignments), for filtering."""
     for token in src.strip().split():
-        if "=" in token and not token.startswith(("=", "-")) and token.split("=", 1)[0].isidentifier():
+        if (
+            "=" in token
+            and not token.startswith(("=", "-"))
+            and token.split("=", 1)[0].isidentifier()
+        ):
             continue
         return token.strip("();{}&|")[:128]
     return ""

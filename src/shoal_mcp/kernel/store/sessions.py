@@ -36,7 +36,9 @@ class SessionTable:
         self.db = db
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._base_env = {k: v for k, v in (base_env or dict(os.environ)).items() if k not in VOLATILE_ENV}
+        self._base_env = {
+            k: v for k, v in (base_env or dict(os.environ)).items() if k not in VOLATILE_ENV
+        }
 
     def get_or_create(self, name: str, cwd: str | None = None) -> Session:
         with self._lock:

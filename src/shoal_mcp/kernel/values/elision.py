@@ -78,7 +78,11 @@ class WireEncoder:
     """Converts selected nodes to bounded tagged JSON for one response."""
 
     def __init__(
-        self, opts: ElideOptions, base_uri: str, base_path: list[Segment], hydrate: Callable[[Any], Any]
+        self,
+        opts: ElideOptions,
+        base_uri: str,
+        base_path: list[Segment],
+        hydrate: Callable[[Any], Any],
     ) -> None:
         self.hydrate = hydrate  # stored blob nodes -> TextBlob views
         self.opts = opts
@@ -129,11 +133,17 @@ class WireEncoder:
                 return self.ref(node, rel)
             return self._convert(node.items(0, len(node)), rel, budget)
         if isinstance(node, list):
-            limit = self.opts.max_rows if node and all(isinstance(x, dict) for x in node) else self.opts.max_items
+            limit = (
+                self.opts.max_rows
+                if node and all(isinstance(x, dict) for x in node)
+                else self.opts.max_items
+            )
             if len(node) > limit:
                 return self.ref(node, rel)
             items = [self._convert(x, rel + [Index(i)], budget) for i, x in enumerate(node)]
-            return self._fit({"$": "list", "v": items}, items, list(range(len(items))), node, rel, budget)
+            return self._fit(
+                {"$": "list", "v": items}, items, list(range(len(items))), node, rel, budget
+            )
         if isinstance(node, dict):
             tag = node.get("$")
             if tag == "outcome":
@@ -153,11 +163,16 @@ class WireEncoder:
         for key in ("status", "signal", "ok", "dur_ns", "pid", "cwd"):
             if node.get(key) is not None:
                 wire[key] = node[key]
-        children = {k: self._convert(node.get(k, ""), rel + [Field(k)], budget) for k in ("out", "err", "cmd")}
+        children = {
+            k: self._convert(node.get(k, ""), rel + [Field(k)], budget)
+            for k in ("out", "err", "cmd")
+        }
         wire.update(children)
         return self._fit(wire, wire, list(children), node, rel, budget)
 
-    def _fit(self, wire: dict, slots: Any, keys: list, node: Any, rel: list[Segment], budget: int) -> dict:
+    def _fit(
+        self, wire: dict, slots: Any, keys: list, node: Any, rel: list[Segment], budget: int
+    ) -> dict:
         """Elide the largest children until ``wire`` fits, else elide the node itself."""
         size = encoded_size(wire)
         if size <= budget:
@@ -197,7 +212,8 @@ class WireEncoder:
             out["lines"] = node.count("\n") + (0 if node.endswith("\n") or not node else 1)
             out["preview"] = _cut_chars(node, opts.preview_chars)
             out["render_head"] = "\n".join(
-                _cut_chars(line, opts.preview_chars) for line in node.split("\n", opts.render_head)[: opts.render_head]
+                _cut_chars(line, opts.preview_chars)
+                for line in node.split("\n", opts.render_head)[: opts.render_head]
             )
         elif isinstance(node, bytes):
             out["n"] = out["bytes"] = len(node)
@@ -206,7 +222,9 @@ class WireEncoder:
             out["n"] = len(node)
             out["preview"] = [
                 _cut_chars(x, opts.preview_chars)
-                for x in node.items(0, min(len(node), opts.preview_items), cap=opts.preview_chars * 4)
+                for x in node.items(
+                    0, min(len(node), opts.preview_items), cap=opts.preview_chars * 4
+                )
             ]
         elif isinstance(node, list):
             out["n"] = len(node)
@@ -223,7 +241,11 @@ class WireEncoder:
 
     def _preview_items(self, items: list, rel: list[Segment]) -> list | None:
         small = WireEncoder(
-            ElideOptions(max_bytes=512, max_items=self.opts.preview_items, preview_chars=self.opts.preview_chars),
+            ElideOptions(
+                max_bytes=512,
+                max_items=self.opts.preview_items,
+                preview_chars=self.opts.preview_chars,
+            ),
             self.base_uri,
             self.base_path,
             self.hydrate,

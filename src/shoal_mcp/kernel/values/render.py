@@ -37,7 +37,12 @@ def _cut_bytes(text: str, limit: int) -> str:
 
 class Renderer:
     def __init__(
-        self, opts: ElideOptions, ref: str, base_uri: str, base_path: list[Segment], resolver: Resolver
+        self,
+        opts: ElideOptions,
+        ref: str,
+        base_uri: str,
+        base_path: list[Segment],
+        resolver: Resolver,
     ) -> None:
         self.resolver = resolver
         self.opts = opts
@@ -64,7 +69,9 @@ class Renderer:
             return self.text(node.blob.sub(s, e), [], budget, lines_selector="")
         if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
             return self.text("\n".join(node), [], budget, lines_selector="")
-        wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(node)
+        wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
+            node
+        )
         pretty = orjson.dumps(wire, option=orjson.OPT_INDENT_2).decode()
         return bound_text(pretty, budget, self.base_uri)
 
@@ -98,7 +105,9 @@ class Renderer:
         lines = split_lines(text)
         return "\n".join(lines[-RENDER_TAIL_LINES:])
 
-    def text(self, node: Any, rel: list[Segment], budget: int, lines_selector: str = ".lines") -> str:
+    def text(
+        self, node: Any, rel: list[Segment], budget: int, lines_selector: str = ".lines"
+    ) -> str:
         """Whole text when it fits ``budget``; else head lines, marker, tail lines.
 
         ``lines_selector`` is how the marker's path reaches the lines: ``.lines`` on text,
@@ -106,7 +115,9 @@ class Renderer:
         """
         if isinstance(node, bytes):
             node = node.decode("utf-8", "replace")
-        size = node.size if isinstance(node, TextBlob) else len(node.encode("utf-8", "surrogatepass"))
+        size = (
+            node.size if isinstance(node, TextBlob) else len(node.encode("utf-8", "surrogatepass"))
+        )
         if size <= budget:
             return node.read().decode("utf-8", "replace") if isinstance(node, TextBlob) else node
         head_n = self.opts.render_head
@@ -126,7 +137,11 @@ class Renderer:
                 f'fetch with shoal_get {{"ref": "{self.ref}", "path": "{sel}"}} '
                 f"or read {self.base_uri}?path={sel}"
             )
-            parts = [_cut_bytes(x, per_line) for x in head] + [marker] + [_cut_bytes(x, per_line) for x in tail]
+            parts = (
+                [_cut_bytes(x, per_line) for x in head]
+                + [marker]
+                + [_cut_bytes(x, per_line) for x in tail]
+            )
             return "\n".join(parts)
         # Few but long lines: show byte head and tail, point at raw pages.
         half = max(MIN_LINE_BYTES, (budget - MARKER_RESERVE) // 2)
@@ -146,7 +161,9 @@ class Renderer:
         return head_s + marker + tail_s
 
     @staticmethod
-    def _head_tail_lines(node: Any, head_n: int, tail_n: int, cap: int) -> tuple[list[str], list[str], int]:
+    def _head_tail_lines(
+        node: Any, head_n: int, tail_n: int, cap: int
+    ) -> tuple[list[str], list[str], int]:
         if isinstance(node, TextBlob):
             lines = LinesView(node, 0, node.line_count())
             head = lines.items(0, head_n, cap=cap + 1)  # +1 so _cut_bytes sees the cut
@@ -156,7 +173,11 @@ class Renderer:
             return head, tail, max(0, e - s)
         all_lines = split_lines(node)
         mid = "\n".join(all_lines[head_n:-tail_n])
-        return all_lines[:head_n], all_lines[-tail_n:], len(mid.encode("utf-8", "surrogatepass")) + 1
+        return (
+            all_lines[:head_n],
+            all_lines[-tail_n:],
+            len(mid.encode("utf-8", "surrogatepass")) + 1,
+        )
 
 
 def raw_page(node: Any, offset: int, length: int, page_uri: str) -> dict:

@@ -74,7 +74,7 @@ def parse_path(path: str) -> list[Segment]:
         m = _TOKEN.match(text, pos)
         if not m:
             raise bad_selection(
-                f"bad path at column {pos}: {text[pos:pos + 20]!r}",
+                f"bad path at column {pos}: {text[pos : pos + 20]!r}",
                 path=text,
                 column=pos,
                 hint='use .field, ["key"], [i], [a..b], [a..] or [..b]',
@@ -106,8 +106,10 @@ def parse_slice(value: object) -> Range:
             raise bad_selection(f"bad slice {value!r}; use a..b", slice=value)
         a, b = m.groups()
         return Range(None if a is None else int(a), None if b is None else int(b))
-    if isinstance(value, list) and len(value) == 2 and all(
-        v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value)
     ):
         return Range(value[0], value[1])
     raise bad_selection("slice must be [a, b] with integers or null", slice=str(value)[:64])

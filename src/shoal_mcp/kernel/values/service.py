@@ -110,12 +110,17 @@ class ValueService:
 
     def _out(self, who: Principal, n: int) -> tuple[str, str, list[Segment], Any]:
         if n >= 2**63:  # beyond SQLite INTEGER: no such value (not an OverflowError)
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref out:{n}"[:200], {"ref": f"out:{n}"[:200]})
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF, f"unknown ref out:{n}"[:200], {"ref": f"out:{n}"[:200]}
+            )
         owner, value = self.transcript.get(who.session, n)
         if owner != who.principal and not self.reads_all(who.principal):
             # Another principal's value in a shared session: as unknown as a missing one.
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref out:{n} in session {who.session!r}",
-                           {"ref": f"out:{n}", "session": who.session})
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF,
+                f"unknown ref out:{n} in session {who.session!r}",
+                {"ref": f"out:{n}", "session": who.session},
+            )
         return f"out:{n}", f"shoal://out/{n}", [], value
 
     def _resolve_uri(self, who: Principal, uri: str) -> tuple[str, str, list[Segment], Any]:
@@ -124,18 +129,24 @@ class ValueService:
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         path = parse_path(query["path"]) if query.get("path") else []
         if ".." in segments or "." in segments:
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}", {"uri": uri[:200]})
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}", {"uri": uri[:200]}
+            )
         if len(segments) == 2 and segments[0] == "out" and segments[1].isdigit():
             ref, base, _, node = self._out(who, int(segments[1]))
             return ref, base, path, node
         if len(segments) in (2, 3) and segments[0] == "task":
-            ref, base, _, node = self._task_value(who, f"task:{segments[1]}", out_only=len(segments) == 3)
+            ref, base, _, node = self._task_value(
+                who, f"task:{segments[1]}", out_only=len(segments) == 3
+            )
             if len(segments) == 3 and segments[2] not in ("out", "err"):
                 raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}")
             return ref, base, path, node
         raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref {uri[:200]!r}", {"uri": uri[:200]})
 
-    def _task_value(self, who: Principal, ref: str, out_only: bool) -> tuple[str, str, list[Segment], Any]:
+    def _task_value(
+        self, who: Principal, ref: str, out_only: bool
+    ) -> tuple[str, str, list[Segment], Any]:
         task = self.tasks.get(parse_task_id(ref), who.session, who.principal)
         if task.done.is_set() and task.result is not None:
             n = int(task.result["ref"].split(":")[1])
@@ -158,7 +169,6 @@ class ValueService:
         return task.ref, f"shoal://task/{task.id}", [], live
 
 
-
 def _shrinking(elide: ElideOptions):
     """``elide``, then ever smaller previews and budgets, for results over the hard cap.
 
@@ -166,11 +176,14 @@ def _shrinking(elide: ElideOptions):
     materialise the many items that made the first attempt too big (or slow).
     """
     yield elide
-    opts = replace(elide, preview_items=min(elide.preview_items, 5), preview_chars=min(elide.preview_chars, 256),
-                   render_head=min(elide.render_head, 10), max_items=min(elide.max_items, ELIDE_MAX_ITEMS),
-                   max_rows=min(elide.max_rows, ELIDE_MAX_ROWS))
+    opts = replace(
+        elide,
+        preview_items=min(elide.preview_items, 5),
+        preview_chars=min(elide.preview_chars, 256),
+        render_head=min(elide.render_head, 10),
+        max_items=min(elide.max_items, ELIDE_MAX_ITEMS),
+        max_rows=min(elide.max_rows, ELIDE_MAX_ROWS),
+    )
     for max_bytes in (elide.max_bytes, VALUE_HARD_CAP // 4, VALUE_HARD_CAP // 16):
         yield replace(opts, max_bytes=max(256, min(max_bytes, elide.max_bytes)))
     yield replace(opts, max_bytes=256, preview_items=0, preview_chars=0, render_head=0)
-
-

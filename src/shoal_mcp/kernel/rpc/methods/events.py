@@ -13,7 +13,17 @@ CHANNEL = {"type": "string", "minLength": 1, "maxLength": 256}
 SEQ = {"type": "integer", "minimum": -1}
 
 
-@method("events.read", obj({"channel": CHANNEL, "since": SEQ, "limit": {"type": "integer", "minimum": 1, "maximum": 1024}}, ("channel",)))
+@method(
+    "events.read",
+    obj(
+        {
+            "channel": CHANNEL,
+            "since": SEQ,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1024},
+        },
+        ("channel",),
+    ),
+)
 def events_read(call, params):
     channel = params["channel"]
     validate_channel(channel)
@@ -50,7 +60,9 @@ def events_subscribe(call, params):
     # max_subscriptions is per principal (all its connections); check and subscribe as one step.
     with kernel.quota_lock(principal, "max_subscriptions"):
         kernel.check_subscription_quota(call.who, len(subs))
-        sub = kernel.events.subscribe(channel, params.get("since"), call.conn.notify_event, on_close=closed)
+        sub = kernel.events.subscribe(
+            channel, params.get("since"), call.conn.notify_event, on_close=closed
+        )
         kernel.track_subscription(principal, sub.id, live=True)
     subs[sub.id] = sub
     if sub.closed or call.conn.closed.is_set():  # closed meanwhile: give the slot back
@@ -63,8 +75,11 @@ def events_subscribe(call, params):
 def events_unsubscribe(call, params):
     sub = call.conn.subscriptions.pop(params["subscription"], None)
     if sub is None:
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"invalid params: subscription: unknown {params['subscription']!r}",
-                       {"field": "subscription"})
+        raise RpcError(
+            ErrorCode.INVALID_PARAMS,
+            f"invalid params: subscription: unknown {params['subscription']!r}",
+            {"field": "subscription"},
+        )
     sub.close()
     return {"subscription": sub.id, "closed": True}
 
@@ -78,7 +93,11 @@ def events_unsubscribe(call, params):
             "principal": {"type": "string", "maxLength": 256},
             "head": {"type": "string", "maxLength": 256},
             "ok": {"type": "boolean"},
-            "effects": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
+            "effects": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 64},
+                "maxItems": 16,
+            },
             "session": {"type": "string", "maxLength": 128},
             "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
         }

@@ -46,7 +46,9 @@ def exec_(call, params):
     return run_and_wait(call, src, effects, params, elide, started)
 
 
-def run_and_wait(call, src: str, effects: list[dict], params: dict, elide: ElideOptions, started: float) -> dict:
+def run_and_wait(
+    call, src: str, effects: list[dict], params: dict, elide: ElideOptions, started: float
+) -> dict:
     """Spawn ``src`` for the caller; background → handle, else wait up to the budget."""
     kernel = call.kernel
     who = call.who
@@ -84,7 +86,10 @@ def run_and_wait(call, src: str, effects: list[dict], params: dict, elide: Elide
 def finished_result(kernel, who, task, elide: ElideOptions, started: float, position: str) -> dict:
     """exec's reply for a finished task; ``stmt`` position raises on failure."""
     if task.result is None:
-        err = task.error or {"code": int(ErrorCode.INTERNAL), "message": "task ended without a result"}
+        err = task.error or {
+            "code": int(ErrorCode.INTERNAL),
+            "message": "task ended without a result",
+        }
         raise RpcError(err["code"], err["message"], err.get("data"))
     result = kernel.exec_result(who, task, elide, started)
     if position == "stmt" and not task.result["ok"]:
@@ -93,8 +98,14 @@ def finished_result(kernel, who, task, elide: ElideOptions, started: float, posi
         status = task.result["status"]
         raise RpcError(
             ErrorCode.RAISED,
-            f"command failed with exit status {status}" + (" (cancelled)" if task.state == "cancelled" else ""),
-            {"ref": result["ref"], "uri": result["uri"], "status": status, "stderr_tail": tail,
-             "render": result["render"]},
+            f"command failed with exit status {status}"
+            + (" (cancelled)" if task.state == "cancelled" else ""),
+            {
+                "ref": result["ref"],
+                "uri": result["uri"],
+                "status": status,
+                "stderr_tail": tail,
+                "render": result["render"],
+            },
         )
     return result

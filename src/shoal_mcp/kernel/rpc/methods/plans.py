@@ -28,7 +28,18 @@ def plan_get(call, params):
     return _visible_plan(call, params["plan_ref"]).record()
 
 
-@method("plan.list", obj({"state": {"type": "string", "enum": ["pending", "requested", "approved", "denied", "applied"]}, "all": BOOL}))
+@method(
+    "plan.list",
+    obj(
+        {
+            "state": {
+                "type": "string",
+                "enum": ["pending", "requested", "approved", "denied", "applied"],
+            },
+            "all": BOOL,
+        }
+    ),
+)
 def plan_list(call, params):
     kernel = call.kernel
     approver = kernel.guard.for_principal(call.who.principal).approver
@@ -39,8 +50,19 @@ def plan_list(call, params):
     return {"plans": [p.record() for p in plans]}
 
 
-@method("plan.apply", obj({"plan_ref": PLAN_REF, "position": {"type": "string", "enum": ["stmt", "value"]},
-                           "background": BOOL, "elide": ELIDE_SCHEMA}, ("plan_ref",)), blocking=True)
+@method(
+    "plan.apply",
+    obj(
+        {
+            "plan_ref": PLAN_REF,
+            "position": {"type": "string", "enum": ["stmt", "value"]},
+            "background": BOOL,
+            "elide": ELIDE_SCHEMA,
+        },
+        ("plan_ref",),
+    ),
+    blocking=True,
+)
 def plan_apply(call, params):
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
@@ -52,23 +74,49 @@ def plan_apply(call, params):
         # Re-evaluate now: policy may allow it outright (or have changed).
         _, verdict = kernel.evaluate(call.who, plan.src)
         if verdict.verdict == "deny":
-            raise RpcError(ErrorCode.DENIED, "denied by policy", {"plan_ref": plan.ref, "reasons": list(verdict.reasons)})
+            raise RpcError(
+                ErrorCode.DENIED,
+                "denied by policy",
+                {"plan_ref": plan.ref, "reasons": list(verdict.reasons)},
+            )
         if verdict.verdict != "allow":
-            raise RpcError(ErrorCode.APPROVAL_REQUIRED, "approval required",
-                           {"plan_ref": plan.ref, "uri": plan.uri, "effects": plan.effects, "state": plan.state})
+            raise RpcError(
+                ErrorCode.APPROVAL_REQUIRED,
+                "approval required",
+                {
+                    "plan_ref": plan.ref,
+                    "uri": plan.uri,
+                    "effects": plan.effects,
+                    "state": plan.state,
+                },
+            )
     else:
         # The approval covers the effects derived in the plan's cwd and env; if the session
         # moved since (cd, export, HOME), the same source would touch other things.
         analysis, cwd = kernel.analyze(call.who, plan.src)
         if cwd != plan.cwd or analysis.effects != plan.effects:
-            raise RpcError(ErrorCode.APPROVAL_REQUIRED,
-                           "the session's cwd or environment changed since this plan was approved; plan it again",
-                           {"plan_ref": plan.ref, "uri": plan.uri, "effects": analysis.effects, "cwd": cwd,
-                            "plan_cwd": plan.cwd, "state": plan.state})
+            raise RpcError(
+                ErrorCode.APPROVAL_REQUIRED,
+                "the session's cwd or environment changed since this plan was approved; plan it again",
+                {
+                    "plan_ref": plan.ref,
+                    "uri": plan.uri,
+                    "effects": analysis.effects,
+                    "cwd": cwd,
+                    "plan_cwd": plan.cwd,
+                    "state": plan.state,
+                },
+            )
     previous = kernel.plans.claim(plan)  # atomic: concurrent applies run it once
     try:
-        return run_and_wait(call, plan.src, plan.effects, params, ElideOptions.from_params(params.get("elide")),
-                            time.time())
+        return run_and_wait(
+            call,
+            plan.src,
+            plan.effects,
+            params,
+            ElideOptions.from_params(params.get("elide")),
+            time.time(),
+        )
     except RpcError as exc:
         if exc.code == ErrorCode.QUOTA and params.get("background"):
             kernel.plans.unclaim(plan, previous)  # refused before anything started
@@ -80,24 +128,43 @@ def cap_request(call, params):
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
     PlanStore.request(plan)
-    kernel.events.publish("approval", {"kind": "requested", "plan_ref": plan.ref, "principal": plan.principal,
-                                       "session": plan.session, "src": plan.src[:512],
-                                       # what the plan really does, never what the caller claims
-                                       "effects": sorted(plan.effect_kinds()),
-                                       "requested_effects": params.get("effects") or sorted(plan.effect_kinds())})
-    return {"plan_ref": plan.ref, "state": "approval_pending" if plan.state != APPROVED else APPROVED}
+    kernel.events.publish(
+        "approval",
+        {
+            "kind": "requested",
+            "plan_ref": plan.ref,
+            "principal": plan.principal,
+            "session": plan.session,
+            "src": plan.src[:512],
+            # what the plan really does, never what the caller claims
+            "effects": sorted(plan.effect_kinds()),
+            "requested_effects": params.get("effects") or sorted(plan.effect_kinds()),
+        },
+    )
+    return {
+        "plan_ref": plan.ref,
+        "state": "approval_pending" if plan.state != APPROVED else APPROVED,
+    }
 
 
-@method("cap.decide", obj({"plan_ref": PLAN_REF, "approve": BOOL, "effects": KINDS}, ("plan_ref", "approve")))
+@method(
+    "cap.decide",
+    obj({"plan_ref": PLAN_REF, "approve": BOOL, "effects": KINDS}, ("plan_ref", "approve")),
+)
 def cap_decide(call, params):
     kernel = call.kernel
     if not kernel.guard.for_principal(call.who.principal).approver:
-        raise RpcError(ErrorCode.DENIED, "only approver principals may decide plans",
-                       {"principal": call.who.principal})
+        raise RpcError(
+            ErrorCode.DENIED,
+            "only approver principals may decide plans",
+            {"principal": call.who.principal},
+        )
     plan = kernel.plans.find(params["plan_ref"])
     PlanStore.decide(plan, call.who.principal, params["approve"], params.get("effects"))
-    kernel.events.publish("approval", {"kind": "decided", "plan_ref": plan.ref, "state": plan.state,
-                                       "by": call.who.principal})
+    kernel.events.publish(
+        "approval",
+        {"kind": "decided", "plan_ref": plan.ref, "state": plan.state, "by": call.who.principal},
+    )
     return plan.record()
 
 

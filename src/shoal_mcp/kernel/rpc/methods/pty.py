@@ -72,7 +72,10 @@ def pty_send(call, params):
     return call.kernel.ptys.send(params["pty_id"], params["input"], owner_key(call.who))
 
 
-@method("pty.read", obj({"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0}}, ("pty_id",)))
+@method(
+    "pty.read",
+    obj({"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0}}, ("pty_id",)),
+)
 def pty_read(call, params):
     return call.kernel.ptys.read(
         params["pty_id"], call.conn.id, owner_key(call.who), params.get("scrollback", 0)
@@ -81,7 +84,9 @@ def pty_read(call, params):
 
 @method("pty.resize", obj({"pty_id": PTY_ID, "cols": DIM, "rows": DIM}, ("pty_id", "cols", "rows")))
 def pty_resize(call, params):
-    return call.kernel.ptys.resize(params["pty_id"], params["cols"], params["rows"], owner_key(call.who))
+    return call.kernel.ptys.resize(
+        params["pty_id"], params["cols"], params["rows"], owner_key(call.who)
+    )
 
 
 @method("pty.close", obj({"pty_id": PTY_ID}, ("pty_id",)), blocking=True)

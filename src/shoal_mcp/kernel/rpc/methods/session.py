@@ -8,7 +8,12 @@ from ...exec.reef import reef
 from ...values.elision import ElideOptions
 from ..registry import BOOL, STR, method, obj
 
-SESSION_NAME = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9_.:@-]+$"}
+SESSION_NAME = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "pattern": "^[A-Za-z0-9_.:@-]+$",
+}
 
 
 @method("ping")

@@ -9,8 +9,12 @@ TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
 
 
 def _task(call, params):
-    return call.kernel.tasks.get(params["task"], call.who.session, call.who.principal,
-                                 see_all=call.kernel.can_see_all_tasks(call.who.principal))
+    return call.kernel.tasks.get(
+        params["task"],
+        call.who.session,
+        call.who.principal,
+        see_all=call.kernel.can_see_all_tasks(call.who.principal),
+    )
 
 
 def _steerable(call, params):
@@ -19,22 +23,41 @@ def _steerable(call, params):
     task = _task(call, params)
     who = call.who.principal
     if task.principal != who and not call.kernel.guard.for_principal(who).approver:
-        raise RpcError(ErrorCode.DENIED, f"{task.ref} belongs to {task.principal}; only it or an approver may control it",
-                       {"task": task.ref, "principal": task.principal})
+        raise RpcError(
+            ErrorCode.DENIED,
+            f"{task.ref} belongs to {task.principal}; only it or an approver may control it",
+            {"task": task.ref, "principal": task.principal},
+        )
     return task
 
 
-@method("task.list", obj({"state": {"type": "string", "enum": ["running", "completed", "failed", "cancelled", "suspended"]}}))
+@method(
+    "task.list",
+    obj(
+        {
+            "state": {
+                "type": "string",
+                "enum": ["running", "completed", "failed", "cancelled", "suspended"],
+            }
+        }
+    ),
+)
 def task_list(call, params):
-    tasks = call.kernel.tasks.list(call.who.session, call.who.principal,
-                                   see_all=call.kernel.can_see_all_tasks(call.who.principal))
+    tasks = call.kernel.tasks.list(
+        call.who.session,
+        call.who.principal,
+        see_all=call.kernel.can_see_all_tasks(call.who.principal),
+    )
     records = [t.record() for t in tasks]
     if "state" in params:
         records = [r for r in records if r["state"] == params["state"]]
     return {"tasks": records}
 
 
-CALL_ID = {"type": ["string", "integer"], "description": "id of an in-flight exec request on this connection"}
+CALL_ID = {
+    "type": ["string", "integer"],
+    "description": "id of an in-flight exec request on this connection",
+}
 
 
 @method("task.get", obj({"task": TASK_ID, "call": CALL_ID}))
@@ -53,8 +76,11 @@ def _inflight(call, params):
         raise invalid_params("task", "required (or call)")
     slot = call.conn.inflight.get(params["call"])
     if slot is None:
-        raise RpcError(ErrorCode.UNKNOWN_TASK, f"no exec in flight with request id {params['call']!r}",
-                       {"call": params["call"]})
+        raise RpcError(
+            ErrorCode.UNKNOWN_TASK,
+            f"no exec in flight with request id {params['call']!r}",
+            {"call": params["call"]},
+        )
     return slot
 
 

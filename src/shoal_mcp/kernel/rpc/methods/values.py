@@ -32,7 +32,10 @@ LENGTH = {"type": "integer", "minimum": 1}
             "elide": ELIDE_SCHEMA,
             "offset": OFFSET,
             "length": LENGTH,
-            "with_render": {"type": "boolean", "description": "json format: also return the render"},
+            "with_render": {
+                "type": "boolean",
+                "description": "json format: also return the render",
+            },
         },
         ("ref",),
     ),
@@ -60,7 +63,14 @@ def value_get(call, params):
 
 @method(
     "blob.get",
-    obj({"hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "offset": OFFSET, "length": LENGTH}, ("hash",)),
+    obj(
+        {
+            "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "offset": OFFSET,
+            "length": LENGTH,
+        },
+        ("hash",),
+    ),
 )
 def blob_get(call, params):
     kernel = call.kernel
@@ -68,7 +78,9 @@ def blob_get(call, params):
     kernel.check_blob_access(call.who, info.hash)
     offset = min(params.get("offset", 0), info.size)
     # base64 grows 4/3: the whole reply (hash, next URI included) stays under the hard cap.
-    length = min(params.get("length", ELIDE_MAX_BYTES_RAW), (VALUE_HARD_CAP - RAW_PAGE_RESERVE) * 3 // 4)
+    length = min(
+        params.get("length", ELIDE_MAX_BYTES_RAW), (VALUE_HARD_CAP - RAW_PAGE_RESERVE) * 3 // 4
+    )
     data = kernel.cas.read_range(info.hash, offset, offset + length)
     out = {
         "hash": info.hash,
