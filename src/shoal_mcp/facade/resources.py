@@ -6,13 +6,12 @@ the same kernel call. Unknown resources are -32002.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from ..protocol.errors import MCP_UNKNOWN_RESOURCE, RpcError
+from ..protocol import uri
+from ..protocol.errors import MCP_UNKNOWN_RESOURCE, RpcError, invalid_params
 from ..protocol.framing import bound_text
 from ..protocol.limits import TEXT_LIMIT
 
@@ -50,26 +49,16 @@ TEMPLATES = [
 ]
 
 
-def unknown(uri: str) -> RpcError:
-    return RpcError(MCP_UNKNOWN_RESOURCE, f"resource not found: {uri[:200]}", {"uri": uri[:200]})
+def unknown(text: str) -> RpcError:
+    return RpcError(MCP_UNKNOWN_RESOURCE, f"resource not found: {text[:200]}", {"uri": text[:200]})
 
 
-@dataclass
-class ParsedUri:
-    uri: str
-    parts: list[str]
-    query: dict[str, str]
-
-
-def parse_uri(uri: str) -> ParsedUri:
-    if not isinstance(uri, str) or not uri.startswith("shoal://"):
-        raise unknown(str(uri))
-    split = urlsplit(uri)
-    parts = [unquote(p) for p in (split.netloc + split.path).split("/") if p]
-    if any(p in (".", "..") or "\x00" in p for p in parts):
-        raise unknown(uri)
-    query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-    return ParsedUri(uri, parts, query)
+def parse_uri(text: str) -> uri.ShoalUri:
+    """A resource URI (raw or percent-encoded), or MCP's resource-not-found."""
+    try:
+        return uri.parse_uri(text)
+    except uri.BadName:
+        raise unknown(str(text)) from None
 
 
 def _int(q: dict, key: str) -> int | None:
@@ -78,72 +67,70 @@ def _int(q: dict, key: str) -> int | None:
     try:
         return int(q[key])
     except ValueError:
-        raise RpcError(-32602, f"invalid params: {key}: not an integer", {"field": key}) from None
+        raise invalid_params(key, "not an integer") from None
 
 
-def _slice(q: dict) -> Any:
-    return q.get("slice")
-
-
-def kernel_read(p: ParsedUri) -> tuple[str, dict, str]:
+def kernel_read(p: uri.ShoalUri, text: str) -> tuple[str, dict, str]:
     """(kernel method, params, mime) for a resource URI."""
-    head, rest, q = (p.parts[0] if p.parts else ""), p.parts[1:], p.query
-    if head == "out" and len(rest) == 1 and rest[0].isdigit():
-        return _value_get(f"out:{rest[0]}", q)
-    if head == "task" and len(rest) == 1:
-        return "task.get", {"task": f"task:{rest[0]}"}, "application/json"
-    if head == "task" and len(rest) == 2 and rest[1] in ("out", "err"):
+    kind, ident, q = p.kind, p.ident or "", p.query
+    if kind == uri.OUT:
+        return _value_get(uri.out_ref(int(ident)), q)
+    if kind == uri.TASK:
+        return "task.get", {"task": uri.task_ref(int(ident))}, "application/json"
+    if kind == uri.TASK_ERR:
         path = q.get("path", "")
-        if rest[1] == "err":
-            return _value_get(f"shoal://task/{rest[0]}", {**q, "path": ".err" + path})
-        return _value_get(f"shoal://task/{rest[0]}/out", q)
-    if head == "val" and len(rest) == 1:
-        params: dict[str, Any] = {"hash": rest[0]}
+        return _value_get(uri.task_uri(int(ident)), {**q, "path": ".err" + path})
+    if kind == uri.TASK_OUT:
+        return _value_get(uri.task_uri(int(ident), "out"), q)
+    if kind == uri.VAL:
+        params: dict[str, Any] = {"hash": ident}
         for key in ("offset", "length"):
             if (v := _int(q, key)) is not None:
                 params[key] = v
         return "blob.get", params, "application/json"
-    if head == "plan" and len(rest) == 1:
-        return "plan.get", {"plan_ref": rest[0]}, "application/json"
-    if head == "session" and len(rest) == 1 and rest[0] in ("cwd", "env", "reef"):
-        return f"session.{rest[0]}", {}, "application/json"
-    if head == "pty" and not rest:
+    if kind == uri.PLAN:
+        return "plan.get", {"plan_ref": ident}, "application/json"
+    if kind == uri.SESSION:
+        return f"session.{ident}", {}, "application/json"
+    if kind == uri.PTYS:
         return "pty.list", {}, "application/json"
-    if head == "pty" and len(rest) == 1:
+    if kind == uri.PTY:
         return (
             "pty.read",
-            {"pty_id": f"pty:{rest[0]}" if rest[0].isdigit() else rest[0]},
+            {"pty_id": uri.pty_ref(int(ident)) if ident.isdigit() else ident},
             "application/json",
         )
-    if head == "jobs" and not rest:
+    if kind == uri.JOBS:
         return "task.list", {}, "application/json"
-    if head == "journal" and not rest:
-        params = {}
-        for key in ("since", "until"):
-            if key in q:
-                try:
-                    params[key] = float(q[key])
-                except ValueError:
-                    raise RpcError(
-                        -32602, f"invalid params: {key}: not a number", {"field": key}
-                    ) from None
-        for key in ("head", "principal"):
-            if key in q:
-                params[key] = q[key]
-        if "ok" in q:
-            params["ok"] = q["ok"].lower() in ("1", "true", "yes")
-        if "effects" in q:
-            params["effects"] = [e for e in q["effects"].split(",") if e]
-        if (limit := _int(q, "limit")) is not None:
-            params["limit"] = limit
-        return "journal.query", params, "application/json"
-    if head == "events" and len(rest) == 1:
-        params = {"channel": rest[0]}
+    if kind == uri.JOURNAL:
+        return "journal.query", _journal_params(q), "application/json"
+    if kind == uri.EVENTS:
+        params = {"channel": ident}
         for key in ("since", "limit"):
             if (v := _int(q, key)) is not None:
                 params[key] = v
         return "events.read", params, "application/json"
-    raise unknown(p.uri)
+    raise unknown(text)
+
+
+def _journal_params(q: dict[str, str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for key in ("since", "until"):
+        if key in q:
+            try:
+                params[key] = float(q[key])
+            except ValueError:
+                raise invalid_params(key, "not a number") from None
+    for key in ("head", "principal"):
+        if key in q:
+            params[key] = q[key]
+    if "ok" in q:
+        params["ok"] = q["ok"].lower() in ("1", "true", "yes")
+    if "effects" in q:
+        params["effects"] = [e for e in q["effects"].split(",") if e]
+    if (limit := _int(q, "limit")) is not None:
+        params["limit"] = limit
+    return params
 
 
 def _value_get(ref: str, q: dict) -> tuple[str, dict, str]:
@@ -160,7 +147,7 @@ def _value_get(ref: str, q: dict) -> tuple[str, dict, str]:
     return "value.get", params, ("application/json" if fmt == "json" else "text/plain")
 
 
-def read_contents(uri: str, result: dict, mime: str) -> dict:
+def read_contents(text_uri: str, result: dict, mime: str) -> dict:
     if mime == "text/plain":
         text = (
             result.get("render")
@@ -170,22 +157,28 @@ def read_contents(uri: str, result: dict, mime: str) -> dict:
     else:
         text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
     return {
-        "contents": [{"uri": uri, "mimeType": mime, "text": bound_text(text, TEXT_LIMIT, uri)}],
+        "contents": [
+            {"uri": text_uri, "mimeType": mime, "text": bound_text(text, TEXT_LIMIT, text_uri)}
+        ],
         "structuredContent": result,
     }
 
 
-def subscription_channel(p: ParsedUri) -> str:
-    """Kernel channel behind a subscribable URI (§5.3), or -32002."""
-    head, rest = (p.parts[0] if p.parts else ""), p.parts[1:]
-    if head == "events" and len(rest) == 1:
-        return rest[0]
-    if head == "task" and len(rest) in (1, 2) and (len(rest) == 1 or rest[1] == "out"):
-        return f"task.{rest[0].removeprefix('task:')}"
-    if head == "pty" and len(rest) == 1:
-        return f"pty.{rest[0].removeprefix('pty:')}"
-    raise unknown(p.uri)
+def subscription_channel(p: uri.ShoalUri, text: str) -> str:
+    """Kernel channel behind a subscribable URI (docs/protocol.md, "Resources"), or -32002."""
+    ident = p.ident or ""
+    if p.kind == uri.EVENTS:
+        return ident
+    if p.kind in (uri.TASK, uri.TASK_OUT):
+        return uri.task_channel(int(ident))
+    if p.kind == uri.PTY:
+        num = ident.removeprefix("pty:")
+        if num.isdigit():
+            return uri.pty_channel(int(num))
+    raise unknown(text)
 
 
-def listing_entry(uri: str, name: str, description: str, mime: str = "application/json") -> dict:
-    return {"uri": uri, "name": name, "description": description, "mimeType": mime}
+def listing_entry(
+    entry_uri: str, name: str, description: str, mime: str = "application/json"
+) -> dict:
+    return {"uri": entry_uri, "name": name, "description": description, "mimeType": mime}

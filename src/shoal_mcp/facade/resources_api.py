@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..client import KernelLost
+from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from .kernel_link import KernelLink
 from .resources import (
@@ -29,7 +30,7 @@ class ResourceApi:
         self.link = link
 
     def list(self, params: dict) -> dict:
-        entries = [listing_entry(uri, name, desc) for uri, name, desc in ROOTS]
+        entries = [listing_entry(root, name, desc) for root, name, desc in ROOTS]
         try:
             for task in self.link.call("task.list", {}).get("tasks", []):
                 entries.append(
@@ -42,10 +43,10 @@ class ResourceApi:
                     )
                 )
             for pty in self.link.call("pty.list", {}).get("ptys", []):
-                num = pty["pty_id"].split(":")[-1]
+                num = uri.ref_number(pty["pty_id"], uri.PTY)
                 entries.append(
                     listing_entry(
-                        f"shoal://pty/{num}", pty["pty_id"], f"pty running {pty.get('cmd', '')}"
+                        uri.pty_uri(num), pty["pty_id"], f"pty running {pty.get('cmd', '')}"
                     )
                 )
         except (RpcError, KernelLost):
@@ -67,17 +68,17 @@ class ResourceApi:
         }
 
     def read(self, params: dict) -> dict:
-        uri = params.get("uri")
-        if not isinstance(uri, str):
+        text = params.get("uri")
+        if not isinstance(text, str):
             raise RpcError(
                 ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"}
             )
-        parsed = parse_uri(uri)
-        method, kparams, mime = kernel_read(parsed)
+        parsed = parse_uri(text)
+        method, kparams, mime = kernel_read(parsed, text)
         try:
             result = self.link.call(method, kparams)
         except RpcError as exc:
             if exc.code in NOT_FOUND_CODES:
-                raise unknown(uri) from None
+                raise unknown(text) from None
             raise
-        return read_contents(uri, result, mime)
+        return read_contents(text, result, mime)

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from ..protocol import uri
 from ..protocol.errors import RpcError
 from ..protocol.framing import bound_text
 from ..protocol.limits import TEXT_LIMIT
@@ -15,13 +16,13 @@ def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
 
-def _link(uri: str, name: str | None = None) -> dict:
-    mime = (
-        "application/json"
-        if uri.startswith(("shoal://task/", "shoal://plan/")) and "/out" not in uri
-        else "text/plain"
-    )
-    return {"type": "resource_link", "uri": uri, "name": name or uri, "mimeType": mime}
+def _link(link: str, name: str | None = None) -> dict:
+    try:
+        kind = uri.parse_uri(link).kind
+    except uri.BadName:
+        kind = None
+    mime = "application/json" if kind in (uri.TASK, uri.PLAN) else "text/plain"
+    return {"type": "resource_link", "uri": link, "name": name or link, "mimeType": mime}
 
 
 def result_uri(result: dict) -> str | None:
@@ -34,20 +35,22 @@ def result_uri(result: dict) -> str | None:
 def tool_result(result: Any) -> dict:
     """Kernel success → ``{content, structuredContent, isError: false}``."""
     structured = result if isinstance(result, dict) else {"result": result}
-    uri = result_uri(structured)
+    link = result_uri(structured)
     text = structured.get("render") if isinstance(structured.get("render"), str) else None
     if text is None:
         text = _pretty(structured)
-    elif "ref" in structured and uri:
+    elif "ref" in structured and link:
         body = text.rstrip("\n")
         text = (
-            f"{body}\n\n[{structured['ref']} · {uri}]" if body else f"[{structured['ref']} · {uri}]"
+            f"{body}\n\n[{structured['ref']} · {link}]"
+            if body
+            else f"[{structured['ref']} · {link}]"
         )
-    content: list[dict] = [{"type": "text", "text": bound_text(text, TEXT_LIMIT, uri)}]
-    if uri:
+    content: list[dict] = [{"type": "text", "text": bound_text(text, TEXT_LIMIT, link)}]
+    if link:
         content.append(
             _link(
-                uri, structured.get("ref") or structured.get("task") or structured.get("plan_ref")
+                link, structured.get("ref") or structured.get("task") or structured.get("plan_ref")
             )
         )
     return {"content": content, "structuredContent": structured, "isError": False}
@@ -67,8 +70,8 @@ def error_result(exc: RpcError) -> dict:
     rest = {k: v for k, v in data.items() if k not in ("render", "stderr_tail")}
     if rest:
         lines.append(_pretty(rest))
-    uri = data.get("uri") if isinstance(data.get("uri"), str) else None
-    content: list[dict] = [{"type": "text", "text": bound_text("\n".join(lines), TEXT_LIMIT, uri)}]
-    if uri:
-        content.append(_link(uri, data.get("ref") or data.get("plan_ref")))
+    link = data.get("uri") if isinstance(data.get("uri"), str) else None
+    content: list[dict] = [{"type": "text", "text": bound_text("\n".join(lines), TEXT_LIMIT, link)}]
+    if link:
+        content.append(_link(link, data.get("ref") or data.get("plan_ref")))
     return {"content": content, "structuredContent": {"error": error}, "isError": True}

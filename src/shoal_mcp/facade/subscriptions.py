@@ -30,7 +30,7 @@ class Subscriptions:
 
     def subscribe(self, params: dict) -> dict:
         uri = _uri(params)
-        channel = subscription_channel(parse_uri(uri))
+        channel = subscription_channel(parse_uri(uri), uri)
         with self._ops:
             with self._lock:
                 if not self.link.events_alive():

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from ..client import KernelLost
+from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.limits import PROGRESS_INTERVAL_S
 from ..protocol.schema import validate
 from .kernel_link import KernelLink
 from .tools import TOOLS_BY_NAME
-
-TASK_REF = re.compile(r"^(?:task:|shoal://task/)(\d+)$")
-PLAN_REF = re.compile(r"^(?:shoal://plan/)?(plan:[0-9a-f]+)$")
 
 
 class ArgumentError(RpcError):
@@ -68,10 +65,11 @@ class ToolRunner:
             for k in ("path", "slice", "format", "offset", "length", "elide")
             if k in args
         }
-        if plan := PLAN_REF.match(ref):
-            return self.link.call("plan.get", {"plan_ref": plan.group(1)})
-        if task := TASK_REF.match(ref):
-            task_ref = f"task:{task.group(1)}"
+        kind, ident = _record_kind(ref)
+        if kind == uri.PLAN:
+            return self.link.call("plan.get", {"plan_ref": ident})
+        if kind == uri.TASK:
+            task_ref = uri.task_ref(int(ident))
             if "wait_ms" in args:
                 record = self.link.call(
                     "task.await", {"task": task_ref, "timeout_ms": args["wait_ms"]}
@@ -90,3 +88,22 @@ class ToolRunner:
         if "format" not in params:
             params["with_render"] = True
         return self.link.call("value.get", params)
+
+
+def _record_kind(ref: str) -> tuple[str | None, str]:
+    """(PLAN, plan ref) or (TASK, N) when ``ref`` names a plan or a task record; else None.
+
+    A task's streams (``shoal://task/N/out``) are values, not records.
+    """
+    try:
+        if ref.startswith(uri.SCHEME):
+            parsed = uri.parse_uri(ref)
+            return (
+                (parsed.kind, parsed.ident or "")
+                if parsed.kind in (uri.PLAN, uri.TASK)
+                else (None, "")
+            )
+        name = uri.parse_ref(ref)
+    except uri.BadName:
+        return None, ""
+    return (name.kind, name.ident) if name.kind in (uri.PLAN, uri.TASK) else (None, "")

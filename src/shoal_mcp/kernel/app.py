@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError, is_disk_full, state_dir_full
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
@@ -85,7 +86,7 @@ class Kernel:
         return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
-        self.events.publish("pty." + pty_id.split(":")[-1], payload)
+        self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)
 
     def stop_work(self, drain_s: float) -> bool:
         """Kernel exit, first half: close PTYs, kill tasks and store their results."""
@@ -278,15 +279,20 @@ class Kernel:
 
     def check_channel_access(self, who: Principal, channel: str) -> None:
         """task.N / pty.N only for their owners; journal and approval per policy."""
-        kind, _, num = channel.partition(".")
+        kind = channel.partition(".")[0]
+        num = uri.parse_channel(channel)[1]
         if kind == "task":
             self.tasks.get(
-                num, who.session, who.principal, see_all=self.can_see_all_tasks(who.principal)
+                channel.partition(".")[2] if num is None else num,  # a bad N: unknown task
+                who.session,
+                who.principal,
+                see_all=self.can_see_all_tasks(who.principal),
             )
         elif kind == "pty":
-            if not any(p["pty_id"] == f"pty:{num}" for p in self.ptys.list(owner_key(who))):
+            pty_id = uri.pty_ref(num) if num is not None else channel.partition(".")[2]
+            if not any(p["pty_id"] == pty_id for p in self.ptys.list(owner_key(who))):
                 raise RpcError(
-                    ErrorCode.UNKNOWN_PTY, f"unknown pty pty:{num}", {"pty_id": f"pty:{num}"}
+                    ErrorCode.UNKNOWN_PTY, f"unknown pty {pty_id}"[:200], {"pty_id": pty_id[:100]}
                 )
         elif channel in DURABLE_CHANNELS and not self.journal_read_all(who.principal):
             raise RpcError(
@@ -334,7 +340,7 @@ class Kernel:
             cwd=run.cwd,
         )
         n = self.transcript.append(task.session, task.principal, outcome)
-        ref = f"out:{n}"
+        ref = uri.out_ref(n)
         if state is not None and not task.listed:
             session = self.sessions.get_or_create(task.session)
             self.sessions.apply(session, state[0], state[1])
@@ -372,7 +378,7 @@ class Kernel:
         )
         return {
             "ref": ref,
-            "uri": f"shoal://out/{n}",
+            "uri": uri.out_uri(n),
             "ok": outcome["ok"],
             "status": outcome["status"],
             "stored": {"out_len": out_info.size, "err_len": err_info.size},

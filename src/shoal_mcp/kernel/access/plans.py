@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import PLAN_REF_HEX
 
@@ -45,7 +46,7 @@ class Plan:
 
     @property
     def uri(self) -> str:
-        return f"shoal://plan/{self.ref}"
+        return uri.plan_uri(self.ref)
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -183,6 +184,7 @@ class PlanStore:
 
 
 def _norm(ref: str) -> str:
-    if ref.startswith("shoal://plan/"):
-        ref = ref[len("shoal://plan/") :]
-    return ref
+    try:
+        return uri.plan_ref_of(ref)
+    except uri.BadName:
+        return ref  # not found either way

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
@@ -44,11 +45,11 @@ class Task:
 
     @property
     def ref(self) -> str:
-        return f"task:{self.id}"
+        return uri.task_ref(self.id)
 
     @property
     def channel(self) -> str:
-        return f"task.{self.id}"
+        return uri.task_channel(self.id)
 
     def record(self) -> dict[str, Any]:
         out_bytes, err_bytes = (
@@ -56,7 +57,7 @@ class Task:
         )
         rec: dict[str, Any] = {
             "task": self.ref,
-            "uri": f"shoal://task/{self.id}",
+            "uri": uri.task_uri(self.id),
             "session": self.session,
             "principal": self.principal,
             "src": self.src,
@@ -253,15 +254,10 @@ class TaskManager:
 
 
 def parse_task_id(value: int | str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value)
-    for prefix in ("task:", "shoal://task/"):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
+    """N of ``task:N``, ``shoal://task/N`` or N; -32021 for anything else."""
     try:
-        return int(text)
-    except ValueError:
+        return uri.ref_number(value, uri.TASK)
+    except uri.BadName:
         raise RpcError(
             ErrorCode.UNKNOWN_TASK, f"unknown task {value!r}", {"task": str(value)}
         ) from None

@@ -49,6 +49,7 @@ from typing import Any
 
 import pyte
 
+from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 
 # The manager reads these limits as globals of *this* module at call time, so a test can
@@ -105,7 +106,7 @@ class _Pty:
         self, num: int, owner: str, proc: subprocess.Popen, master: int, cmd: str,
         cols: int, rows: int,
     ) -> None:  # fmt: skip
-        self.id = f"pty:{num}"
+        self.id = uri.pty_ref(num)
         self.owner = owner
         self.proc = proc
         self.pid = proc.pid
@@ -360,7 +361,7 @@ class PtyManager:
             if owner is None:
                 item["owner"] = p.owner
             out.append(item)
-        out.sort(key=lambda i: int(i["pty_id"].split(":")[1]))
+        out.sort(key=lambda i: uri.ref_number(i["pty_id"], uri.PTY))
         return out
 
     def count(self, owner: str) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from .db import Database
 
@@ -38,7 +39,7 @@ class TranscriptStore:
             raise RpcError(
                 ErrorCode.UNKNOWN_REF,
                 f"unknown ref out:{n} in session {session!r}",
-                {"ref": f"out:{n}", "session": session},
+                {"ref": uri.out_ref(n), "session": session},
             )
         return rows[0]["principal"], orjson.loads(rows[0]["value"])
 

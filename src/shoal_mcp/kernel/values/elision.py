@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol import uri
 from ...protocol.limits import (
     ELIDE_MAX_BYTES,
     ELIDE_MAX_BYTES_RAW,
@@ -91,7 +92,7 @@ class WireEncoder:
 
     def uri_for(self, rel: list[Segment]) -> str:
         path = format_path(self.base_path + rel)
-        return f"{self.base_uri}?path={path}" if path else self.base_uri
+        return uri.with_query(self.base_uri, path=path)
 
     def encode(self, node: Any) -> dict:
         return self._convert(node, [], min(self.opts.max_bytes, VALUE_HARD_CAP))

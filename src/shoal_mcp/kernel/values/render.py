@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol import uri
 from ...protocol.framing import bound_text
 from ...protocol.limits import STDERR_TAIL_BYTES, VALUE_HARD_CAP
 from .elision import ElideOptions, WireEncoder
@@ -135,7 +136,7 @@ class Renderer:
             marker = (
                 f"\u2026 {total - head_n - tail_n} lines elided ({elided_bytes} bytes) \u2026 "
                 f'fetch with shoal_get {{"ref": "{self.ref}", "path": "{sel}"}} '
-                f"or read {self.base_uri}?path={sel}"
+                f"or read {uri.with_query(self.base_uri, path=sel)}"
             )
             parts = (
                 [_cut_bytes(x, per_line) for x in head]
@@ -153,7 +154,7 @@ class Renderer:
             head_s = data[:half].decode("utf-8", "ignore")
             tail_s = data[-half:].decode("utf-8", "ignore")
         middle = size - len(head_s.encode()) - len(tail_s.encode())
-        target = f"{self.base_uri}?path={path}&format=raw&offset={len(head_s.encode())}"
+        target = uri.with_query(self.base_uri, path=path, format="raw", offset=len(head_s.encode()))
         marker = (
             f"\n\u2026 {middle} bytes elided \u2026 fetch with shoal_get "
             f'{{"ref": "{self.ref}", "path": "{path}"}} or read {target}\n'
@@ -217,5 +218,7 @@ def raw_page(node: Any, offset: int, length: int, page_uri: str) -> dict:
         out["raw_base64"] = base64.b64encode(data).decode("ascii")
     out.update({"offset": offset, "length": len(data), "total": total})
     if offset + len(data) < total:
-        out["next"] = f"{page_uri}&format=raw&offset={offset + len(data)}&length={length}"
+        out["next"] = uri.with_query(
+            page_uri, format="raw", offset=offset + len(data), length=length
+        )
     return out

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
+from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import bound_text
 from ...protocol.limits import ELIDE_MAX_ITEMS, ELIDE_MAX_ROWS, VALUE_HARD_CAP
 from ..access.identity import Principal
-from ..exec.tasks import TaskManager, parse_task_id
+from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
 from .render import Renderer, raw_page
@@ -70,7 +70,7 @@ class ValueService:
             if len(orjson.dumps(wire)) <= VALUE_HARD_CAP:
                 return wire
         path = format_path(sel.path)
-        return {"$": "ref", "uri": f"{sel.base_uri}?path={path}" if path else sel.base_uri}
+        return {"$": "ref", "uri": uri.with_query(sel.base_uri, path=path)}
 
     def render(self, sel: Selected, elide: ElideOptions) -> str:
         # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
@@ -84,7 +84,7 @@ class ValueService:
         length = elide.max_bytes_raw if length is None else length
         # A page must encode under the hard cap: base64 grows 4/3, JSON escapes more.
         length = max(1, min(length, VALUE_HARD_CAP * 3 // 4))
-        page_uri = f"{sel.base_uri}?path={format_path(sel.path)}"
+        page_uri = uri.with_query(sel.base_uri, path=format_path(sel.path))
         page = raw_page(sel.node, offset, length, page_uri)
         # JSON escapes can grow text up to 6x (control characters): measure, then shrink.
         while len(orjson.dumps(page)) > VALUE_HARD_CAP - RAW_PAGE_RESERVE and length > 1:
@@ -95,65 +95,65 @@ class ValueService:
     def _resolve_ref(self, who: Principal, ref: str) -> tuple[str, str, list[Segment], Any]:
         """(ref, base uri, path from the URI, stored node) for any ref form."""
         ref = ref.strip()
-        if ref.startswith("shoal://"):
-            return self._resolve_uri(who, ref)
-        kind, _, rest = ref.partition(":")
-        if kind == "out" and rest.isdigit():
-            return self._out(who, int(rest))
-        if kind == "task":
-            return self._task_value(who, ref, out_only=False)
+        try:
+            if ref.startswith(uri.SCHEME):
+                return self._resolve_uri(who, uri.parse_uri(ref))
+            name = uri.parse_ref(ref)
+        except uri.BadName as exc:
+            raise RpcError(
+                ErrorCode.UNKNOWN_REF,
+                str(exc),
+                {"ref": ref[:200], "hint": "refs look like out:N, task:N or shoal://out/N"},
+            ) from None
+        if name.kind == uri.OUT:
+            return self._out(who, int(name.ident))
+        if name.kind == uri.TASK:
+            return self._task_value(who, int(name.ident), None)
         raise RpcError(
             ErrorCode.UNKNOWN_REF,
-            f"unknown ref {ref!r}",
+            f"{ref[:200]!r} names no stored value",
             {"ref": ref[:200], "hint": "refs look like out:N, task:N or shoal://out/N"},
         )
 
     def _out(self, who: Principal, n: int) -> tuple[str, str, list[Segment], Any]:
+        ref = uri.out_ref(n)
         if n >= 2**63:  # beyond SQLite INTEGER: no such value (not an OverflowError)
-            raise RpcError(
-                ErrorCode.UNKNOWN_REF, f"unknown ref out:{n}"[:200], {"ref": f"out:{n}"[:200]}
-            )
+            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref {ref}"[:200], {"ref": ref[:200]})
         owner, value = self.transcript.get(who.session, n)
         if owner != who.principal and not self.reads_all(who.principal):
             # Another principal's value in a shared session: as unknown as a missing one.
             raise RpcError(
                 ErrorCode.UNKNOWN_REF,
-                f"unknown ref out:{n} in session {who.session!r}",
-                {"ref": f"out:{n}", "session": who.session},
+                f"unknown ref {ref} in session {who.session!r}",
+                {"ref": ref, "session": who.session},
             )
-        return f"out:{n}", f"shoal://out/{n}", [], value
+        return ref, uri.out_uri(n), [], value
 
-    def _resolve_uri(self, who: Principal, uri: str) -> tuple[str, str, list[Segment], Any]:
-        parts = urlsplit(uri)
-        segments = [unquote(p) for p in (parts.netloc + parts.path).split("/") if p]
-        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        path = parse_path(query["path"]) if query.get("path") else []
-        if ".." in segments or "." in segments:
-            raise RpcError(
-                ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}", {"uri": uri[:200]}
-            )
-        if len(segments) == 2 and segments[0] == "out" and segments[1].isdigit():
-            ref, base, _, node = self._out(who, int(segments[1]))
+    def _resolve_uri(
+        self, who: Principal, parsed: uri.ShoalUri
+    ) -> tuple[str, str, list[Segment], Any]:
+        path = parse_path(parsed.query["path"]) if parsed.query.get("path") else []
+        if parsed.kind == uri.OUT:
+            ref, base, _, node = self._out(who, int(parsed.ident or 0))
             return ref, base, path, node
-        if len(segments) in (2, 3) and segments[0] == "task":
-            ref, base, _, node = self._task_value(
-                who, f"task:{segments[1]}", out_only=len(segments) == 3
-            )
-            if len(segments) == 3 and segments[2] not in ("out", "err"):
-                raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown resource {uri[:200]!r}")
+        stream = {uri.TASK: None, uri.TASK_OUT: "out", uri.TASK_ERR: "err"}
+        if parsed.kind in stream:
+            ref, base, _, node = self._task_value(who, int(parsed.ident or 0), stream[parsed.kind])
             return ref, base, path, node
-        raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown ref {uri[:200]!r}", {"uri": uri[:200]})
+        shown = str(parsed)[:200]
+        raise RpcError(ErrorCode.UNKNOWN_REF, f"{shown!r} names no stored value", {"uri": shown})
 
     def _task_value(
-        self, who: Principal, ref: str, out_only: bool
+        self, who: Principal, num: int, stream: str | None
     ) -> tuple[str, str, list[Segment], Any]:
-        task = self.tasks.get(parse_task_id(ref), who.session, who.principal)
+        """A task's outcome (its stored ``out:N`` once finished), or one of its streams."""
+        task = self.tasks.get(num, who.session, who.principal)
         if task.done.is_set() and task.result is not None:
-            n = int(task.result["ref"].split(":")[1])
-            _, base, _, node = self._out(who, n)
-            if out_only:
-                return task.ref, f"shoal://task/{task.id}/out", [], node.get("out")
-            return task.result["ref"], base, [], node
+            n = uri.ref_number(task.result["ref"], uri.OUT)
+            ref, base, _, node = self._out(who, n)
+            if stream:
+                return task.ref, uri.task_uri(task.id, stream), [], node.get(stream)
+            return ref, base, [], node
         live = {
             "$": "outcome",
             "status": None,
@@ -164,9 +164,9 @@ class ValueService:
             "cmd": task.src,
             "cwd": task.run.cwd,
         }
-        if out_only:
-            return task.ref, f"shoal://task/{task.id}/out", [], live["out"]
-        return task.ref, f"shoal://task/{task.id}", [], live
+        if stream:
+            return task.ref, uri.task_uri(task.id, stream), [], live[stream]
+        return task.ref, uri.task_uri(task.id), [], live
 
 
 def _shrinking(elide: ElideOptions):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from ....protocol import uri
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.limits import STDERR_TAIL_BYTES
 from ...values.elision import ELIDE_SCHEMA, ElideOptions
@@ -28,7 +29,7 @@ EXEC_SCHEMA = obj(
 
 
 def task_handle(task, **extra) -> dict:
-    return {"task": task.ref, "uri": f"shoal://task/{task.id}", "events": task.channel, **extra}
+    return {"task": task.ref, "uri": uri.task_uri(task.id), "events": task.channel, **extra}
 
 
 @method("exec", EXEC_SCHEMA, blocking=True)

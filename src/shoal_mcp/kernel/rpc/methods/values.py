@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+from ....protocol import uri
 from ....protocol.limits import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
 from ...values.elision import ELIDE_SCHEMA, ElideOptions
 from ...values.service import RAW_PAGE_RESERVE
@@ -90,5 +91,5 @@ def blob_get(call, params):
         "base64": base64.b64encode(data).decode("ascii"),
     }
     if offset + len(data) < info.size:
-        out["next"] = f"shoal://val/{info.hash}?offset={offset + len(data)}&length={length}"
+        out["next"] = uri.val_uri(info.hash, offset + len(data), length)
     return out
