@@ -6,6 +6,7 @@ loaded policy. Plans themselves live in ``plans.py``.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
@@ -21,6 +22,8 @@ class Guard:
         self.policy = Policy.load(str(policy_path) if policy_path else None)
         self.local_principal = local_principal
         self.require_token = require_token
+        self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._quota_guard = threading.Lock()
 
     def for_principal(self, principal: str) -> PrincipalPolicy:
         return self.policy.for_principal(principal, self.local_principal)
@@ -59,3 +62,9 @@ class Guard:
                 f"quota exceeded: {what} = {limit}",
                 {"quota": what, "limit": limit},
             )
+
+    def quota_lock(self, principal: str, what: str) -> threading.Lock:
+        """Serialises one principal's check-then-create for quota ``what``, so parallel
+        calls cannot overshoot it."""
+        with self._quota_guard:
+            return self._quota_locks.setdefault((principal, what), threading.Lock())

@@ -32,7 +32,8 @@ from ...protocol.jsonrpc import (
 )
 from ...protocol.limits import MAX_OVERSIZE_PER_CONNECTION
 from ...protocol.schema import validate
-from ..app import Kernel, Principal
+from ..access.identity import Principal
+from ..app import Kernel
 from .registry import REGISTRY, MethodSpec
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,14 @@ class Call:
     def who(self) -> Principal:
         assert self.conn.who is not None
         return self.conn.who
+
+    # The exec service's ``Caller``: whether anyone still waits, and early cancels.
+
+    def gone(self) -> bool:
+        return self.conn.closed.is_set()
+
+    def spawned(self, task: Any) -> bool:
+        return self.slot is not None and self.slot.attach(task)
 
 
 class KernelServer:

@@ -58,7 +58,7 @@ def events_subscribe(call, params):
         kernel.track_subscription(principal, s.id, live=False)
 
     # max_subscriptions is per principal (all its connections); check and subscribe as one step.
-    with kernel.quota_lock(principal, "max_subscriptions"):
+    with kernel.guard.quota_lock(principal, "max_subscriptions"):
         kernel.check_subscription_quota(call.who, len(subs))
         sub = kernel.events.subscribe(
             channel, params.get("since"), call.conn.notify_event, on_close=closed

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 from ....protocol.errors import ErrorCode, RpcError
-from ...access.plans import APPLIED, APPROVED, PlanStore
-from ...values.elision import ELIDE_SCHEMA, ElideOptions
+from ...access.plans import APPROVED, PlanStore
+from ...exec.service import RunOptions
+from ...values.elision import ELIDE_SCHEMA
 from ..registry import BOOL, method, obj
-from .exec import SRC, run_and_wait
+from .exec import SRC
 
 PLAN_REF = {"type": "string", "minLength": 1, "maxLength": 200}
 KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 16}
@@ -16,11 +15,7 @@ KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItem
 
 @method("explain", obj({"src": SRC}, ("src",)))
 def explain(call, params):
-    plan, verdict = call.kernel.evaluate(call.who, params["src"])
-    out = plan.record()
-    for stored_only in ("plan_ref", "uri", "state", "created"):
-        out.pop(stored_only, None)
-    return out
+    return call.kernel.exec.explain(call.who, params["src"])
 
 
 @method("plan.get", obj({"plan_ref": PLAN_REF}, ("plan_ref",)))
@@ -64,63 +59,8 @@ def plan_list(call, params):
     blocking=True,
 )
 def plan_apply(call, params):
-    kernel = call.kernel
-    plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
-    if plan.state == "denied":
-        raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
-    if plan.state == APPLIED:
-        raise RpcError(ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref})
-    if plan.state != APPROVED:
-        # Re-evaluate now: policy may allow it outright (or have changed).
-        _, verdict = kernel.evaluate(call.who, plan.src)
-        if verdict.verdict == "deny":
-            raise RpcError(
-                ErrorCode.DENIED,
-                "denied by policy",
-                {"plan_ref": plan.ref, "reasons": list(verdict.reasons)},
-            )
-        if verdict.verdict != "allow":
-            raise RpcError(
-                ErrorCode.APPROVAL_REQUIRED,
-                "approval required",
-                {
-                    "plan_ref": plan.ref,
-                    "uri": plan.uri,
-                    "effects": plan.effects,
-                    "state": plan.state,
-                },
-            )
-    else:
-        # The approval covers the effects derived in the plan's cwd and env; if the session
-        # moved since (cd, export, HOME), the same source would touch other things.
-        analysis, cwd = kernel.analyze(call.who, plan.src)
-        if cwd != plan.cwd or analysis.effects != plan.effects:
-            raise RpcError(
-                ErrorCode.APPROVAL_REQUIRED,
-                "the session's cwd or environment changed since this plan was approved; plan it again",
-                {
-                    "plan_ref": plan.ref,
-                    "uri": plan.uri,
-                    "effects": analysis.effects,
-                    "cwd": cwd,
-                    "plan_cwd": plan.cwd,
-                    "state": plan.state,
-                },
-            )
-    previous = kernel.plans.claim(plan)  # atomic: concurrent applies run it once
-    try:
-        return run_and_wait(
-            call,
-            plan.src,
-            plan.effects,
-            params,
-            ElideOptions.from_params(params.get("elide")),
-            time.time(),
-        )
-    except RpcError as exc:
-        if exc.code == ErrorCode.QUOTA and params.get("background"):
-            kernel.plans.unclaim(plan, previous)  # refused before anything started
-        raise
+    opts = RunOptions.from_params(params)
+    return call.kernel.exec.apply(call.who, params["plan_ref"], opts, call)
 
 
 @method("cap.request", obj({"plan_ref": PLAN_REF, "effects": KINDS}, ("plan_ref",)))

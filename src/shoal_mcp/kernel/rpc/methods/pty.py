@@ -7,7 +7,7 @@ import shlex
 
 from ....protocol.errors import invalid_params
 from ....protocol.limits import PTY_MAX_DIM, PTY_MIN_DIM
-from ...app import owner_key
+from ...access.identity import owner_key
 from ..registry import NONEMPTY, method, obj
 
 DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
@@ -49,9 +49,9 @@ def pty_open(call, params):
     # Spawning a PTY is policy-gated like exec, and its env like `NAME=value cmd` (env_write):
     # LD_PRELOAD, PATH or BASH_ENV must not slip past the grants.
     assignments = [f"{k}={shlex.quote(v)}" for k, v in variables.items()]
-    kernel.gate_exec(who, " ".join([*assignments, shlex.join(argv)]))
+    kernel.exec.gate(who, " ".join([*assignments, shlex.join(argv)]))
     owner = owner_key(who)
-    with kernel.quota_lock(who.principal, "max_ptys"):  # check and open as one step
+    with kernel.guard.quota_lock(who.principal, "max_ptys"):  # check and open as one step
         kernel.guard.check_quota(who.principal, "max_ptys", kernel.pty_count(who.principal))
         session = kernel.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()

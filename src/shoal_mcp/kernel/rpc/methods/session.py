@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ....protocol.limits import DEFAULT_SESSION
-from ...app import Principal
+from ...access.identity import Principal
+from ...effects import analyzer
 from ...exec.reef import reef
 from ...values.elision import ElideOptions
 from ..registry import BOOL, STR, method, obj
@@ -35,7 +36,7 @@ def ping(call, params):
 def attach(call, params):
     kernel = call.kernel
     name = params.get("session", DEFAULT_SESSION)
-    principal = kernel.authenticate(params.get("token"))
+    principal = kernel.guard.authenticate(params.get("token"))
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
     call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
@@ -43,7 +44,7 @@ def attach(call, params):
     return {
         "session": name,
         "principal": principal,
-        "caps": kernel.caps_for(principal),
+        "caps": kernel.guard.caps(principal),
         "cwd": cwd,
         "env_hash": session.env_hash(),
         "elide_defaults": ElideOptions().as_dict(),
@@ -62,7 +63,7 @@ def cwd(call, params):
 def env(call, params):
     session = call.kernel.sessions.get_or_create(call.who.session)
     _, env_vars = session.snapshot()
-    readable = call.kernel.env_readable(call.who.principal)
+    readable = call.kernel.guard.for_principal(call.who.principal).env_readable
     values = {k: v for k, v in env_vars.items() if readable(k)}
     return {
         "session": session.name,
@@ -81,4 +82,4 @@ def session_reef(call, params):
 
 @method("parse", obj({"src": {"type": "string", "maxLength": 1 << 20}}, ("src",)))
 def parse(call, params):
-    return call.kernel.parse(params["src"])
+    return analyzer.parse_summary(params["src"])

@@ -1,0 +1,340 @@
+"""The exec service: gate → spawn → wait → finalize → result, for ``exec`` and ``plan.apply``.
+
+One place owns running a command for a principal. ``exec`` asks the policy gate first;
+``plan.apply`` checks the stored plan instead; both then go through ``_start`` (the
+``max_tasks`` quota is checked there, once) and ``_wait`` (the caller's wait budget).
+When a command exits, ``TaskManager`` hands it to ``finalize`` (``finalize.py``), which
+stores ``out:N`` and its journal row; ``result`` shapes the reply.
+
+The service knows nothing of sockets: the RPC layer passes a ``Caller`` that says
+whether the caller hung up and whether a cancel overtook the spawn.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ...protocol import uri
+from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.limits import STDERR_TAIL_BYTES
+from ..access.guard import Guard
+from ..access.identity import Principal
+from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
+from ..effects import analyzer
+from ..store.sessions import SessionTable
+from ..values.elision import ElideOptions
+from ..values.service import ValueService
+from .finalize import Finalizer
+from .runner import spawn
+from .tasks import Task, TaskManager
+
+DISCONNECT_POLL_S = 0.25
+"""How often a foreground exec checks that its caller is still connected."""
+
+
+class Caller(Protocol):
+    """What the exec service needs to know about the call it serves."""
+
+    def gone(self) -> bool:
+        """True once nobody will read the reply (the connection closed)."""
+        ...
+
+    def spawned(self, task: Task) -> bool:
+        """Record the spawned task; True when a cancel for this call already arrived."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run and answer: ``exec``'s and ``plan.apply``'s shared params."""
+
+    background: bool = False
+    timeout_ms: int | None = None
+    position: str = "stmt"
+    elide: ElideOptions = field(default_factory=ElideOptions)
+
+    @classmethod
+    def from_params(cls, params: dict) -> RunOptions:
+        return cls(
+            background=params.get("background", False),
+            timeout_ms=params.get("timeout_ms"),
+            position=params.get("position", "stmt"),
+            elide=ElideOptions.from_params(params.get("elide")),
+        )
+
+
+class ExecService:
+    def __init__(
+        self,
+        *,
+        sessions: SessionTable,
+        guard: Guard,
+        plans: PlanStore,
+        tasks: TaskManager,
+        values: ValueService,
+        finalizer: Finalizer,
+        spool_dir: Path,
+    ) -> None:
+        self.sessions = sessions
+        self.guard = guard
+        self.plans = plans
+        self.tasks = tasks
+        self.values = values
+        self.spool_dir = spool_dir
+        self.finalizer = finalizer  # also writes the journal rows of plans and refusals
+
+    # -- analysis and the gate ------------------------------------------------------------
+
+    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str]:
+        """Effects of ``src`` in the caller's session as it is now, and that cwd."""
+        session = self.sessions.get_or_create(who.session)
+        cwd, env = session.snapshot()
+        return analyzer.analyze(src, cwd, env.get("HOME")), cwd
+
+    def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
+        """The plan ``src`` would be for the caller, and the policy's verdict on it."""
+        analysis, cwd = self.analyze(who, src)
+        verdict = self.guard.for_principal(who.principal).evaluate(
+            analysis.effects, analysis.reversibility
+        )
+        ref = plan_ref(who.session, who.principal, src, analysis.effects)
+        plan = Plan(
+            ref,
+            who.session,
+            who.principal,
+            src,
+            cwd,
+            analysis.effects,
+            analysis.reversibility,
+            verdict.verdict,
+            list(verdict.reasons),
+        )
+        return plan, verdict
+
+    def plan(self, who: Principal, src: str) -> dict:
+        """``exec mode=plan``: analyse, store, journal; nothing is spawned."""
+        plan, _ = self.evaluate(who, src)
+        plan = self.plans.put(plan)
+        self.finalizer.journal_plan(who, plan, "plan", plan.ref, ok=None)
+        return plan.record()
+
+    def explain(self, who: Principal, src: str) -> dict:
+        """What ``plan`` would say, without storing anything."""
+        plan, _ = self.evaluate(who, src)
+        out = plan.record()
+        for stored_only in ("plan_ref", "uri", "state", "created"):
+            out.pop(stored_only, None)
+        return out
+
+    def gate(self, who: Principal, src: str) -> list[dict]:
+        """allow → the effects; ask → -32011 with a stored plan; deny → -32010."""
+        plan, verdict = self.evaluate(who, src)
+        if verdict.verdict == "allow":
+            return plan.effects
+        if verdict.verdict == "deny":
+            self.finalizer.journal_plan(who, plan, "denied", None, ok=False)
+            raise RpcError(
+                ErrorCode.DENIED,
+                "denied by policy",
+                {"effects": plan.effects, "reasons": plan.reasons},
+            )
+        plan = self.plans.put(plan)
+        self.finalizer.journal_plan(who, plan, "approval_required", plan.ref, ok=False)
+        raise RpcError(
+            ErrorCode.APPROVAL_REQUIRED,
+            "approval required: call cap.request, then plan.apply once approved",
+            {
+                "plan_ref": plan.ref,
+                "uri": plan.uri,
+                "effects": plan.effects,
+                "reasons": plan.reasons,
+            },
+        )
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, who: Principal, src: str, opts: RunOptions, caller: Caller) -> dict:
+        """``exec mode=run``: the gate, then start and wait."""
+        started = time.time()
+        effects = self.gate(who, src)
+        return self._start_and_wait(who, src, effects, opts, caller, started)
+
+    def apply(self, who: Principal, ref: str, opts: RunOptions, caller: Caller) -> dict:
+        """``plan.apply``: run exactly the stored source of the caller's own plan, once."""
+        plan = self.plans.get_own(ref, who.session, who.principal)
+        self._check_applicable(who, plan)
+        previous = self.plans.claim(plan)  # atomic: concurrent applies run it once
+        try:
+            return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
+        except RpcError as exc:
+            if exc.code == ErrorCode.QUOTA and opts.background:
+                self.plans.unclaim(plan, previous)  # refused before anything started
+            raise
+
+    def _check_applicable(self, who: Principal, plan: Plan) -> None:
+        if plan.state == "denied":
+            raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
+        if plan.state == APPLIED:
+            raise RpcError(
+                ErrorCode.DENIED, f"{plan.ref} was already applied", {"plan_ref": plan.ref}
+            )
+        if plan.state != APPROVED:
+            # Re-evaluate now: policy may allow it outright (or have changed).
+            _, verdict = self.evaluate(who, plan.src)
+            if verdict.verdict == "deny":
+                raise RpcError(
+                    ErrorCode.DENIED,
+                    "denied by policy",
+                    {"plan_ref": plan.ref, "reasons": list(verdict.reasons)},
+                )
+            if verdict.verdict != "allow":
+                raise RpcError(
+                    ErrorCode.APPROVAL_REQUIRED,
+                    "approval required",
+                    {
+                        "plan_ref": plan.ref,
+                        "uri": plan.uri,
+                        "effects": plan.effects,
+                        "state": plan.state,
+                    },
+                )
+            return
+        # The approval covers the effects derived in the plan's cwd and env; if the session
+        # moved since (cd, export, HOME), the same source would touch other things.
+        analysis, cwd = self.analyze(who, plan.src)
+        if cwd != plan.cwd or analysis.effects != plan.effects:
+            raise RpcError(
+                ErrorCode.APPROVAL_REQUIRED,
+                "the session's cwd or environment changed since this plan was approved; "
+                "plan it again",
+                {
+                    "plan_ref": plan.ref,
+                    "uri": plan.uri,
+                    "effects": analysis.effects,
+                    "cwd": cwd,
+                    "plan_cwd": plan.cwd,
+                    "state": plan.state,
+                },
+            )
+
+    def _start_and_wait(
+        self,
+        who: Principal,
+        src: str,
+        effects: list[dict],
+        opts: RunOptions,
+        caller: Caller,
+        started: float,
+    ) -> dict:
+        task = self._start(who, src, effects, opts.background)
+        if opts.background:
+            return task_handle(task)
+        if caller.spawned(task):
+            self.tasks.cancel(task)  # a cancel overtook the spawn
+        if not self._wait(task, opts.timeout_ms, caller):
+            # Past the wait budget, or the caller hung up (nobody will read the reply): the
+            # command keeps running as a listed task, visible in task.list and cancellable,
+            # instead of an unlisted process nobody can name.
+            self._detach(who, task)  # within max_tasks, else cancelled + -32031
+            return task_handle(task, timed_out=True)
+        try:
+            return self.result(who, task, opts, started)
+        finally:
+            # A finished foreground exec is never named again (its value is out:N in the
+            # transcript): drop the task record so the kernel's memory stays flat.
+            self.tasks.forget(task)
+
+    def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
+        session = self.sessions.get_or_create(who.session)
+        cwd, env = session.snapshot()
+        if not background:
+            run = spawn(src, cwd, env, self.spool_dir)
+            return self.tasks.start(who.session, who.principal, src, run, False, effects)
+        # Check and start as one step per principal, so parallel calls cannot overshoot.
+        with self.guard.quota_lock(who.principal, "max_tasks"):
+            self._check_task_quota(who)
+            run = spawn(src, cwd, env, self.spool_dir)
+            return self.tasks.start(who.session, who.principal, src, run, True, effects)
+
+    @staticmethod
+    def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:
+        """Wait for ``task`` within the budget; False when the budget ran out or the caller left."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            step = DISCONNECT_POLL_S
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - time.monotonic()))
+            if task.done.wait(step):
+                return True
+            if caller.gone() or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
+    def _detach(self, who: Principal, task: Task) -> None:
+        """A foreground exec outlived its wait: it becomes a listed task within max_tasks.
+
+        Over the quota it is cancelled and -32031 raised instead, so timed-out (or
+        abandoned) foreground calls cannot pile up running commands past the quota.
+        """
+        with self.guard.quota_lock(who.principal, "max_tasks"):
+            try:
+                self._check_task_quota(who)
+            except RpcError:
+                if not task.done.is_set():
+                    try:
+                        self.tasks.cancel(task)
+                    except RpcError:
+                        pass  # it finished meanwhile
+                raise
+            self.tasks.detach(task)
+
+    def _check_task_quota(self, who: Principal) -> None:
+        self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
+
+    # -- the reply ------------------------------------------------------------------------
+
+    def result(self, who: Principal, task: Task, opts: RunOptions, started: float) -> dict:
+        """``{ref, uri, value, render, elapsed_ms}``; ``stmt`` position raises on failure."""
+        if task.result is None:
+            err = task.error or {
+                "code": int(ErrorCode.INTERNAL),
+                "message": "task ended without a result",
+            }
+            raise RpcError(err["code"], err["message"], err.get("data"))
+        sel = self.values.select(who, task.result["ref"], "", None)
+        result = {
+            "ref": sel.ref,
+            "uri": sel.base_uri,
+            "value": self.values.encode(sel, opts.elide),
+            "render": self.values.render(sel, opts.elide),
+            "elapsed_ms": round((time.time() - started) * 1000, 3),
+        }
+        if opts.position == "stmt" and not task.result["ok"]:
+            raise self._raised(who, task, result)
+        return result
+
+    def _raised(self, who: Principal, task: Task, result: dict) -> RpcError:
+        """-32002 for a failed command in statement position, with a bounded stderr tail."""
+        assert task.result is not None
+        err = self.values.select(who, task.result["ref"], ".err", None).node
+        tail = err.read(max(0, err.size - STDERR_TAIL_BYTES)).decode("utf-8", "replace")
+        status = task.result["status"]
+        cancelled = " (cancelled)" if task.state == "cancelled" else ""
+        return RpcError(
+            ErrorCode.RAISED,
+            f"command failed with exit status {status}{cancelled}",
+            {
+                "ref": result["ref"],
+                "uri": result["uri"],
+                "status": status,
+                "stderr_tail": tail,
+                "render": result["render"],
+            },
+        )
+
+
+def task_handle(task: Task, **extra: Any) -> dict:
+    """What a background (or timed-out) exec returns: the task's names."""
+    return {"task": task.ref, "uri": uri.task_uri(task.id), "events": task.channel, **extra}
