@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
-from .auth import TokenStore
+from ...tokens import TokenStore
 from .policy import Policy, PrincipalPolicy
 
 
