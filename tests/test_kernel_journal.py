@@ -1,5 +1,5 @@
-"""The journal over a live kernel (SPEC §4.8): one row per exec with the documented
-fields, and every filter applied in SQL before ``limit``."""
+"""The journal over a live kernel (docs/protocol.md, Kernel methods): one row per exec
+with the documented fields, and every filter applied in SQL before ``limit``."""
 
 from __future__ import annotations
 

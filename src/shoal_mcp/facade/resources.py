@@ -1,4 +1,6 @@
-"""MCP resources: roots, dynamic entries, templates and reads (SPEC §5.3).
+"""MCP resources: roots, dynamic entries, templates and reads.
+
+The URIs are listed in docs/protocol.md, Resource templates.
 
 URIs arrive raw or percent-encoded (clients normalise them differently); both parse to
 the same kernel call. Unknown resources are -32002.
@@ -176,7 +178,7 @@ def read_contents(uri: str, result: dict, mime: str) -> dict:
 
 
 def subscription_channel(p: ParsedUri) -> str:
-    """Kernel channel behind a subscribable URI (§5.3), or -32002."""
+    """Kernel channel behind a subscribable URI (see docs/protocol.md), or -32002."""
     head, rest = (p.parts[0] if p.parts else ""), p.parts[1:]
     if head == "events" and len(rest) == 1:
         return rest[0]

@@ -274,7 +274,7 @@ def _marker_base(uri) -> int:
 
 
 def bound_text(text: str, limit: int = TEXT_LIMIT, uri=None) -> str:
-    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (SPEC §3.3).
+    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (docs/protocol.md, Framing).
 
     Within the limit the text comes back unchanged (the same object). Otherwise the
     result is the longest run of whole leading lines whose bytes plus the exact marker
