@@ -2,6 +2,8 @@
 
 The extension is optional by design: with no C compiler (or no Cython and no shipped
 C file) the build prints a warning and the package installs on its pure-Python twin.
+``SHOAL_PURE_PYTHON=1`` skips building it, the same variable that selects the twin at
+run time (any value but empty or ``0`` counts, as there).
 """
 
 import os
@@ -37,8 +39,13 @@ class OptionalBuildExt(build_ext):
         )
 
 
+def pure_python_requested():
+    # Same reading as shoal_mcp.protocol.framing, which this file cannot import.
+    return os.environ.get("SHOAL_PURE_PYTHON", "") not in ("", "0")
+
+
 def extensions():
-    if os.environ.get("SHOAL_NO_EXTENSION"):
+    if pure_python_requested():
         return []
     try:
         from Cython.Build import cythonize

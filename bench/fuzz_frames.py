@@ -5,8 +5,9 @@
 
 The target is ``tests/fuzz_targets.one_input``: both framing backends (compiled and
 pure Python) frame the input under a chunking chosen by the input and are compared
-with a reference model of SPEC §3.1; every frame and oversize head then goes through
-``parse_message`` / ``recover_id`` / ``oversize_reply`` with their invariants.
+with a reference model of the rules in docs/protocol.md, Framing; every frame and
+oversize head then goes through ``parse_message`` / ``recover_id`` / ``oversize_reply``
+with their invariants.
 
 Engines:
 * ``atheris`` — coverage-guided libFuzzer over the instrumented Python layer

@@ -1,6 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, embedsignature=True
-"""Compiled framing core of shoal (SPEC §3): reader, writer helpers, truncator, slicer.
+"""Compiled framing core of shoal: reader, writer helpers, truncator, slicer.
+
+What it does is documented in docs/protocol.md, Framing.
 
 Built as ``shoal_mcp.protocol.framing._frame``. Its pure-Python twin is ``shoal_mcp.protocol.framing._pure``;
 every public name here has identical observable behaviour there (the module docstring
@@ -742,7 +744,7 @@ cdef inline Py_ssize_t _mlen(Py_ssize_t base, bint cut, Py_ssize_t lines,
 
 
 def bound_text(text, limit=TEXT_LIMIT, uri=None):
-    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (SPEC §3.3).
+    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (docs/protocol.md, Framing).
 
     Within the limit the text comes back unchanged (the same object). Otherwise the
     result is the longest run of whole leading lines whose bytes plus the exact marker

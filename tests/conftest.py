@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 The framing-backend fixtures come first and are self-contained: every framing and
-truncation test runs against both backends (SPEC §3.5). With
+truncation test runs against both backends (docs/protocol.md, Framing). With
 ``SHOAL_REQUIRE_COMPILED=1`` a missing compiled module is a loud failure, never a
 silent Python-only run. (Other fixtures go below this block.)
 """

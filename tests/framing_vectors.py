@@ -48,7 +48,7 @@ DECODER_VECTORS: tuple[DecoderVector, ...] = (
     DecoderVector("utf8-bytes-untouched", ('{"t":"é€😀"}\n'.encode(),), ('{"t":"é€😀"}'.encode(),)),
     DecoderVector("exactly-max", (b"12345678\n",), (b"12345678",), max_frame=8),
     DecoderVector("exactly-max-split", (b"1234", b"5678", b"\n"), (b"12345678",), max_frame=8),
-    # the limit counts the \r (SPEC: the line without its \n)
+    # the limit counts the \r (docs/protocol.md, Framing: the line without its \n)
     DecoderVector("max-with-cr-fits", (b"1234567\r\n",), (b"1234567",), max_frame=8),
     DecoderVector(
         "max-plus-cr-oversize", (b"12345678\r\n",), (Oversize(9, b"12345678\r"),), max_frame=8
@@ -221,7 +221,7 @@ def marker_size(total_lines: int, nbytes: int, uri) -> int:
 
 
 def reference_bound_text(text: str, limit: int, uri=None) -> str:
-    """SPEC §3.3 by brute force: try every head, keep the longest that fits."""
+    """bound_text (docs/protocol.md, Framing) by brute force: keep the longest head that fits."""
     data = text.encode("utf-8", "surrogatepass")
     n = len(data)
     if n <= limit:

@@ -163,8 +163,29 @@ def test_kernel_status_stop_and_doctor(env):
     doctor = json.loads(shoal(env, "doctor", "--json").stdout)
     assert {c["check"] for c in doctor} >= {"bash", "tree-sitter-bash", "pyte", "socket"}
     assert all(c["status"] != "fail" for c in doctor), doctor
+    grammar = next(c for c in doctor if c["check"] == "tree-sitter-bash")
+    assert grammar == {
+        "check": "tree-sitter-bash",
+        "status": "ok",
+        "detail": "the kernel parses bash",
+    }
     shoal(env, "kernel", "stop")
     assert not os.path.exists(env["SHOAL_SOCKET"])
+
+
+def test_doctor_checks_the_grammar_through_the_kernel(env):
+    # No kernel and autostart off: the grammar check cannot run and says why (a warning,
+    # not a failure); nothing is started.
+    quiet = {**env, "SHOAL_NO_AUTOSTART": "1"}
+    proc = shoal(quiet, "doctor", "--json")
+    grammar = next(c for c in json.loads(proc.stdout) if c["check"] == "tree-sitter-bash")
+    assert grammar["status"] == "warn" and "SHOAL_NO_AUTOSTART" in grammar["detail"], grammar
+    assert not os.path.exists(env["SHOAL_SOCKET"])
+    # With autostart (the default) the doctor starts the kernel and asks it to parse.
+    doctor = json.loads(shoal(env, "doctor", "--json").stdout)
+    grammar = next(c for c in doctor if c["check"] == "tree-sitter-bash")
+    assert grammar["status"] == "ok", doctor
+    assert json.loads(shoal(env, "kernel", "status", "--json").stdout)["running"]
 
 
 def test_plans_approve_deny_flow_as_local_human(env):

@@ -1,4 +1,7 @@
-"""Effect derivation from bash (SPEC §4.7): a table-driven corpus plus parse summaries."""
+"""Effect derivation from bash: a table-driven corpus plus parse summaries.
+
+See docs/decisions.md, Effects and policy.
+"""
 
 from __future__ import annotations
 

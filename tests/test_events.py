@@ -1,4 +1,4 @@
-"""Event bus and durable event store (SPEC §4.10): real threads, real SQLite, no mocks."""
+"""Event bus and durable event store (docs/protocol.md, Events): real threads and SQLite."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The MCP result envelope built from kernel results and errors (SPEC §5.2)."""
+"""The MCP result envelope built from kernel results and errors (docs/protocol.md, Tools)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""SPEC §3.1 evidence: a 1 GiB line with no newline costs a reader ~MAX_FRAME, not 1 GiB.
+"""Evidence: a 1 GiB line with no newline costs a reader ~MAX_FRAME, not 1 GiB.
+
+The promise is in docs/protocol.md, Framing.
 
 A child process (one per backend, chosen with SHOAL_PURE_PYTHON) reads a real pipe
 with FrameReader while this process writes 1 GiB of ``x`` without a newline, then

@@ -1,8 +1,8 @@
-"""Fuzzing the frame reader (issue #9, SPEC §3.1): both backends, random chunkings.
+"""Fuzzing the frame reader (issue #9, docs/protocol.md, Framing): both backends, random chunkings.
 
 Invariants (``fuzz_targets.check_frames``): feeding never raises; events are only
 ``bytes`` frames and ``Oversize``; no frame exceeds ``max_frame``; the events equal a
-reference model of the spec; every byte is scanned exactly once and accounted for; the
+reference model of the framing rules; every byte is scanned exactly once and accounted for; the
 decoder never holds more than max(max_frame, OVERSIZE_HEAD) bytes between feeds.
 
 The long run is ``python bench/fuzz_frames.py --executions 1000000``; the seed corpus

@@ -1,4 +1,4 @@
-"""Fuzzing the sans-I/O JSON-RPC layer (issue #9, SPEC §3.1/§5).
+"""Fuzzing the sans-I/O JSON-RPC layer (issue #9, docs/protocol.md, Framing and MCP surface).
 
 ``parse_message`` on arbitrary bytes never raises and always yields a typed message;
 ``recover_id`` never raises and never recovers an id that is not the frame's own; every

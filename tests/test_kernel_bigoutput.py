@@ -1,4 +1,4 @@
-"""A 169 MB command output through a live kernel (SPEC §4.4, §4.5; issue #3).
+"""A 169 MB command output through a live kernel (docs/architecture.md, Memory bounds; issue #3).
 
 ``seq 1 20000000`` goes straight to the CAS; the kernel's peak RSS stays small, the exec
 result stays within the 8 KiB default, and every part of the output stays addressable.

@@ -1,5 +1,8 @@
-"""shoal-kernel as a daemon (SPEC §4.1): socket modes, refusals, stale sockets, the
-start-up flock race, SIGTERM shutdown and the log file. Real processes only."""
+"""shoal-kernel as a daemon: socket modes, refusals, stale sockets, the start-up flock
+race, SIGTERM shutdown and the log file. Real processes only.
+
+See docs/configuration.md, Paths, and docs/security.md.
+"""
 
 # ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
 

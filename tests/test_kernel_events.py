@@ -1,4 +1,4 @@
-"""Event channels over the live socket (SPEC §4.10): publish rules, read windows,
+"""Event channels over the live socket (docs/protocol.md, Events): publish rules, read windows,
 subscriptions with replay then live delivery, unsubscribe, and a slow subscriber that
 must never block publishers."""
 

@@ -1,4 +1,7 @@
-"""``exec`` against a live kernel (SPEC §4.4): persistence, isolation, outcomes, errors."""
+"""``exec`` against a live kernel: persistence, isolation, outcomes, errors.
+
+See docs/protocol.md, Kernel methods, and docs/decisions.md, Exec.
+"""
 
 # ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
 

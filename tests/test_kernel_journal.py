@@ -1,13 +1,13 @@
-"""The journal over a live kernel (SPEC §4.8): one row per exec with the documented
-fields, and every filter applied in SQL before ``limit``."""
+"""The journal over a live kernel (docs/protocol.md, Kernel methods): one row per exec
+with the documented fields, and every filter applied in SQL before ``limit``."""
 
 from __future__ import annotations
 
 import pytest
 
 from kernel_fixtures import KernelProcess, call_err, close_client, start
-from shoal_mcp.kernel.access.auth import TokenStore
 from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.tokens import TokenStore
 
 AGENT = "agent:journal"
 POLICY = f"""
@@ -243,7 +243,7 @@ def test_limit_defaults_and_bounds(jk, matrix_rows):
 def test_policy_refusals_are_journaled(tmp_path):
     """An exec that policy denies or holds for approval still leaves a row (not ok)."""
     from kernel_fixtures import KernelProcess, start
-    from shoal_mcp.kernel.access.auth import TokenStore
+    from shoal_mcp.tokens import TokenStore
 
     policy = tmp_path / "policy.toml"
     policy.write_text(

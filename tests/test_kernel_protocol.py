@@ -1,4 +1,4 @@
-"""The kernel's JSON-RPC surface over a raw Unix socket (SPEC §4.2, §4.11, §3.1).
+"""The kernel's JSON-RPC surface over a raw Unix socket (docs/protocol.md).
 
 Every registered method is enumerated: unattached calls are refused, unknown fields and
 missing required fields are -32602 naming the field. Framing errors keep the connection.

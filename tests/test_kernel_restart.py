@@ -1,4 +1,4 @@
-"""Durability across a kernel restart on the same state dir (SPEC §4.4, §4.8, §4.10)."""
+"""Durability across a kernel restart on the same state dir (docs/decisions.md, Kernel)."""
 
 # ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
 

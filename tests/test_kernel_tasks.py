@@ -1,5 +1,5 @@
-"""Background tasks against a live kernel (SPEC §4.6): cancel, suspend/resume, wait
-budgets, live output, task.N events, visibility and control errors."""
+"""Background tasks against a live kernel (docs/protocol.md, Kernel methods): cancel,
+suspend/resume, wait budgets, live output, task.N events, visibility and control errors."""
 
 # ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
 

@@ -1,4 +1,4 @@
-"""``value.get`` over real stored outputs (SPEC §4.5): path grammar, slices, formats,
+"""``value.get`` over real stored outputs (docs/protocol.md, Values): path grammar, slices, formats,
 elision refs that resolve, and the error codes for bad selections and refs."""
 
 # ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters

@@ -1,4 +1,6 @@
-"""The three layers that bound every large result, each shown holding on its own (SPEC §5.2).
+"""The three layers that bound every large result, each shown holding on its own.
+
+See docs/protocol.md, Tools.
 
 1. kernel elision: a large value part becomes a ref (default 8 KiB encoded);
 2. kernel render bound: the render never exceeds the caller's ``elide.max_bytes``;

@@ -1,4 +1,4 @@
-"""PTYs through a live ``shoal-mcp`` (SPEC §4.9, §5.1, §5.3): issue #7 evidence.
+"""PTYs through a live ``shoal-mcp`` (docs/protocol.md, PTYs): issue #7 evidence.
 
 A real kernel on a temporary socket and a real ``python -m shoal_mcp.facade`` driven
 by the official MCP SDK client over stdio (``mcp_stdio_client.McpStdioClient``). Real

@@ -1,4 +1,6 @@
-"""shoal-mcp end to end through the official MCP Python SDK client (issue #5, SPEC §5).
+"""shoal-mcp end to end through the official MCP Python SDK client (issue #5).
+
+See docs/protocol.md, MCP surface.
 
 Every test launches a real ``shoal-mcp`` subprocess (``python -m shoal_mcp.facade``)
 against a real kernel on a temporary socket, and speaks to it with

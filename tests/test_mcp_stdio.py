@@ -1,4 +1,4 @@
-"""shoal-mcp wire behaviour over raw pipes, no SDK (SPEC §3.1, §5).
+"""shoal-mcp wire behaviour over raw pipes, no SDK (docs/protocol.md, Framing and MCP surface).
 
 What strict clients and misbehaving peers see byte for byte: oversize frames, malformed
 JSON, id types, unknown methods, cancellation, concurrency, kernel loss and autostart.

@@ -1,4 +1,4 @@
-"""Policy loading and verdicts (SPEC §4.7)."""
+"""Policy loading and verdicts (docs/security.md, Policy)."""
 
 from __future__ import annotations
 

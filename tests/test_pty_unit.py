@@ -1,4 +1,4 @@
-"""PtyManager (SPEC §4.9) against real pseudoterminals and real processes: no mocks."""
+"""PtyManager (docs/protocol.md, PTYs) against real pseudoterminals and real processes: no mocks."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ import pytest
 
 import shoal_mcp.kernel.rpc.methods  # noqa: F401 - registers every method
 from harness import NOBODY_UID, KernelProcess, exchange_as_uid
-from shoal_mcp.kernel.access.auth import TokenStore
 from shoal_mcp.kernel.rpc.registry import REGISTRY, UNATTACHED_METHODS
 from shoal_mcp.protocol.errors import RpcError
+from shoal_mcp.tokens import TokenStore
 
 NOT_ATTACHED = -32000
 AUTH_FAILED = -32030

@@ -18,8 +18,8 @@ import pytest
 
 from harness import KernelProcess, wait_until
 from shoal_mcp.client import KernelClient
-from shoal_mcp.kernel.access.auth import TokenStore
 from shoal_mcp.protocol.errors import RpcError
+from shoal_mcp.tokens import TokenStore
 
 INVALID_PARAMS = -32602
 UNKNOWN_REF = -32004

@@ -1,4 +1,4 @@
-"""Token store (SPEC §4.2): keyed digests, expiry, modes, cross-process revocation."""
+"""Tests for the token store (docs/security.md, Tokens): digests, expiry, revocation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shoal_mcp.kernel.access import auth
-from shoal_mcp.kernel.access.auth import TokenStore, TokenStoreError
+from shoal_mcp import tokens
+from shoal_mcp.tokens import TokenStore, TokenStoreError
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_revoke_by_id_and_by_principal(store: TokenStore) -> None:
 
 def test_expiry_is_honoured(store: TokenStore, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1_000_000.0]
-    monkeypatch.setattr(auth, "_now", lambda: now[0])
+    monkeypatch.setattr(tokens, "_now", lambda: now[0])
     record, bearer = store.create("agent:t", ttl_s=60)
     assert record["expires"] > record["created"]
     assert store.verify(bearer) == "agent:t"
@@ -198,8 +198,8 @@ def test_compare_runs_against_every_record(
     for i in range(4):
         store.create(f"p{i}")
     calls = []
-    real = auth.hmac.compare_digest
-    monkeypatch.setattr(auth.hmac, "compare_digest", lambda x, y: calls.append(1) or real(x, y))
+    real = tokens.hmac.compare_digest
+    monkeypatch.setattr(tokens.hmac, "compare_digest", lambda x, y: calls.append(1) or real(x, y))
     assert store.verify(first) == "a"
     assert len(calls) == 5
 

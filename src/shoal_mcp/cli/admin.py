@@ -14,12 +14,13 @@ import click
 import orjson
 
 from ..client import KernelClient, KernelLost, connect
-from ..kernel.access.auth import TokenStore, TokenStoreError
 from ..protocol.framing import BACKEND
+from ..tokens import TokenStore, TokenStoreError
 from .common import Ctx, pass_ctx
 from .output import emit_json, style, table
 
 STOP_TIMEOUT_S = 10.0
+GRAMMAR_PROBE = "echo hi | grep h > /tmp/x"  # parsed by the kernel, never run
 
 
 # -- tokens ----------------------------------------------------------------------------
@@ -172,7 +173,7 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
     """Check what shoal needs: bash, the bash grammar, pyte, permissions, backend."""
     checks = [
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
-        _check("tree-sitter-bash", _grammar),
+        _check("tree-sitter-bash", lambda: _grammar(ctx)),
         _check("pyte", _pyte),
         _check(
             "framing backend",
@@ -218,13 +219,22 @@ def _check(name: str, fn) -> tuple[str, str, str]:
         return name, "fail", str(exc)
 
 
-def _grammar() -> str:
-    from ..kernel.effects.analyzer import parse_summary
-
-    summary = parse_summary("echo hi | grep h > /tmp/x")
-    if not summary.get("ok"):
-        raise RuntimeError("the bash grammar failed to parse a simple pipeline")
-    return "parses bash"
+def _grammar(ctx: Ctx) -> str:
+    # The grammar is the kernel's dependency, so ask the kernel (``parse`` needs no
+    # attach); this also checks that a kernel can be reached or started.
+    try:
+        client = connect(ctx.socket, ctx.state_dir)
+    except KernelLost as exc:
+        if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
+            _warn(f"not checked, no kernel running and SHOAL_NO_AUTOSTART is set ({exc})")
+        raise
+    try:
+        summary = client.call("parse", {"src": GRAMMAR_PROBE})
+    finally:
+        client.close()
+    if not summary.get("ok") or summary.get("commands") != ["echo", "grep"]:
+        raise RuntimeError(f"the kernel's bash grammar misread a simple pipeline: {summary}")
+    return "the kernel parses bash"
 
 
 def _pyte() -> str:

@@ -1,4 +1,6 @@
-"""MCP resources: roots, dynamic entries, templates and reads (SPEC §5.3).
+"""MCP resources: roots, dynamic entries, templates and reads.
+
+The URIs are listed in docs/protocol.md, Resource templates.
 
 URIs arrive raw or percent-encoded (clients normalise them differently); both parse to
 the same kernel call. Unknown resources are -32002.

@@ -1,4 +1,4 @@
-"""MCP tool results: bounded text, a resource_link, structured content (SPEC §5.2)."""
+"""MCP tool results: bounded text, a resource_link, structured content (docs/protocol.md, Tools)."""
 
 from __future__ import annotations
 

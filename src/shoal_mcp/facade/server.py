@@ -1,4 +1,6 @@
-"""The MCP stdio server: lifecycle, dispatch, concurrency, cancellation (SPEC §5).
+"""The MCP stdio server: lifecycle, dispatch, concurrency, cancellation.
+
+The surface it serves is docs/protocol.md, MCP surface.
 
 The main thread only reads stdin (through the framing core) and hands requests to a
 thread pool, so it never waits on a tool. Every reply is one whole frame written under

@@ -1,4 +1,4 @@
-"""Resource subscriptions mapped onto kernel event channels (SPEC §5.3).
+"""Resource subscriptions mapped onto kernel event channels (docs/protocol.md, Resource templates).
 
 All subscriptions share the link's dedicated events connection. A kernel event on a
 channel becomes ``notifications/resources/updated`` for every URI subscribed to it;

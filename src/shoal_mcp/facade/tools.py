@@ -1,4 +1,6 @@
-"""The 13 MCP tools: closed schemas, model-oriented descriptions, kernel mapping (§5.1).
+"""The 13 MCP tools: closed schemas, model-oriented descriptions, kernel mapping.
+
+The mapping is documented in docs/protocol.md, Tools.
 
 Each tool is data (name, title, description, schema, annotations) plus a function that
 turns validated arguments into kernel calls. Schemas are validated with the same

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class ErrorCode(IntEnum):
-    """JSON-RPC error codes used by both protocols (SPEC §4.11)."""
+    """JSON-RPC error codes used by both protocols (docs/protocol.md, Error codes)."""
 
     PARSE_ERROR = -32700
     INVALID_REQUEST = -32600
@@ -36,7 +36,7 @@ class ErrorCode(IntEnum):
 
 
 MCP_UNKNOWN_RESOURCE = -32002
-"""MCP's own code for an unknown resource (SPEC §5.3); same number as RAISED."""
+"""MCP's own code for an unknown resource (docs/protocol.md, Error codes); same number as RAISED."""
 
 
 class RpcError(Exception):

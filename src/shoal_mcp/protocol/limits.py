@@ -1,6 +1,6 @@
 """Every limit and default of shoal, in one place (error codes: ``errors``).
 
-SPEC.md §3, §4.5, §4.11 and §6 are the source; handlers import from here and never
+docs/protocol.md, Limits lists those users meet; handlers import from here and never
 spell a number themselves.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 KiB = 1024
 MiB = 1024 * KiB
 
-# --- framing (SPEC §3) -------------------------------------------------------------
+# --- framing (docs/protocol.md, Framing) -------------------------------------------
 MAX_FRAME = 16 * MiB
 """Largest completed frame on either wire protocol, enforced while accumulating."""
 READ_CHUNK = 256 * KiB
@@ -19,13 +19,13 @@ OVERSIZE_HEAD = 4 * KiB
 MAX_OVERSIZE_PER_CONNECTION = 3
 """The kernel may close a connection after this many oversize frames."""
 
-# --- text bounds (SPEC §3.3, §6) ---------------------------------------------------
+# --- text bounds (docs/protocol.md, Framing and Limits) ----------------------------
 TEXT_LIMIT = 64 * KiB
 """MCP text per result / resource, marker included."""
 VALUE_HARD_CAP = 64 * KiB
 """No encoded value ever exceeds this, whatever the caller asks for."""
 
-# --- elision defaults (SPEC §4.5) --------------------------------------------------
+# --- elision defaults (docs/protocol.md, Limits) -----------------------------------
 ELIDE_MAX_BYTES = 8 * KiB
 ELIDE_MAX_ITEMS = 500
 ELIDE_MAX_ROWS = 100
@@ -38,7 +38,7 @@ STDERR_TAIL_BYTES = 2 * KiB
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob."""
 
-# --- events (SPEC §4.10) -----------------------------------------------------------
+# --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024
 SUBSCRIBER_QUEUE = 256
 DURABLE_CHANNELS = ("journal", "session.transcript")
@@ -55,7 +55,7 @@ PROGRESS_INTERVAL_S = 1.0
 """MCP progress notifications: at most one per second."""
 AUTOSTART_TIMEOUT_S = 5.0
 
-# --- PTYs (SPEC §4.9) --------------------------------------------------------------
+# --- PTYs (docs/protocol.md, PTYs) -------------------------------------------------
 PTY_MIN_DIM = 1
 PTY_MAX_DIM = 1000
 PTY_DEFAULT_COLS = 80
@@ -85,6 +85,6 @@ PTY_SPAWN_TIMEOUT_S = 10.0
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
 
-# --- protocol versions (SPEC §5) ---------------------------------------------------
+# --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-06-18"
 MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")

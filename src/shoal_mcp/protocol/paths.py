@@ -1,4 +1,7 @@
-"""Where the socket and the state live (SPEC §4.1); shared by kernel, facade and CLI."""
+"""Where the socket and the state live; shared by kernel, facade and CLI.
+
+See docs/configuration.md, Paths.
+"""
 
 from __future__ import annotations
 

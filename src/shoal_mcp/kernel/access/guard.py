@@ -1,4 +1,4 @@
-"""Who may do what: authentication, policy verdicts, quotas and visibility (§4.2, §4.7).
+"""Who may do what: authentication, policy verdicts, quotas and visibility (docs/security.md).
 
 The kernel asks the guard before acting; the guard owns the token store and the
 loaded policy. Plans themselves live in ``plans.py``.
@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
-from .auth import TokenStore
+from ...tokens import TokenStore
 from .policy import Policy, PrincipalPolicy
 
 

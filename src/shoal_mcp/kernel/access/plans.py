@@ -1,4 +1,4 @@
-"""Plans: analysed commands awaiting (or granted) approval (SPEC §4.7).
+"""Plans: analysed commands awaiting (or granted) approval (docs/security.md, Approval flow).
 
 Each plan lives under its (session, principal); its ref hashes (session, principal,
 src, effects) to 128 bits, so two callers planning the same command never share or

@@ -1,4 +1,4 @@
-"""Policy file (TOML, SPEC §4.7) and the verdict it gives a plan's effects.
+"""Policy file (TOML, docs/security.md, Policy) and the verdict it gives a plan's effects.
 
 One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAME".fs]``::
 

@@ -1,4 +1,6 @@
-"""Effects of a bash source, derived statically with tree-sitter-bash (SPEC §4.7).
+"""Effects of a bash source, derived statically with tree-sitter-bash.
+
+For users: docs/decisions.md, Effects and policy; the exact rules follow.
 
 ``analyze(src, cwd, home)`` walks the syntax tree and returns what the source would do,
 as ``{"kind", "target"}`` dicts (deduplicated, in order of first appearance):
@@ -35,7 +37,7 @@ Approximations, on purpose: a ``cd`` inside a branch, loop or function makes the
 unknown afterwards (later relative paths become ``opaque``); a function body's effects
 count once, where it is defined; a bare ``NAME=value`` is an ``env_write`` only for an
 environment-style name (upper case, or a ``*_proxy`` variable), since lower-case names
-are shell variables that do not persist (SPEC §4.4); reads of variables the script
+are shell variables that do not persist (docs/decisions.md, Exec); reads of variables the script
 assigned itself are not ``env_read``.
 
 Layout: this module owns the public API (``parse_summary``, ``analyze``, ``Analysis``)

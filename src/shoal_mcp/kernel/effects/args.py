@@ -1,4 +1,4 @@
-"""Static argv helpers for the effect analysis (SPEC §4.7).
+"""Static argv helpers for the effect analysis (docs/decisions.md, Effects and policy).
 
 Pure functions over argv words, with no tree-sitter and no analysis state: getopt-style
 option splitting (``options``, ``has``, ``values``) for the command handlers, and URL /

@@ -1,4 +1,4 @@
-"""What well-known programs do, for the effect analysis (SPEC §4.7).
+"""What well-known programs do, for the effect analysis (docs/decisions.md, Effects and policy).
 
 ``run(a, argv)`` is the effect of executing one static argv: a call of a function the
 script defined, or a ``proc_spawn`` plus whatever the program's handler reports, and a

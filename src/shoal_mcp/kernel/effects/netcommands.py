@@ -1,4 +1,6 @@
-"""What programs that reach the network do, for the effect analysis (SPEC §4.7).
+"""What programs that reach the network do, for the effect analysis.
+
+See docs/decisions.md, Effects and policy.
 
 Command handlers (see ``bashstate.Handler``) for network clients (``curl``, ``wget``,
 ``ssh``, ``scp``, ``rsync``), package managers (``pip``, ``npm`` and friends) and ``git``:

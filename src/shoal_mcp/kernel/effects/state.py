@@ -1,4 +1,4 @@
-"""The state the effect analysis records into (SPEC §4.7).
+"""The state the effect analysis records into (docs/decisions.md, Effects and policy).
 
 ``Recorder`` is shared by the tree walk (``effects._Analyzer`` subclasses it) and the
 command handlers (``commands``, ``netcommands``), which see only this class:

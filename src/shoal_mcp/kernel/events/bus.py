@@ -1,4 +1,4 @@
-"""Event channels (SPEC §4.10): per-channel sequence numbers, in-memory rings, durable
+"""Event channels (docs/protocol.md, Events): per-channel sequence numbers, in-memory rings, durable
 replay from SQLite, and fan-out to subscribers that never blocks a publisher.
 
 Event shape (every channel)::
@@ -81,7 +81,9 @@ _CHANNEL_RE = re.compile(
 
 
 def validate_channel(name: Any) -> str:
-    """Return ``name`` when it is a channel of SPEC §4.10, else raise -32602 (field ``channel``).
+    """Return ``name`` when it is a channel, else raise -32602 (field ``channel``).
+
+    The channels are listed in docs/protocol.md, Events.
 
     Accepted: ``journal``, ``session.transcript``, ``approval``, ``task.N``, ``pty.N``
     (N a decimal integer without leading zeros) and ``user.<suffix>`` where the suffix is

@@ -57,7 +57,7 @@ class Finalizer:
             err_info = self.cas.ingest(run.err_path)
         except BaseException as exc:
             # Output that did not fit is incomplete: drop this run's spools so the
-            # space comes back and the kernel keeps serving (docs/protocol.md, errors: a clean -32603).
+            # space comes back and the kernel keeps serving (docs/decisions.md, Exec).
             for path in (run.out_path, run.err_path, run.state_path):
                 path.unlink(missing_ok=True)
             if is_disk_full(exc):

@@ -2,7 +2,7 @@
 
 The child writes stdout/stderr straight into files in the spool directory; the kernel
 never reads them into memory. An EXIT trap reports the final cwd and exported
-environment through an extra descriptor so ``cd``/``export`` persist (SPEC §4.4).
+environment through an extra descriptor so ``cd``/``export`` persist (docs/decisions.md, Exec).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Tasks: every exec runs as one; background and timed-out ones are listed (§4.6).
+"""Tasks: every exec runs as one; background and timed-out ones are listed.
+
+See docs/decisions.md, Exec.
 
 A waiter thread per task polls the child, publishes throttled ``output`` events, and on
 exit hands the task to ``finalize`` (CAS ingest, transcript, journal) exactly once.

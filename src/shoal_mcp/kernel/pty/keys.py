@@ -1,4 +1,4 @@
-"""The PTY key protocol (SPEC §4.9): what `pty.send` accepts and the bytes it writes.
+"""The PTY key protocol (docs/protocol.md, PTYs): what `pty.send` accepts and the bytes it writes.
 
 Owns the key names (`KEY_NAMES`, the plain keys, cursor keys and Ctrl-A..Ctrl-Z) and
 `encode_input`, which turns a `pty.send` input — a string, `{text}`, `{key}`, `{bytes}`

@@ -1,4 +1,4 @@
-"""Pseudoterminals owned by the kernel (SPEC §4.9): spawn, read, send, resize, close.
+"""Pseudoterminals owned by the kernel (docs/protocol.md, PTYs): spawn, read, send, resize, close.
 
 Owns `PtyManager`: the open PTYs, their reader threads, `changed`, events, send, resize,
 close/reap. Around it, one concern each (imports only go pty -> them, never back):

@@ -1,4 +1,4 @@
-"""The PTY terminal emulator and `pty.read` rendering (SPEC §4.9).
+"""The PTY terminal emulator and `pty.read` rendering (docs/protocol.md, PTYs).
 
 Owns the pyte `Screen` subclass, rendering its rows to text, and fitting a read result
 (screen rows, a window of them, scrollback) under VALUE_HARD_CAP. No processes, fds or

@@ -1,4 +1,4 @@
-"""Starting a program on a new pseudoterminal (SPEC §4.9): the spawn trampoline.
+"""Starting a program on a new pseudoterminal (docs/protocol.md, PTYs): the spawn trampoline.
 
 Owns `spawn` (openpty, winsize, the trampoline, the exec status pipe), the `execvp`-like
 `cmd` lookup and `-32023` errors. No PTY bookkeeping here: `pty.PtyManager` validates the

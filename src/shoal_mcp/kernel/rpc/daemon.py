@@ -1,4 +1,6 @@
-"""``shoal-kernel``: socket discovery, single-instance lock, lifecycle, logging (§4.1).
+"""``shoal-kernel``: socket discovery, single-instance lock, lifecycle, logging.
+
+See docs/configuration.md, Paths, and docs/decisions.md, Kernel.
 
 Start-up order matters: take the ``flock`` first (concurrent starts: exactly one
 winner, losers exit 0), then inspect the socket path (refuse a live listener, a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .server import Call
 
-# Methods callable before session.attach (SPEC §4.2).
+# Methods callable before session.attach (docs/protocol.md, Kernel methods).
 UNATTACHED_METHODS = frozenset({"session.attach", "parse", "ping"})
 
 

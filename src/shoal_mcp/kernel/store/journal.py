@@ -1,4 +1,7 @@
-"""The journal: one SQLite row per exec/plan/apply, queried with filters in SQL (§4.8)."""
+"""The journal: one SQLite row per exec/plan/apply, queried with filters in SQL.
+
+The `journal.query` method is in docs/protocol.md, Kernel methods.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The per-session transcript: ``out:N`` values, durable in SQLite (SPEC §4.4)."""
+"""The per-session transcript: ``out:N`` values, durable in SQLite.
+
+See docs/decisions.md, Values and paths.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Bounded wire form of values: tagged JSON with large parts elided to refs (SPEC §4.5).
+"""Bounded wire form of values: tagged JSON with large parts elided to refs.
+
+The wire form is documented in docs/protocol.md, Values.
 
 Every node is converted with a byte budget. Containers whose encoding exceeds it give
 their largest children up as refs first, then themselves, so the result always fits

@@ -1,4 +1,4 @@
-"""Human/model-oriented renders of values, and raw byte pages (SPEC §4.4, §4.5).
+"""Human/model-oriented renders of values, and raw byte pages (docs/decisions.md, Values and paths).
 
 A long text renders as its first and last lines around a marker naming the exact
 ``shoal_get`` call and URI that fetch what was elided: the tail of a build log matters

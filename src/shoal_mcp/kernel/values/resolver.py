@@ -1,4 +1,4 @@
-"""Stored values, selection over them, and their bounded wire form (SPEC §4.5).
+"""Stored values, selection over them, and their bounded wire form (docs/protocol.md, Values).
 
 Stored values are tagged JSON; large str/bytes live in the CAS and appear as
 ``{"$": "blob", "hash": …}``. Selecting resolves those into ``TextBlob``/``LinesView``

@@ -1,4 +1,6 @@
-"""The ``path`` grammar (SPEC §4.5): ``.field``, ``["key"]``, ``[i]``, ``[a..b]``, ``[a..]``.
+"""The ``path`` grammar: ``.field``, ``["key"]``, ``[i]``, ``[a..b]``, ``[a..]``.
+
+For users: docs/protocol.md, Values.
 
 Parsing is pure; nothing in a path executes code. Ranges are half-open like Python
 slices and may count from the end (``[-20..]`` is the last twenty).

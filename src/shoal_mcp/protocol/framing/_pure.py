@@ -16,9 +16,11 @@ Conventions shared by both backends:
 * Buffers are anything exporting a C-contiguous buffer (bytes, bytearray, memoryview,
   mmap); they are read as raw bytes whatever their item format.
 * Indexes go through ``operator.index`` (ints only) and are clamped, never rejected.
-* A decoder or reader belongs to one thread at a time (the compiled one releases the
-  GIL mid-call and raises RuntimeError if a second thread enters it). FrameWriter and
-  the free functions are thread-safe.
+* A decoder or reader belongs to one thread at a time: a second thread entering one
+  while a call is under way (a reader blocked in ``read``, say) gets
+  ``RuntimeError("FrameDecoder used from two threads at once")``. The compiled core
+  needs this because it releases the GIL mid-call; the twin checks it the same way so
+  a misuse fails alike on both. FrameWriter and the free functions are thread-safe.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class FrameDecoder:
         self._buf = bytearray()  # the current frame, or only its head once oversize
         self._length = 0  # bytes of the current line seen so far, discarded included
         self._discarding = False
+        self._busy = threading.Lock()  # held for the length of a call (see _enter)
 
     @property
     def buffered(self) -> int:
@@ -85,6 +88,30 @@ class FrameDecoder:
 
     def feed(self, data) -> list:
         """Consume ``data``; return the frames (bytes) and Oversize events it completed."""
+        self._enter()
+        try:
+            return self._feed(data)
+        finally:
+            self._busy.release()
+
+    def eof(self) -> list:
+        """Deliver a non-empty unterminated tail (or its Oversize) at end of input."""
+        out: list = []
+        self._enter()
+        try:
+            if self._length:
+                self._finish_line(out)
+        finally:
+            self._busy.release()
+        return out
+
+    def _enter(self) -> None:
+        # A non-blocking acquire is an atomic test-and-set: a second thread is told,
+        # exactly as by the compiled decoder, instead of interleaving with the first.
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("FrameDecoder used from two threads at once")
+
+    def _feed(self, data) -> list:
         if not isinstance(data, (bytes, bytearray)):
             with _view(data) as mv:
                 data = mv.tobytes()
@@ -100,13 +127,6 @@ class FrameDecoder:
                 break
             self._finish_line(out)
             pos = nl + 1
-        return out
-
-    def eof(self) -> list:
-        """Deliver a non-empty unterminated tail (or its Oversize) at end of input."""
-        out: list = []
-        if self._length:
-            self._finish_line(out)
         return out
 
     def _take(self, data, start: int, end: int) -> None:
@@ -157,15 +177,21 @@ class FrameReader:
         return self.decoder.scanned
 
     def read_frames(self) -> list:
+        decoder = self.decoder
         while not self._eof:
+            # The decoder stays entered across the blocking read, as in the compiled
+            # reader, so another thread's feed or read meanwhile is refused.
+            decoder._enter()
             try:
                 data = os.read(self.fd, self.chunk)
+                events = decoder._feed(data) if data else []
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue
+            finally:
+                decoder._busy.release()
             if not data:
                 self._eof = True
-                return self.decoder.eof()
-            events = self.decoder.feed(data)
+                return decoder.eof()
             if events:
                 return events
         return []
@@ -248,7 +274,7 @@ def _marker_base(uri) -> int:
 
 
 def bound_text(text: str, limit: int = TEXT_LIMIT, uri=None) -> str:
-    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (SPEC §3.3).
+    """Bound ``text`` to ``limit`` UTF-8 bytes, marker included (docs/protocol.md, Framing).
 
     Within the limit the text comes back unchanged (the same object). Otherwise the
     result is the longest run of whole leading lines whose bytes plus the exact marker

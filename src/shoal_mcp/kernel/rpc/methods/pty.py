@@ -1,4 +1,4 @@
-"""pty.open / send / read / resize / close / list (SPEC §4.9)."""
+"""pty.open / send / read / resize / close / list (docs/protocol.md, PTYs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Bearer tokens for non-local principals (SPEC §4.2): ``tokens.json`` + ``tokens.key``.
+"""Bearer tokens for non-local principals: ``tokens.json`` + ``tokens.key``.
+
+See docs/security.md, Tokens. The kernel verifies bearers and the CLI manages them, so
+this file format lives outside ``kernel/`` and imports nothing else of the package.
 
 A bearer is 32 random bytes shown once as ``shoal_<urlsafe base64>``.  Only an
 HMAC-SHA256 of it, keyed by a per-store secret in ``tokens.key``, is stored, so a leaked
@@ -81,6 +84,8 @@ class _Loaded:
 
 
 class TokenStore:
+    """The token files of one state dir; safe to share between threads and processes."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.key_path = self.path.with_name(self.path.stem + ".key")
