@@ -1,7 +1,5 @@
 """``exec`` against a live kernel (SPEC §4.4): persistence, isolation, outcomes, errors."""
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import base64
@@ -11,8 +9,10 @@ import time
 
 import pytest
 
-from kernel_fixtures import call_err, close_client, kernel, out_text, wait_until  # noqa: F401
 from shoal_mcp.protocol.errors import ErrorCode
+from tests.support.kernel import close_client
+from tests.support.polling import wait_until
+from tests.support.results import call_err, out_text
 
 
 @pytest.fixture
