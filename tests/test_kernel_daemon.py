@@ -133,7 +133,7 @@ def test_concurrent_starts_exactly_one_wins(kernel_factory):
         code, err = _exit_code(k)
         assert code == 0, err
         assert "holds the lock" in err
-    time.sleep(0.3)
+    time.sleep(0.3)  # a negative: the winner must not follow the losers out
     assert alive[0].proc.poll() is None
     assert _ping(kernels[0].socket)["kernel"]["pid"] == winner
 

@@ -590,6 +590,7 @@ def test_concurrent_calls_and_close(mgr: PtyManager) -> None:
     pid = r["pty_id"]
     errors: list[BaseException] = []
     stop = threading.Event()
+    rounds = [0] * 8  # calls completed per thread (answered or refused)
 
     def hammer(n: int) -> None:
         try:
@@ -602,15 +603,21 @@ def test_concurrent_calls_and_close(mgr: PtyManager) -> None:
                         mgr.resize(pid, 70 + len(out["screen"][0]) % 20, 20, OWNER)
                 except RpcError as e:
                     assert e.code in (ErrorCode.UNKNOWN_PTY, ErrorCode.INVALID_PARAMS), e
+                rounds[n] += 1
         except BaseException as e:  # reported below
             errors.append(e)
+
+    def every_thread_ran(more_than: list[int]) -> bool:
+        return all(now >= before + 3 for now, before in zip(rounds, more_than, strict=True))
 
     threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    # Close while all eight are mid-stream, and let each go on a few calls after it.
+    wait_for(lambda: errors or every_thread_ran([0] * 8), what="every thread calling")
     assert mgr.close(pid, OWNER)["closed"] is True
-    time.sleep(0.1)
+    at_close = list(rounds)
+    wait_for(lambda: errors or every_thread_ran(at_close), what="calls after the close")
     stop.set()
     for t in threads:
         t.join(10)
