@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import report
+from . import report
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -3,7 +3,7 @@
     python bench/fuzz_frames.py --executions 1000000            # atheris when installed
     python bench/fuzz_frames.py --engine mutate --executions 1000000 --seed 7
 
-The target is ``tests/fuzz_targets.one_input``: both framing backends (compiled and
+The target is ``tests/support/fuzz_targets.one_input``: both framing backends (compiled and
 pure Python) frame the input under a chunking chosen by the input and are compared
 with a reference model of the rules in docs/protocol.md, Framing; every frame and
 oversize head then goes through ``parse_message`` / ``recover_id`` / ``oversize_reply``
@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # run as a script: make the tests package importable
 CORPUS = ROOT / "tests" / "fuzz_corpus"
 RESULTS = ROOT / "bench" / ".results"
 CRASHES = RESULTS / "fuzz-crashes"
@@ -138,9 +138,9 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes], max_len: int) -
 
 def signature(data: bytes) -> tuple:
     """A cheap behaviour fingerprint standing in for coverage."""
-    from fuzz_targets import MAX_FRAMES, chunk_cuts, reference_events
     from shoal_mcp.protocol.framing import Oversize
     from shoal_mcp.protocol.jsonrpc import NO_ID, Invalid, parse_message, recover_id
+    from tests.support.fuzz_targets import MAX_FRAMES, chunk_cuts, reference_events
 
     if len(data) < 2:
         return ("short",)
@@ -159,7 +159,7 @@ def signature(data: bytes) -> tuple:
 
 
 def run_mutate(executions: int, seed: int, max_len: int, time_limit: float | None) -> dict:
-    from fuzz_targets import one_input
+    from tests.support.fuzz_targets import one_input
 
     rng = random.Random(seed)
     corpus = load_seeds()
@@ -212,8 +212,8 @@ def run_atheris(executions: int, max_len: int) -> None:
 
     import atheris
 
-    with atheris.instrument_imports(include=["shoal_mcp", "fuzz_targets"]):
-        import fuzz_targets
+    with atheris.instrument_imports(include=["shoal_mcp", "tests.support.fuzz_targets"]):
+        from tests.support import fuzz_targets
 
     work = RESULTS / "fuzz-corpus-work"
     shutil.rmtree(work, ignore_errors=True)

@@ -18,17 +18,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import orjson
 import pytest
+
+from tests.support.facade import facade_env
+from tests.support.kernel import running_kernel
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "facade.json"
@@ -94,50 +92,9 @@ class PipeClient:
 
 @pytest.fixture(scope="module")
 def kernel_env():
-    tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-bench-"))
-    sock, state = tmp / "run" / "kernel.sock", tmp / "state"
-    env = dict(
-        os.environ, SHOAL_SOCKET=str(sock), SHOAL_STATE_DIR=str(state), SHOAL_NO_AUTOSTART="1"
-    )
-    env.pop("SHOAL_TOKEN", None)
-    env.pop("SHOAL_SESSION", None)
-    kernel = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shoal_mcp.kernel",
-            "--socket",
-            str(sock),
-            "--state-dir",
-            str(state),
-        ],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 15
-    while True:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(sock))
-            break
-        except OSError:
-            if kernel.poll() is not None or time.monotonic() > deadline:
-                kernel.kill()
-                raise RuntimeError("kernel did not start") from None
-            time.sleep(0.02)
-        finally:
-            probe.close()
-    yield env
-    kernel.send_signal(signal.SIGTERM)
-    try:
-        kernel.wait(15)
-    except subprocess.TimeoutExpired:
-        kernel.kill()
-        kernel.wait()
-    shutil.rmtree(tmp, ignore_errors=True)
+    """A live kernel; the environment that points a facade at it."""
+    with running_kernel(prefix="shoal-bench-") as kernel:
+        yield facade_env(kernel)
 
 
 @pytest.fixture(scope="module")

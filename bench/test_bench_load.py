@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from harness import KernelProcess, wait_until  # noqa: E402
-from reliability_support import children, fd_count, run_load, short_tmp, threads  # noqa: E402
-from shoal_mcp.protocol.framing import BACKEND  # noqa: E402
+from bench.loadgen import run_load
+from shoal_mcp.protocol.framing import BACKEND
+from tests.support.kernel import running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import children, fd_count, threads
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 FACADES = 8 if QUICK else 32
@@ -31,26 +29,19 @@ RESULTS = Path(__file__).resolve().parent / ".results" / "load.json"
 
 
 def test_load_many_facades(benchmark):
-    tmp = short_tmp("shbl-")
-    kernel = KernelProcess(tmp).start()
     figures: dict = {}
-    try:
+    with running_kernel(prefix="shbl-") as kernel:
         pid = kernel.pid
         before = {"fds": fd_count(pid), "threads": threads(pid)}
 
         def once():
             figures.update(
-                run_load(
-                    kernel.socket, kernel.state, FACADES, CALLS, WINDOW, timeout=900.0, log_dir=tmp
-                )
+                run_load(kernel, FACADES, CALLS, WINDOW, timeout=900.0, log_dir=kernel.tmp)
             )
 
         benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         wait_until(lambda: not children(pid), timeout=60, interval=0.2)
         after = {"fds": fd_count(pid), "threads": threads(pid)}
-    finally:
-        kernel.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
     figures.update(
         backend=BACKEND, quick=QUICK, kernel_before=before, kernel_after=after, cpus=os.cpu_count()

@@ -1,9 +1,11 @@
 """Shared pytest fixtures.
 
-The framing-backend fixtures come first and are self-contained: every framing and
-truncation test runs against both backends (docs/protocol.md, Framing). With
-``SHOAL_REQUIRE_COMPILED=1`` a missing compiled module is a loud failure, never a
-silent Python-only run. (Other fixtures go below this block.)
+The live-process fixtures (``kernel``, ``kernel_factory``, ``short_tmp_path``) come from
+the plugin ``tests/support/fixtures.py``; helpers are imported from ``tests.support``.
+
+The framing-backend fixtures here are self-contained: every framing and truncation test
+runs against both backends (docs/protocol.md, Framing). With ``SHOAL_REQUIRE_COMPILED=1`` a missing
+compiled module is a loud failure, never a silent Python-only run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import pytest
 
 from shoal_mcp.protocol.framing import backends as _framing_backends
+
+pytest_plugins = ("tests.support.fixtures",)
 
 FRAMING_BACKENDS = _framing_backends()
 FRAMING_BACKEND_IDS = ("python", "cython")
@@ -42,6 +46,3 @@ def framing_backend(request):
 def both_framing_backends():
     """(python, cython) backend modules, for differential tests."""
     return _framing_module("python"), _framing_module("cython")
-
-
-# --- other fixtures below ---------------------------------------------------------------

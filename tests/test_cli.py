@@ -4,29 +4,67 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from harness import child_env, wait_until
+from tests.support.kernel import child_env
+from tests.support.polling import wait_until
+from tests.support.procfs import kill_pids, pids_with_arg
+from tests.support.tmp import short_tmp
 
-CLI = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
+# The CLI as an interactive shell starts it: SIGINT at its default (KeyboardInterrupt).
+# Ctrl-C is part of what is tested, and a test run started with SIGINT ignored (nohup,
+# `cmd &` in a script) would otherwise hand SIG_IGN down to the CLI.
+CLI = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from shoal_mcp.cli import run; run()",
+]
 
 
 @pytest.fixture()
 def env():
-    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="shoal-cli-"))
-    e = child_env(
-        {"SHOAL_SOCKET": str(root / "run" / "k.sock"), "SHOAL_STATE_DIR": str(root / "state")}
-    )
-    yield e
-    subprocess.run([*CLI, "kernel", "stop"], env=e, capture_output=True, timeout=30)
+    with short_tmp("shoal-cli-") as root:
+        sock = root / "run" / "k.sock"
+        e = child_env({"SHOAL_SOCKET": str(sock), "SHOAL_STATE_DIR": str(root / "state")})
+        try:
+            yield e
+        finally:
+            subprocess.run([*CLI, "kernel", "stop"], env=e, capture_output=True, timeout=30)
+            kill_pids(pids_with_arg(str(sock)))  # a kernel that did not stop (never expected)
+
+
+def _stdout_lines(proc: subprocess.Popen) -> list[str]:
+    """The lines ``proc`` prints, collected by a thread as they arrive."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _json_objects(text: str) -> list[dict]:
+    """The complete pretty-printed JSON objects in ``text`` (a partial last one is left)."""
+    decoder = json.JSONDecoder()
+    objects, pos = [], 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return objects
+        objects.append(obj)
 
 
 def shoal(env, *args, check=True, timeout=60):
@@ -94,25 +132,12 @@ def test_tasks_list_show_wait_cancel(env):
 def test_journal_filters_and_json(env):
     shoal(env, "exec", "true")
     shoal(env, "exec", "false", check=False)
-    rows = [json.loads(block) for block in _json_blocks(shoal(env, "journal", "--json").stdout)]
+    rows = _json_objects(shoal(env, "journal", "--json").stdout)
     assert [r["src"] for r in rows] == ["true", "false"]
-    failed = list(_json_blocks(shoal(env, "journal", "--failed", "--json").stdout))
-    assert len(failed) == 1 and json.loads(failed[0])["status"] == 1
+    failed = _json_objects(shoal(env, "journal", "--failed", "--json").stdout)
+    assert len(failed) == 1 and failed[0]["status"] == 1
     table = shoal(env, "journal").stdout
     assert "SRC" not in table or "false" in table
-
-
-def _json_blocks(text: str):
-    """Split concatenated pretty-printed JSON objects."""
-    decoder = json.JSONDecoder()
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        obj, end = decoder.raw_decode(text, pos)
-        yield json.dumps(obj)
-        pos = end
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
 
 
 def test_journal_follow_prints_new_rows(env):
@@ -124,20 +149,21 @@ def test_journal_follow_prints_new_rows(env):
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines = _stdout_lines(follower)
+
+    def srcs() -> list[str]:
+        return [row["src"] for row in _json_objects("".join(lines))]
+
     try:
-        time.sleep(1.0)
+        # It prints the rows there are, then follows: once the `true` row is out, a row
+        # for a command run from now on can only reach it by following.
+        wait_until(lambda: srcs() == ["true"], timeout=20, what="the existing row")
         shoal(env, "exec", "echo followed")
-        out = []
-
-        def seen():
-            line = follower.stdout.readline()
-            out.append(line)
-            return "echo followed" in "".join(out)
-
-        wait_until(seen, timeout=20)
+        wait_until(lambda: srcs() == ["true", "echo followed"], 20, what="the new row")
     finally:
         follower.send_signal(signal.SIGINT)
         follower.wait(10)
+    assert follower.returncode == 0, follower.stderr.read()
 
 
 def test_token_create_list_revoke(env):
@@ -232,38 +258,44 @@ def test_state_files_are_private(env):
 
 def test_events_tail_prints_published_events(env):
     shoal(env, "kernel", "start")
-    tail = subprocess.Popen(
-        [*CLI, "events", "tail", "user.cli", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
-    reader.start()
     from shoal_mcp.client import KernelClient
 
     client = KernelClient(env["SHOAL_SOCKET"])
+    tail = None
     try:
         client.call("session.attach", {})
+        first = client.call("events.publish", {"channel": "user.cli", "payload": {"n": 1}})
+        # Replay from just before the first event: the kernel replays and registers the
+        # live subscription in one step, so once the tail prints n=1 it is subscribed.
+        tail = subprocess.Popen(
+            [*CLI, "events", "tail", "user.cli", "--since", str(first["seq"] - 1), "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines = _stdout_lines(tail)
 
-        def published_and_seen():
-            client.call("events.publish", {"channel": "user.cli", "payload": {"n": 1}})
-            time.sleep(0.1)
-            return any('"channel": "user.cli"' in line for line in list(lines))
+        def payloads() -> list[dict]:
+            events = _json_objects("".join(lines))
+            return [e["payload"] for e in events if e.get("channel") == "user.cli"]
 
-        wait_until(published_and_seen, timeout=20, what="the published event in the tail")
+        wait_until(lambda: payloads() == [{"n": 1}], timeout=20, what="the replayed event")
+        client.call("events.publish", {"channel": "user.cli", "payload": {"n": 2}})
+        wait_until(lambda: payloads() == [{"n": 1}, {"n": 2}], 20, what="the live event")
     finally:
         client.close()
-        tail.send_signal(signal.SIGINT)
-        tail.wait(10)
+        if tail is not None:
+            tail.send_signal(signal.SIGINT)
+            tail.wait(10)
+    assert tail.returncode == 0, tail.stderr.read()
 
 
 def test_ctrl_c_cancels_the_running_command(env):
     shoal(env, "kernel", "start")
+    marker = f"37.{random.randrange(10**6):06d}"  # names this test's sleep among all processes
     proc = subprocess.Popen(
-        [*CLI, "exec", "sleep 37.25"],
+        [*CLI, "exec", f"sleep {marker}"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -275,26 +307,15 @@ def test_ctrl_c_cancels_the_running_command(env):
     client.call("session.attach", {})
     try:
         # the sleep is running under the kernel before we interrupt the CLI
-        wait_until(lambda: _running(b"sleep\x0037.25\x00"), timeout=20, what="sleep 37.25 to start")
+        wait_until(lambda: pids_with_arg(marker), timeout=20, what="the sleep to start")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
         assert "cancelled" in err
         rows = client.call("journal.query", {"head": "sleep"})["rows"]
         assert rows and rows[0]["ok"] is False
-        wait_until(lambda: not _running(b"sleep\x0037.25\x00"), timeout=10, what="the sleep to end")
+        wait_until(lambda: not pids_with_arg(marker), timeout=10, what="the sleep to end")
     finally:
         if proc.poll() is None:
             proc.kill()
         client.close()
-
-
-def _running(cmdline: bytes) -> bool:
-    """Whether a process with exactly this /proc cmdline exists."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes() == cmdline:
-                    return True
-            except OSError:
-                continue
-    return False
+        kill_pids(pids_with_arg(marker))

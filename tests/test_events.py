@@ -18,17 +18,14 @@ from shoal_mcp.kernel.events.bus import (
 )
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.protocol.limits import EVENT_RING, SUBSCRIBER_QUEUE
+from tests.support.polling import wait_until
 
 WAIT_S = 20.0  # generous deadline for background delivery; never an assertion on speed
 
 
-def wait_until(predicate, timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return predicate()
+def delivered(predicate) -> bool:
+    """Wait for in-process delivery (polled every millisecond); fails after ``WAIT_S``."""
+    return bool(wait_until(predicate, WAIT_S, interval=0.001, what="delivery"))
 
 
 def seqs(events):
@@ -187,7 +184,7 @@ def test_seq_continues_across_restart(tmp_path):
         got = Collector()
         sub = bus2.subscribe("journal", 1, got)
         bus2.publish("journal", {"gen": 2})
-        assert wait_until(lambda: len(got.snapshot()) == 5)
+        assert delivered(lambda: len(got.snapshot()) == 5)
         assert seqs(got.snapshot()) == [2, 3, 4, 5, 6]
         sub.close()
     finally:
@@ -254,7 +251,7 @@ def test_subscribe_replay_live_seam_is_exact(queue_size):
         got = Collector()
         sub = bus.subscribe("user.seam", since, got)
         t.join()
-        assert wait_until(lambda: (got.snapshot() or [{"seq": -1}])[-1]["seq"] == total - 1)
+        assert delivered(lambda: (got.snapshot() or [{"seq": -1}])[-1]["seq"] == total - 1)
         received = got.snapshot()
         assert covered(received) == list(range(since + 1, total))
         if queue_size > total:
@@ -278,7 +275,7 @@ def test_subscribe_durable_seam_spans_store_ring_and_live(store):
         sub = bus.subscribe("journal", 10, got)
         t.join()
         last = 300 + 3000 - 1
-        assert wait_until(lambda: (got.snapshot() or [{"seq": -1}])[-1]["seq"] == last)
+        assert delivered(lambda: (got.snapshot() or [{"seq": -1}])[-1]["seq"] == last)
         assert seqs(got.snapshot()) == list(range(11, last + 1))
         sub.close()
     finally:
@@ -291,7 +288,7 @@ def test_subscribe_without_since_is_live_only(bus):
     got = Collector()
     sub = bus.subscribe("pty.3", None, got)
     bus.publish("pty.3", {"i": 5})
-    assert wait_until(lambda: len(got.snapshot()) == 1)
+    assert delivered(lambda: len(got.snapshot()) == 1)
     assert seqs(got.snapshot()) == [5]
     assert sub.id.startswith("sub:") and sub.channel == "pty.3"
     sub.close()
@@ -304,7 +301,7 @@ def test_subscribe_since_ahead_of_latest_waits_for_newer(bus):
     sub = bus.subscribe("user.ahead", 10, got)  # e.g. a cursor from a previous kernel
     for i in range(10):
         bus.publish("user.ahead", {"i": i})  # seqs 3..12
-    assert wait_until(lambda: len(got.snapshot()) == 2)
+    assert delivered(lambda: len(got.snapshot()) == 2)
     time.sleep(0.02)
     assert seqs(got.snapshot()) == [11, 12]
     sub.close()
@@ -316,7 +313,7 @@ def test_subscribe_non_durable_gap_is_reported(bus):
         bus.publish("task.9", {"i": i})
     got = Collector()
     sub = bus.subscribe("task.9", 49, got)
-    assert wait_until(lambda: len(got.snapshot()) == 1 + EVENT_RING)
+    assert delivered(lambda: len(got.snapshot()) == 1 + EVENT_RING)
     received = got.snapshot()
     gap = received[0]
     first = total - EVENT_RING
@@ -365,10 +362,10 @@ def test_slow_subscriber_never_blocks_publish_and_gets_one_summary():
 
         release.set()
         total = n + 1
-        assert wait_until(lambda: any("dropped" in e for e in got.snapshot()))
+        assert delivered(lambda: any("dropped" in e for e in got.snapshot()))
         for i in range(5):
             bus.publish("user.slow", {"live": i})
-        assert wait_until(lambda: got.snapshot()[-1]["seq"] == total + 4)
+        assert delivered(lambda: got.snapshot()[-1]["seq"] == total + 4)
         received = got.snapshot()
         summaries = [i for i, e in enumerate(received) if "dropped" in e]
         assert len(summaries) == 1
@@ -406,12 +403,12 @@ def test_summary_precedes_next_event_that_fits():
         for _ in range(10):  # seqs 1..10: 1..4 queued, 5..10 dropped
             bus.publish("user.q", {})
         gate.set()
-        assert wait_until(lambda: len(got.snapshot()) == 6)
+        assert delivered(lambda: len(got.snapshot()) == 6)
         received = got.snapshot()
         assert seqs(received[:5]) == [0, 1, 2, 3, 4]
         assert received[5]["dropped"] == 6 and received[5]["seq"] == 10
         bus.publish("user.q", {})
-        assert wait_until(lambda: len(got.snapshot()) == 7)
+        assert delivered(lambda: len(got.snapshot()) == 7)
         assert got.snapshot()[6]["seq"] == 11 and "dropped" not in got.snapshot()[6]
         sub.close()
     finally:
@@ -422,7 +419,7 @@ def test_unsubscribe_stops_delivery(bus):
     got = Collector()
     sub = bus.subscribe("user.u", None, got)
     bus.publish("user.u", {"i": 0})
-    assert wait_until(lambda: len(got.snapshot()) == 1)
+    assert delivered(lambda: len(got.snapshot()) == 1)
     assert bus.unsubscribe(sub.id) is True
     assert sub.closed
     assert bus.unsubscribe(sub.id) is False
@@ -463,7 +460,7 @@ def test_raising_sink_closes_its_subscription(bus):
 
     sub = bus.subscribe("user.boom", None, sink, on_close=closed.append)
     bus.publish("user.boom", {})
-    assert wait_until(lambda: sub.closed)
+    assert delivered(lambda: sub.closed)
     assert sub.join(WAIT_S)
     assert closed == [sub]
     assert bus.subscription(sub.id) is None
@@ -474,7 +471,7 @@ def test_raising_sink_closes_its_subscription(bus):
     got = Collector()
     ok = bus.subscribe("user.boom", None, got)
     bus.publish("user.boom", {})
-    assert wait_until(lambda: len(got.snapshot()) == 1)
+    assert delivered(lambda: len(got.snapshot()) == 1)
     ok.close()
 
 
@@ -509,7 +506,7 @@ def test_channel_cap_evicts_idle_rings_but_keeps_numbering():
         assert bus.read("task.1", since=0)["truncated"] is True
         assert bus.publish("task.1", {})["seq"] == 3  # numbering continues
         bus.publish("task.0", {})
-        assert wait_until(lambda: len(got.snapshot()) == 1)
+        assert delivered(lambda: len(got.snapshot()) == 1)
         sub.close()
     finally:
         bus.close()

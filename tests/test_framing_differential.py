@@ -18,7 +18,7 @@ import base64
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framing_vectors import (
+from tests.support.framing_vectors import (
     marker_size,
     pipe_reader,
     reference_bound_text,

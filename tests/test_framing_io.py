@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from framing_vectors import pipe_reader
 from shoal_mcp.protocol.framing import FrameTooLarge
 from shoal_mcp.protocol.limits import MAX_FRAME
+from tests.support.framing_vectors import pipe_reader
 
 PIECE = 4 * 1024
 

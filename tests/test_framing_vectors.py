@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from framing_vectors import (
+from shoal_mcp.protocol.framing import FrameTooLarge, Oversize
+from shoal_mcp.protocol.limits import MAX_FRAME, READ_CHUNK, TEXT_LIMIT
+from tests.support.framing_vectors import (
     BOUND_VECTORS,
     DECODER_VECTORS,
     SLICE_VECTORS,
@@ -17,8 +19,6 @@ from framing_vectors import (
     reference_events,
     reference_line_bytes,
 )
-from shoal_mcp.protocol.framing import FrameTooLarge, Oversize
-from shoal_mcp.protocol.limits import MAX_FRAME, READ_CHUNK, TEXT_LIMIT
 
 # --- decoder ----------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_targets import MAX_FRAMES, check_frames, chunk_cuts, one_input
 from shoal_mcp.protocol.limits import OVERSIZE_HEAD
+from tests.support.fuzz_targets import MAX_FRAMES, check_frames, chunk_cuts, one_input
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 SETTINGS = {

@@ -11,9 +11,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_targets import check_head, check_message
 from shoal_mcp.protocol.jsonrpc import NO_ID, Invalid, Request, parse_message, recover_id
 from shoal_mcp.protocol.limits import OVERSIZE_HEAD
+from tests.support.fuzz_targets import check_head, check_message
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 

@@ -7,17 +7,18 @@ with no ``"id": null`` / ``"error": null`` and no traceback text.
 from __future__ import annotations
 
 import random
-import shutil
 import socket
 from pathlib import Path
 
 import orjson
 import pytest
 
-from harness import KernelProcess
-from reliability_support import McpPipe, facade_env, no_traceback, short_tmp, structured, wire_text
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import MAX_FRAME
+from tests.support.facade import McpPipe, facade_env
+from tests.support.kernel import running_kernel
+from tests.support.results import structured, wire_text
+from tests.support.wire import no_traceback
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 
@@ -39,17 +40,12 @@ def _check_line(line: bytes) -> None:
 
 @pytest.fixture(scope="module")
 def live():
-    tmp = short_tmp()
-    kernel = KernelProcess(tmp).start()
-    try:
+    with running_kernel() as kernel:
         yield kernel
-    finally:
-        kernel.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_facade_survives_hostile_stdin(live):
-    pipe = McpPipe(facade_env(live.socket, live.state, "fuzzlive"))
+    pipe = McpPipe(facade_env(live, "fuzzlive"))
     try:
         pipe.initialize()
         for i, stream in enumerate(_streams()):

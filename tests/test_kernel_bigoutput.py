@@ -12,8 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import pytest
 
-from kernel_fixtures import KernelProcess, close_client, start
 from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
+from tests.support.kernel import close_client, running_kernel
 
 N = 20_000_000
 TOTAL_BYTES = sum((min(N, 10**d - 1) - 10 ** (d - 1) + 1) * (d + 1) for d in range(1, 9))
@@ -22,17 +22,17 @@ FIGURES: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory):
-    k = start(KernelProcess(tmp_path_factory.mktemp("bigout")))
-    c = k.client("big")
-    try:
-        result = c.call("exec", {"src": f"seq 1 {N}"}, timeout=300)
-        hwm = k.vm_hwm_kib()
-        FIGURES.update(vm_hwm_kib_after_exec=hwm, result_bytes=len(orjson.dumps(result)))
-        yield k, c, result, hwm
-    finally:
-        close_client(c)
-        k.stop()
+def big():
+    # Its own short temp dir, removed as soon as the module is done: 169 MB of CAS.
+    with running_kernel(prefix="shoal-big-") as k:
+        c = k.client("big")
+        try:
+            result = c.call("exec", {"src": f"seq 1 {N}"}, timeout=300)
+            hwm = k.vm_hwm_kib()
+            FIGURES.update(vm_hwm_kib_after_exec=hwm, result_bytes=len(orjson.dumps(result)))
+            yield k, c, result, hwm
+        finally:
+            close_client(c)
 
 
 def test_total_bytes_formula():

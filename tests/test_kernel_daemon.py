@@ -4,26 +4,24 @@ race, SIGTERM shutdown and the log file. Real processes only.
 See docs/configuration.md, Paths, and docs/security.md.
 """
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from harness import exchange_as_uid
-from kernel_fixtures import close_client, kernel_factory, pid_alive, start, wait_until  # noqa: F401
 from shoal_mcp.client import KernelClient, KernelLost
 from shoal_mcp.protocol.errors import ErrorCode
+from tests.support.kernel import close_client
+from tests.support.other_uid import exchange_as_uid
+from tests.support.polling import wait_until
+from tests.support.procfs import pgid_members, pid_alive
 
 EXIT_REFUSED = 2
 
@@ -40,21 +38,6 @@ def _ping(path: Path) -> dict:
         return c.call("ping", {}, timeout=10)
     finally:
         close_client(c)
-
-
-def _pgid_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
-    return members
 
 
 def test_socket_dir_0700_socket_0600(kernel_factory):
@@ -153,7 +136,7 @@ def test_concurrent_starts_exactly_one_wins(kernel_factory):
         code, err = _exit_code(k)
         assert code == 0, err
         assert "holds the lock" in err
-    time.sleep(0.3)
+    time.sleep(0.3)  # a negative: the winner must not follow the losers out
     assert alive[0].proc.poll() is None
     assert _ping(kernels[0].socket)["kernel"]["pid"] == winner
 
@@ -175,7 +158,7 @@ def test_sigterm_removes_socket_and_kills_tasks(kernel_factory):
     members = wait_until(
         lambda: [
             p
-            for p in _pgid_members(pgid)
+            for p in pgid_members(pgid)
             if "sleep" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
         ],
         timeout=10,
@@ -185,7 +168,7 @@ def test_sigterm_removes_socket_and_kills_tasks(kernel_factory):
     assert k.stop(signal.SIGTERM) == 0
     assert not os.path.lexists(k.socket)
     wait_until(lambda: not pid_alive(sleep_pid), timeout=10)
-    wait_until(lambda: not _pgid_members(pgid), timeout=10)
+    wait_until(lambda: not pgid_members(pgid), timeout=10)
     assert "stopped" in k.log()
 
 
@@ -195,7 +178,7 @@ def test_existing_private_dirs_are_tightened(kernel_factory):
     os.chmod(k.socket.parent, 0o755)
     k.state.mkdir(mode=0o755)
     os.chmod(k.state, 0o755)
-    start(k)
+    k.start()
     assert stat.S_IMODE(os.stat(k.socket.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(k.state).st_mode) == 0o700
 
@@ -215,22 +198,18 @@ def test_refuses_shared_directories_untouched(kernel_factory, which):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
-def test_refuses_peer_of_another_uid(kernel_factory):
+def test_refuses_peer_of_another_uid(kernel_factory, short_tmp_path):
     k = kernel_factory(start=False)
     # pytest's tmp dirs are 0700: put this socket where uid 65534 can traverse to it.
-    outer = Path(tempfile.mkdtemp(prefix="shoal-peer-", dir="/tmp"))
-    try:
-        os.chmod(outer, 0o711)
-        k.socket = outer / "run" / "kernel.sock"
-        start(k)
-        # Let uid 65534 reach the socket at all (the 0700 dir / 0600 socket normally stop
-        # it), so the kernel's own SO_PEERCRED check is what refuses it.
-        os.chmod(k.socket.parent, 0o711)
-        os.chmod(k.socket, 0o666)
-        _peer_refused(k)
-    finally:
-        k.stop()
-        shutil.rmtree(outer, ignore_errors=True)
+    outer = short_tmp_path
+    os.chmod(outer, 0o711)
+    k.socket = outer / "run" / "kernel.sock"
+    k.start()
+    # Let uid 65534 reach the socket at all (the 0700 dir / 0600 socket normally stop
+    # it), so the kernel's own SO_PEERCRED check is what refuses it.
+    os.chmod(k.socket.parent, 0o711)
+    os.chmod(k.socket, 0o666)
+    _peer_refused(k)
 
 
 def _peer_refused(k) -> None:

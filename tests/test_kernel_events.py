@@ -2,17 +2,17 @@
 subscriptions with replay then live delivery, unsubscribe, and a slow subscriber that
 must never block publishers."""
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from kernel_fixtures import RawConn, call_err, close_client, kernel  # noqa: F401
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import SUBSCRIBER_QUEUE
+from tests.support.kernel import close_client
+from tests.support.results import call_err
+from tests.support.wire import RawConn
 
 FIGURES: dict[str, float] = {}
 

@@ -3,8 +3,6 @@
 See docs/protocol.md, Kernel methods, and docs/decisions.md, Exec.
 """
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import base64
@@ -14,8 +12,10 @@ import time
 
 import pytest
 
-from kernel_fixtures import call_err, close_client, kernel, out_text, wait_until  # noqa: F401
 from shoal_mcp.protocol.errors import ErrorCode
+from tests.support.kernel import close_client
+from tests.support.polling import wait_until
+from tests.support.results import call_err, out_text
 
 
 @pytest.fixture

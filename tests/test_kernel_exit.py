@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel_fixtures import pid_alive
 from shoal_mcp.kernel.events.bus import EventBus
 from shoal_mcp.kernel.exec.runner import spawn
 from shoal_mcp.kernel.exec.tasks import TaskManager
 from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from tests.support.procfs import pid_alive
 
 
 def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_fixtures import KernelProcess, call_err, close_client, start
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.tokens import TokenStore
+from tests.support.kernel import KernelProcess, close_client
+from tests.support.results import call_err
 
 AGENT = "agent:journal"
 POLICY = f"""
@@ -25,7 +26,7 @@ def jk(tmp_path_factory):
     k = KernelProcess(tmp, "--policy", str(policy))
     k.state.mkdir(mode=0o700)
     _, bearer = TokenStore(k.state / "tokens.json").create(AGENT, label="journal tests")
-    start(k)
+    k.start()
     human = k.client("j-main")
     agent = k.client("j-agent", token=bearer)
     try:
@@ -242,9 +243,6 @@ def test_limit_defaults_and_bounds(jk, matrix_rows):
 
 def test_policy_refusals_are_journaled(tmp_path):
     """An exec that policy denies or holds for approval still leaves a row (not ok)."""
-    from kernel_fixtures import KernelProcess, start
-    from shoal_mcp.tokens import TokenStore
-
     policy = tmp_path / "policy.toml"
     policy.write_text(
         '[principal."agent:j"]\nproc_spawn = ["echo"]\nungranted = "ask"\n'
@@ -253,7 +251,7 @@ def test_policy_refusals_are_journaled(tmp_path):
     k = KernelProcess(tmp_path, "--policy", str(policy))
     _, ask_token = TokenStore(k.state / "tokens.json").create("agent:j")
     _, deny_token = TokenStore(k.state / "tokens.json").create("agent:d")
-    start(k)
+    k.start()
     try:
         asker, denied = k.client("j", token=ask_token), k.client("d", token=deny_token)
         for client in (asker, denied):

@@ -4,8 +4,6 @@ Every registered method is enumerated: unattached calls are refused, unknown fie
 missing required fields are -32602 naming the field. Framing errors keep the connection.
 """
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import time
@@ -14,11 +12,11 @@ import orjson
 import pytest
 
 import shoal_mcp.kernel.rpc.methods  # noqa: F401 - populates REGISTRY
-from kernel_fixtures import RawConn, kernel  # noqa: F401
 from shoal_mcp.kernel.rpc.registry import REGISTRY, UNATTACHED_METHODS
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import MAX_FRAME
 from shoal_mcp.protocol.schema import validate
+from tests.support.wire import RawConn
 
 ALL_METHODS = sorted(REGISTRY)
 SEEN_FRAMES: list[bytes] = []

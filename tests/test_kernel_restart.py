@@ -1,14 +1,13 @@
 """Durability across a kernel restart on the same state dir (docs/decisions.md, Kernel)."""
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import base64
 import signal
 
-from kernel_fixtures import call_err, close_client, kernel_factory  # noqa: F401
 from shoal_mcp.protocol.errors import ErrorCode
+from tests.support.kernel import close_client
+from tests.support.results import call_err
 
 
 def test_state_survives_restart(kernel_factory, tmp_path):

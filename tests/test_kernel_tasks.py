@@ -1,8 +1,6 @@
 """Background tasks against a live kernel (docs/protocol.md, Kernel methods): cancel,
 suspend/resume, wait budgets, live output, task.N events, visibility and control errors."""
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import os
@@ -10,17 +8,12 @@ import time
 
 import pytest
 
-from kernel_fixtures import (  # noqa: F401
-    RawConn,
-    call_err,
-    close_client,
-    kernel,
-    pgid_gone,
-    pid_alive,
-    proc_state,
-    wait_until,
-)
 from shoal_mcp.protocol.errors import ErrorCode
+from tests.support.kernel import close_client
+from tests.support.polling import wait_until
+from tests.support.procfs import pgid_gone, pgid_members, pid_alive, proc_state
+from tests.support.results import call_err
+from tests.support.wire import RawConn
 
 FIGURES: dict[str, float] = {}
 
@@ -40,28 +33,14 @@ def task_get(c, task: str) -> dict:
     return c.call("task.get", {"task": task}, timeout=10)
 
 
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
-
-
 def test_cancel_reaches_cancelled_and_group_is_gone(tc):
     h = bg(tc, "sleep 30")
     rec = task_get(tc, h["task"])
     assert rec["state"] == "running"
     pid = rec["pid"]
     assert os.getpgid(pid) == pid
-    wait_until(lambda: len(_group_members(pid)) >= 1)
-    members = _group_members(pid)
+    wait_until(lambda: len(pgid_members(pid)) >= 1)
+    members = pgid_members(pid)
     t0 = time.monotonic()
     reply = tc.call("task.cancel", {"task": h["task"]}, timeout=10)
     assert reply == {"task": h["task"], "state": "cancelled"}
@@ -85,7 +64,7 @@ def test_cancel_reaches_cancelled_and_group_is_gone(tc):
 def test_cancel_a_command_that_ignores_term(tc):
     h = bg(tc, "trap '' TERM; sleep 30 & wait; sleep 30")
     pid = task_get(tc, h["task"])["pid"]
-    wait_until(lambda: len(_group_members(pid)) >= 2)
+    wait_until(lambda: len(pgid_members(pid)) >= 2)
     tc.call("task.cancel", {"task": h["task"]}, timeout=10)
     done = tc.call("task.await", {"task": h["task"], "timeout_ms": 10_000}, timeout=20)
     assert done["done"] is True and done["state"] == "cancelled"
@@ -101,7 +80,7 @@ def test_suspend_and_resume_are_observable(tc):
         "state": "suspended",
     }
     wait_until(lambda: proc_state(pid) == "T", timeout=5)
-    members = _group_members(pid)
+    members = pgid_members(pid)
     for m in members:
         wait_until(lambda m=m: proc_state(m) in ("T", None), timeout=5)
     assert task_get(tc, h["task"])["state"] == "suspended"

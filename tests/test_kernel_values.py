@@ -1,8 +1,6 @@
 """``value.get`` over real stored outputs (docs/protocol.md, Values): path grammar, slices, formats,
 elision refs that resolve, and the error codes for bad selections and refs."""
 
-# ruff: noqa: F811 - pytest fixtures imported from kernel_fixtures are redefined as parameters
-
 from __future__ import annotations
 
 import base64
@@ -10,9 +8,10 @@ import base64
 import orjson
 import pytest
 
-from kernel_fixtures import call_err, close_client, kernel  # noqa: F401
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import VALUE_HARD_CAP
+from tests.support.kernel import close_client
+from tests.support.results import call_err
 
 SNOW = "h\u00e9llo w\u00f6rld \u2603 \U0001f600 end"
 

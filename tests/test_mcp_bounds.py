@@ -19,17 +19,10 @@ import re
 import orjson
 import pytest
 
-from mcp_support import RawFacade, facade_env, start_kernel, stop_kernel
 from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, TEXT_LIMIT
+from tests.support.facade import RawFacade, facade_env
 
 MARKER_RE = re.compile(r"…\((\d+) more lines, (\d+) more bytes(?:, fetch via (\S+))?\)$")
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    k = start_kernel()
-    yield k
-    stop_kernel(k)
 
 
 @pytest.fixture(scope="module")

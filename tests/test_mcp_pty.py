@@ -1,7 +1,7 @@
 """PTYs through a live ``shoal-mcp`` (docs/protocol.md, PTYs): issue #7 evidence.
 
 A real kernel on a temporary socket and a real ``python -m shoal_mcp.facade`` driven
-by the official MCP SDK client over stdio (``mcp_stdio_client.McpStdioClient``). Real
+by the official MCP SDK client over stdio (``tests.support.sdk_client.McpStdioClient``). Real
 programs run in real pseudoterminals: a Python REPL, a curses TUI, bash with a job to
 interrupt, programs that exit, a 1000x1000 screen, and resource subscriptions.
 No fixed sleeps except where the test proves that *nothing* arrives.
@@ -16,12 +16,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from mcp_stdio_client import MCPError, McpStdioClient
-from mcp_support import facade_env, short_tmp, start_kernel, stop_kernel
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, TEXT_LIMIT, VALUE_HARD_CAP
+from tests.support.facade import facade_env
+from tests.support.kernel import running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import children, pid_alive, proc_comm, proc_gone
+from tests.support.sdk_client import MCPError, McpStdioClient
 
-HERE = Path(__file__).resolve().parent
+CURSES_BOX = Path(__file__).resolve().parent / "support" / "curses_box.py"
 DEADLINE_S = 15.0
 UPDATED = "notifications/resources/updated"
 
@@ -32,16 +35,15 @@ UPDATED = "notifications/resources/updated"
 @pytest.fixture(scope="module")
 def mcp():
     """One kernel + one facade (SDK client over stdio) for the whole module."""
-    kernel = start_kernel(short_tmp("shoal-mp-"))  # short socket path
-    client = McpStdioClient(
-        facade_env(kernel), cwd=kernel.tmp, stderr_path=kernel.tmp / "facade.stderr"
-    )
-    try:
-        client.start()
-        yield client
-    finally:
-        client.close()
-        stop_kernel(kernel)
+    with running_kernel(prefix="shoal-mp-") as kernel:
+        client = McpStdioClient(
+            facade_env(kernel), cwd=kernel.tmp, stderr_path=kernel.tmp / "facade.stderr"
+        )
+        try:
+            client.start()
+            yield client
+        finally:
+            client.close()
 
 
 @pytest.fixture
@@ -82,31 +84,12 @@ def wait_screen(mcp: McpStdioClient, pty_id: str, pred: Callable[[dict], object]
 
 
 def wait_for(pred: Callable[[], object], what: str, timeout: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(pred, timeout, what=what)
 
 
 def proc_children(ppid: int, name: str) -> list[int]:
-    """Pids of live processes named ``name`` whose parent is ``ppid`` (from /proc)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
-        if comm == name and int(parent) == ppid and state != "Z":
-            found.append(int(d.name))
-    return found
+    """Pids of live processes named ``name`` whose parent is ``ppid``."""
+    return [p for p in children(ppid) if proc_comm(p) == name and pid_alive(p)]
 
 
 def pty_num(pty_id: str) -> str:
@@ -170,7 +153,7 @@ def box(w: int, h: int) -> Callable[[dict], bool]:
 
 
 def test_curses_box_redraws_on_resize(mcp, ptys):
-    opened = ptys("python3", str(HERE / "curses_box.py"), cols=40, rows=12)
+    opened = ptys("python3", str(CURSES_BOX), cols=40, rows=12)
     pty_id = opened["pty_id"]
     wait_screen(mcp, pty_id, box(40, 12), "the 40x12 box")
 
@@ -207,7 +190,7 @@ def test_ctrl_c_interrupts_foreground_job(mcp, ptys):
     (sleep_pid,) = wait_for(lambda: proc_children(bash_pid, "sleep"), "a sleep child of bash")
 
     mcp.tool("shoal_pty_send", {"pty_id": pty_id, "input": {"key": "Ctrl-C"}})
-    wait_for(lambda: not Path(f"/proc/{sleep_pid}").exists(), "the sleep process to be gone")
+    wait_for(lambda: proc_gone(sleep_pid), "the sleep process to be gone")
     result = wait_screen(mcp, pty_id, prompt_after("sleep 100"), "the prompt after ^C")
     assert result["alive"] is True  # the shell survives, only its job was interrupted
     assert proc_children(bash_pid, "sleep") == []

@@ -23,17 +23,12 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
-from harness import KernelProcess
-from mcp_support import (
-    facade_env,
-    find_nulls,
-    kill_pids,
-    pids_with_arg,
-    start_kernel,
-    stop_kernel,
-)
 from shoal_mcp import __version__
 from shoal_mcp.protocol.limits import TEXT_LIMIT
+from tests.support.facade import facade_env
+from tests.support.kernel import KernelProcess, running_kernel
+from tests.support.procfs import kill_pids, pids_with_arg
+from tests.support.wire import find_nulls
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
@@ -61,9 +56,9 @@ SCENARIO_TIMEOUT_S = 45
 
 @pytest.fixture
 def kernel():
-    k = start_kernel()
-    yield k
-    stop_kernel(k)
+    """A fresh kernel per test: sessions, transcripts and tasks start empty."""
+    with running_kernel() as k:
+        yield k
 
 
 class Notes:

@@ -8,7 +8,6 @@ Every test also checks that stdout carried nothing but valid JSON-RPC frames.
 from __future__ import annotations
 
 import random
-import shutil
 import signal
 import threading
 import time
@@ -16,19 +15,12 @@ import time
 import orjson
 import pytest
 
-from harness import child_env
-from mcp_support import (
-    RawFacade,
-    facade_env,
-    find_nulls,
-    kill_pids,
-    pids_with_arg,
-    short_tmp,
-    start_kernel,
-    stop_kernel,
-    vm_hwm_kib,
-)
 from shoal_mcp.protocol.limits import MAX_FRAME
+from tests.support.facade import PROTOCOL_VERSION, RawFacade, facade_env
+from tests.support.kernel import child_env, running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import kill_pids, pids_with_arg, vm_hwm_kib
+from tests.support.wire import find_nulls
 
 MiB = 1024 * 1024
 FACADE_RSS_LIMIT_KIB = 64 * 1024
@@ -36,9 +28,9 @@ FACADE_RSS_LIMIT_KIB = 64 * 1024
 
 @pytest.fixture
 def kernel():
-    k = start_kernel()
-    yield k
-    stop_kernel(k)
+    """A fresh kernel per test (some tests kill it)."""
+    with running_kernel() as k:
+        yield k
 
 
 @pytest.fixture
@@ -51,7 +43,7 @@ def open_facade():
         started.append(f)
         if initialize:
             reply = f.initialize()
-            assert reply["result"]["protocolVersion"] == "2025-06-18"
+            assert reply["result"]["protocolVersion"] == PROTOCOL_VERSION
         return f
 
     yield make
@@ -218,15 +210,9 @@ def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
             {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
             msg_id="c1",
         )
-        deadline = time.monotonic() + 10
-        while not pids_with_arg(marker):
-            assert time.monotonic() < deadline, "the command never started"
-            time.sleep(0.02)
+        wait_until(lambda: pids_with_arg(marker), what="the command to start")
         facade.notify("notifications/cancelled", {"requestId": "c1", "reason": "user pressed stop"})
-        deadline = time.monotonic() + 8
-        while pids_with_arg(marker):
-            assert time.monotonic() < deadline, "cancel did not end the kernel task"
-            time.sleep(0.05)
+        wait_until(lambda: not pids_with_arg(marker), 8, what="cancel to end the kernel task")
         facade.expect_silence(1.0)  # MCP: no response for a cancelled request
         assert facade.call("ping", {}, timeout=5)["result"] == {}
         assert all(m.get("id") != "c1" for m in map(orjson.loads, facade.lines))
@@ -261,8 +247,8 @@ def test_concurrent_calls_complete_out_of_order(facade):
 # --- kernel availability -------------------------------------------------------------------
 
 
-def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(open_facade):
-    k = start_kernel()
+def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(kernel, open_facade):
+    k = kernel
     marker = f"10.{random.randrange(10**6):06d}"
     env = facade_env(k)
     env.pop("SHOAL_NO_AUTOSTART")
@@ -274,10 +260,7 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(open_fa
             {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
             msg_id="doomed",
         )
-        deadline = time.monotonic() + 10
-        while not pids_with_arg(marker):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: pids_with_arg(marker), what="the command to start")
         old_pid = k.pid
         k.proc.send_signal(signal.SIGKILL)
         k.proc.wait(10)
@@ -295,11 +278,10 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(open_fa
     finally:
         kill_pids([p for p in pids_with_arg(str(k.socket)) if p != k.pid])
         kill_pids(pids_with_arg(marker))
-        stop_kernel(k)
 
 
-def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade):
-    tmp = short_tmp()
+def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade, short_tmp_path):
+    tmp = short_tmp_path
     sock = tmp / "run" / "kernel.sock"
     env = child_env(
         {
@@ -325,7 +307,6 @@ def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade):
         assert f.call("resources/list", timeout=5)["result"]["resources"]
     finally:
         kill_pids(pids_with_arg(str(sock)))
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
@@ -357,12 +338,15 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
                 + b"\n"
             )
         facade.write(burst)
-        deadline = time.monotonic() + 10
-        time.sleep(0.5)
-        while any(pids_with_arg(m) for m in markers):
-            assert time.monotonic() < deadline, "a cancelled command kept running"
-            time.sleep(0.05)
+        # The facade reads its stdin in order: once this ping is answered it has read
+        # (and dispatched) every call and cancel of the burst.
+        assert facade.call("ping", {}, timeout=5)["result"] == {}
+        wait_until(
+            lambda: not any(pids_with_arg(m) for m in markers), what="the cancelled commands to end"
+        )
         facade.expect_silence(1.0)
+        # A call whose spawn lagged behind its cancel would show up by now (each sleeps 20 s).
+        assert not any(pids_with_arg(m) for m in markers), "a cancelled command started late"
         assert facade.call("ping", {}, timeout=5)["result"] == {}
     finally:
         for marker in markers:
@@ -380,16 +364,12 @@ def test_cancel_is_not_starved_by_busy_workers(facade):
                 {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
                 msg_id=f"busy{i}",
             )
-        deadline = time.monotonic() + 20
-        while not all(pids_with_arg(m) for m in markers):
-            assert time.monotonic() < deadline, "not all calls started"
-            time.sleep(0.05)
+        wait_until(
+            lambda: all(pids_with_arg(m) for m in markers), 20, 0.05, what="all calls to start"
+        )
         assert facade.call("ping", {}, timeout=5)["result"] == {}  # the reader never blocks
         facade.notify("notifications/cancelled", {"requestId": "busy7"})
-        deadline = time.monotonic() + 5
-        while pids_with_arg(markers[7]):
-            assert time.monotonic() < deadline, "cancel waited for a free worker"
-            time.sleep(0.05)
+        wait_until(lambda: not pids_with_arg(markers[7]), 5, 0.05, what="busy7 to be cancelled")
         assert pids_with_arg(markers[8]), "only the cancelled call may end"
     finally:
         for marker in markers:

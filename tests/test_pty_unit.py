@@ -14,12 +14,13 @@ import orjson
 import pyte
 import pytest
 
-from harness import wait_until
 from shoal_mcp.kernel.pty.manager import PTY_MAX_CELL_CHARS, PtyManager, _Screen, encode_input
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, PTY_SCROLLBACK_LINES, VALUE_HARD_CAP
+from tests.support.polling import wait_until
+from tests.support.procfs import children, proc_comm, proc_gone, proc_ids, proc_state
 
-HERE = Path(__file__).resolve().parent
+CURSES_BOX = Path(__file__).resolve().parent / "support" / "curses_box.py"
 PY = sys.executable
 OWNER = "default\x00uid:1000"
 OTHER = "default\x00agent:other"
@@ -30,49 +31,11 @@ def wait_for(predicate, timeout: float = DEADLINE_S, what: str = "condition"):
     return wait_until(predicate, timeout, what=what)
 
 
-def child_env(**extra: str) -> dict[str, str]:
+def pty_env(**extra: str) -> dict[str, str]:
+    """This run's environment without what would change a shell's prompt or startup."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PS1", "BASH"))}
     env.update(extra)
     return env
-
-
-def proc_gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists()
-
-
-def proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def proc_comm(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
-def proc_stat(pid: int) -> dict[str, int]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return dict(
-        zip(("ppid", "pgrp", "session", "tty_nr", "tpgid"), map(int, fields[1:6]), strict=True)
-    )
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(d.name))
-    return out
 
 
 class Events:
@@ -107,7 +70,7 @@ def open_pty(m: PtyManager, cmd: str, *args: str, cols: int = 80, rows: int = 24
         args=list(args),
         cols=cols,
         rows=rows,
-        env=kw.pop("env", None) or child_env(),
+        env=kw.pop("env", None) or pty_env(),
         cwd=kw.pop("cwd", "/tmp"),
         owner=kw.pop("owner", OWNER),
     )
@@ -159,8 +122,8 @@ def test_python_repl_computes(mgr: PtyManager) -> None:
 
 def test_curses_box_follows_resize(mgr: PtyManager) -> None:
     # LINES/COLUMNS in the given env would make ncurses ignore the winsize: they are dropped.
-    env = child_env(LINES="12", COLUMNS="40")
-    r = open_pty(mgr, PY, str(HERE / "curses_box.py"), cols=40, rows=12, env=env)
+    env = pty_env(LINES="12", COLUMNS="40")
+    r = open_pty(mgr, PY, str(CURSES_BOX), cols=40, rows=12, env=env)
     pid = r["pty_id"]
 
     def box(w: int, h: int):
@@ -184,7 +147,7 @@ def test_curses_box_follows_resize(mgr: PtyManager) -> None:
 
 
 def test_bash_ctrl_c_interrupts_foreground_job(mgr: PtyManager) -> None:
-    r = open_pty(mgr, "bash", "--noprofile", "--norc", env=child_env(PS1="READY$ "))
+    r = open_pty(mgr, "bash", "--noprofile", "--norc", env=pty_env(PS1="READY$ "))
     pid = r["pty_id"]
     wait_screen(mgr, pid, "READY$")
     mgr.send(pid, ["sleep 100", {"key": "Enter"}], OWNER)
@@ -192,7 +155,7 @@ def test_bash_ctrl_c_interrupts_foreground_job(mgr: PtyManager) -> None:
     # ^C before the forked child has exec'd sleep would only hit bash's own handler
     wait_for(lambda: proc_comm(sleeper) == "sleep", what="sleep exec'd")
     # the PTY is bash's controlling terminal and sleep is its foreground job
-    bash_stat, sleep_stat = proc_stat(r["pid"]), proc_stat(sleeper)
+    bash_stat, sleep_stat = proc_ids(r["pid"]), proc_ids(sleeper)
     assert bash_stat["tty_nr"] != 0 and sleep_stat["tty_nr"] == bash_stat["tty_nr"]
     assert bash_stat["session"] == r["pid"] and sleep_stat["tpgid"] == sleep_stat["pgrp"]
     mgr.send(pid, {"key": "Ctrl-C"}, OWNER)
@@ -343,7 +306,7 @@ def test_child_gets_default_signals_and_untouched_locale(mgr: PtyManager) -> Non
             "sh",
             "-c",
             'echo "[${LC_CTYPE-unset}] [$TERM] [${LINES-nolines}]"; exec sleep 1000',
-            env=child_env(LANG="C", LINES="5") | {"LC_CTYPE": ""},
+            env=pty_env(LANG="C", LINES="5") | {"LC_CTYPE": ""},
         )
     finally:
         signal.signal(signal.SIGINT, old)
@@ -351,7 +314,7 @@ def test_child_gets_default_signals_and_untouched_locale(mgr: PtyManager) -> Non
     status = Path(f"/proc/{r['pid']}/status").read_text()
     sigign = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
     assert not sigign & (1 << (signal.SIGINT - 1))
-    env = child_env(LANG="C")
+    env = pty_env(LANG="C")
     env.pop("LC_CTYPE", None)
     r2 = open_pty(mgr, "sh", "-c", 'echo "<${LC_CTYPE-unset}>"', env=env)
     assert "<unset>" in wait_screen(mgr, r2["pty_id"], "<")
@@ -434,7 +397,7 @@ def test_spawn_failures(mgr: PtyManager, tmp_path: Path) -> None:
                 args=[],
                 cols=80,
                 rows=24,
-                env=kw.get("env", child_env()),
+                env=kw.get("env", pty_env()),
                 cwd=kw.get("cwd", "/tmp"),
                 owner=OWNER,
             )
@@ -627,6 +590,7 @@ def test_concurrent_calls_and_close(mgr: PtyManager) -> None:
     pid = r["pty_id"]
     errors: list[BaseException] = []
     stop = threading.Event()
+    rounds = [0] * 8  # calls completed per thread (answered or refused)
 
     def hammer(n: int) -> None:
         try:
@@ -639,15 +603,21 @@ def test_concurrent_calls_and_close(mgr: PtyManager) -> None:
                         mgr.resize(pid, 70 + len(out["screen"][0]) % 20, 20, OWNER)
                 except RpcError as e:
                     assert e.code in (ErrorCode.UNKNOWN_PTY, ErrorCode.INVALID_PARAMS), e
+                rounds[n] += 1
         except BaseException as e:  # reported below
             errors.append(e)
+
+    def every_thread_ran(more_than: list[int]) -> bool:
+        return all(now >= before + 3 for now, before in zip(rounds, more_than, strict=True))
 
     threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    # Close while all eight are mid-stream, and let each go on a few calls after it.
+    wait_for(lambda: errors or every_thread_ran([0] * 8), what="every thread calling")
     assert mgr.close(pid, OWNER)["closed"] is True
-    time.sleep(0.1)
+    at_close = list(rounds)
+    wait_for(lambda: errors or every_thread_ran(at_close), what="calls after the close")
     stop.set()
     for t in threads:
         t.join(10)

@@ -19,25 +19,18 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from harness import KernelProcess, wait_until
-from reliability_support import (
-    McpPipe,
-    children,
-    facade_env,
-    kill_group,
-    pgid_members,
-    short_tmp,
-    structured,
-    wire_text,
-)
 from shoal_mcp.client import KernelClient, KernelLost
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from tests.support.facade import McpPipe, facade_env
+from tests.support.kernel import KernelProcess
+from tests.support.polling import wait_until
+from tests.support.procfs import children, kill_group, pgid_members, pid_alive
+from tests.support.results import structured, wire_text
+from tests.support.tmp import short_tmp
 
 FS_LIMIT = 4 * 1024 * 1024
 BIG = "head -c 12000000 /dev/zero"
@@ -46,8 +39,7 @@ BIG = "head -c 12000000 /dev/zero"
 def _can_mount_tmpfs() -> bool:
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
-    probe = short_tmp("shmnt-")
-    try:
+    with short_tmp("shmnt-") as probe:
         ok = (
             subprocess.run(
                 ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], capture_output=True
@@ -57,51 +49,23 @@ def _can_mount_tmpfs() -> bool:
         if ok:
             subprocess.run(["umount", str(probe)], check=False)
         return ok
-    finally:
-        shutil.rmtree(probe, ignore_errors=True)
 
 
 CAN_MOUNT = _can_mount_tmpfs()
 
 
-class LimitedKernel(KernelProcess):
+def limited_kernel(tmp: Path, fsize: int) -> KernelProcess:
     """A kernel started with RLIMIT_FSIZE set (the fallback full-disk mechanism)."""
 
-    def __init__(self, tmp: Path, fsize: int) -> None:
-        super().__init__(tmp)
-        self.fsize = fsize
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    def start(self, wait: bool = True) -> LimitedKernel:
-        fsize = self.fsize
-
-        def limit() -> None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shoal_mcp.kernel",
-                "--socket",
-                str(self.socket),
-                "--state-dir",
-                str(self.state),
-            ],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=limit,
-        )
-        if wait:
-            self.wait_ready()
-        return self
+    return KernelProcess(tmp, preexec_fn=limit)
 
 
 @pytest.fixture(params=["tmpfs", "rlimit"])
-def full_kernel(request):
-    tmp = short_tmp()
+def full_kernel(request, short_tmp_path):
+    tmp = short_tmp_path
     state = tmp / "state"
     state.mkdir(mode=0o700)
     mounted = False
@@ -117,7 +81,7 @@ def full_kernel(request):
         mounted = True
         k = KernelProcess(tmp).start()
     else:
-        k = LimitedKernel(tmp, FS_LIMIT).start()
+        k = limited_kernel(tmp, FS_LIMIT).start()
     k.mechanism = request.param
     try:
         yield k
@@ -125,7 +89,6 @@ def full_kernel(request):
         k.stop()
         if mounted:
             subprocess.run(["umount", "-l", str(state)], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _assert_state_dir_full(exc: RpcError) -> None:
@@ -168,7 +131,7 @@ def test_output_larger_than_the_state_dir(full_kernel):
 
 def test_output_larger_than_the_state_dir_through_the_facade(full_kernel):
     k = full_kernel
-    pipe = McpPipe(facade_env(k.socket, k.state, "fullmcp"))
+    pipe = McpPipe(facade_env(k, "fullmcp"))
     try:
         pipe.initialize()
         reply = pipe.call_tool("shoal_exec", {"src": BIG})
@@ -186,10 +149,10 @@ def test_output_larger_than_the_state_dir_through_the_facade(full_kernel):
 
 
 @pytest.mark.skipif(not CAN_MOUNT, reason="needs a tmpfs mount")
-def test_disk_filled_by_someone_else_then_freed():
+def test_disk_filled_by_someone_else_then_freed(short_tmp_path):
     """Another writer fills the disk: the next exec fails cleanly; once space is freed
     (the filler removed) the kernel serves again without a restart."""
-    tmp = short_tmp()
+    tmp = short_tmp_path
     state = tmp / "state"
     state.mkdir(mode=0o700)
     subprocess.run(
@@ -223,7 +186,6 @@ def test_disk_filled_by_someone_else_then_freed():
     finally:
         k.stop()
         subprocess.run(["umount", "-l", str(state)], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- kernel loss ----------------------------------------------------------------------
@@ -238,24 +200,21 @@ def _kernel_pid(socket: Path) -> int:
 
 
 def _stop_pid(pid: int, timeout: float = 15.0) -> None:
+    """SIGTERM a kernel this test did not start (autostarted); SIGKILL if it lingers."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    try:
+        wait_until(lambda: not pid_alive(pid), timeout, 0.05, what=f"kernel {pid} to exit")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
 
 
-def test_kernel_sigkilled_mid_call_facade_recovers():
-    tmp = short_tmp()
+def test_kernel_sigkilled_mid_call_facade_recovers(short_tmp_path):
+    tmp = short_tmp_path
     k = KernelProcess(tmp).start()
-    env = facade_env(k.socket, k.state, "crash", SHOAL_NO_AUTOSTART="0")
+    env = facade_env(k, "crash", SHOAL_NO_AUTOSTART="0")
     pipe = McpPipe(env, stderr_path=tmp / "facade.err")
     orphans: list[int] = []
     new_pid = None
@@ -268,7 +227,7 @@ def test_kernel_sigkilled_mid_call_facade_recovers():
         slow = pipe.tool("shoal_exec", {"src": "sleep 60"})
         waiting = pipe.tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
         wait_until(lambda: len(children(k.pid)) >= 2, timeout=15)
-        orphans = [pid for pid, _ in children(k.pid)]
+        orphans = children(k.pid)
         k.proc.send_signal(signal.SIGKILL)
         k.proc.wait(10)
         for msg_id in (slow, waiting):
@@ -301,11 +260,10 @@ def test_kernel_sigkilled_mid_call_facade_recovers():
         if new_pid is not None:
             _stop_pid(new_pid)
         k.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_sigterm_kills_running_tasks_and_removes_socket():
-    tmp = short_tmp()
+def test_sigterm_kills_running_tasks_and_removes_socket(short_tmp_path):
+    tmp = short_tmp_path
     k = KernelProcess(tmp).start()
     c = k.client("term")
     groups: list[int] = []
@@ -316,7 +274,7 @@ def test_sigterm_kills_running_tasks_and_removes_socket():
             groups.append(c.call("task.get", {"task": handle["task"]}, timeout=30)["pid"])
         _, inflight = c.start_call("exec", {"src": "sleep 60"})
         wait_until(lambda: len(children(k.pid)) >= 4, timeout=15)
-        groups += [pid for pid, _ in children(k.pid) if pid not in groups]
+        groups += [pid for pid in children(k.pid) if pid not in groups]
         assert all(pgid_members(g) for g in groups)
         code = k.stop(signal.SIGTERM, timeout=30)
         assert code == 0, k.proc.stderr.read().decode(errors="replace")[-2000:]
@@ -340,4 +298,3 @@ def test_sigterm_kills_running_tasks_and_removes_socket():
         for g in groups:
             kill_group(g)
         k.stop()
-        shutil.rmtree(tmp, ignore_errors=True)

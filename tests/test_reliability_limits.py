@@ -9,18 +9,11 @@ import threading
 
 import pytest
 
-from harness import wait_until
-from reliability_support import (
-    McpPipe,
-    RawKernel,
-    children,
-    facade_env,
-    fd_count,
-    fresh_kernel,
-    rss_kib,
-    threads,
-    zombies,
-)
+from tests.support.facade import McpPipe, facade_env
+from tests.support.kernel import running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import children, fd_count, rss_kib, threads, zombies
+from tests.support.wire import RawConn
 
 TASKS = 1000
 TASK_BATCH = 32  # under the local principal's max_tasks (64) running at once
@@ -41,7 +34,8 @@ RSS_BOUND_KIB = 24 * 1024
 
 @pytest.fixture
 def kernel():
-    with fresh_kernel() as k:
+    """A fresh kernel per test: each measures its own baseline."""
+    with running_kernel() as k:
         yield k
 
 
@@ -70,7 +64,7 @@ def _settled(pid: int, fds0: int, thr0: int) -> tuple[int, int]:
 
 def test_thousand_background_tasks_all_reaped(kernel):
     pid = kernel.pid
-    with RawKernel(kernel.socket) as conn:
+    with RawConn(kernel.socket) as conn:
         assert "result" in conn.call("session.attach", {"session": "tasks"})
         assert "result" in conn.call("exec", {"src": "true", "background": True})
         fds0, thr0 = _idle(pid)
@@ -111,13 +105,13 @@ def test_thousand_background_tasks_all_reaped(kernel):
 
 
 def _exec_many(socket, total: int) -> None:
-    conns = [RawKernel(socket) for _ in range(CONNECTIONS)]
+    conns = [RawConn(socket) for _ in range(CONNECTIONS)]
     errors: list = []
     try:
         for c in conns:
             assert "result" in c.call("session.attach", {"session": "values"})
 
-        def worker(c: RawKernel, n: int) -> None:
+        def worker(c: RawConn, n: int) -> None:
             pending: list[int] = []
             try:
                 for _ in range(n):
@@ -153,7 +147,7 @@ def test_ten_thousand_transcript_values_memory_bounded(kernel):
     _exec_many(kernel.socket, VALUES)
     fds1, thr1 = _settled(pid, fds0, thr0)
     rss1 = rss_kib(pid)
-    with RawKernel(kernel.socket) as c:
+    with RawConn(kernel.socket) as c:
         c.call("session.attach", {"session": "values"})
         last = c.call("value.get", {"ref": f"out:{VALUES + 400}", "path": ".status"})
         assert last["result"]["value"] == {"$": "int", "v": 0}, last
@@ -167,7 +161,7 @@ def test_ten_thousand_transcript_values_memory_bounded(kernel):
 
 def test_subscription_storm(kernel):
     pid = kernel.pid
-    with RawKernel(kernel.socket) as pub, RawKernel(kernel.socket) as sub:
+    with RawConn(kernel.socket) as pub, RawConn(kernel.socket) as sub:
         for c in (pub, sub):
             assert "result" in c.call("session.attach", {"session": "storm"})
         # Warm the event bus (rings, the durable store) before the baseline.
@@ -194,7 +188,7 @@ def test_subscription_storm(kernel):
                 assert "result" in sub.wait(x)
         # Subscriptions left open on connections that then vanish.
         for _ in range(50):
-            with RawKernel(kernel.socket) as gone:
+            with RawConn(kernel.socket) as gone:
                 gone.call("session.attach", {"session": "storm"})
                 for k in range(5):
                     gone.call("events.subscribe", {"channel": f"user.left.{k}"})
@@ -213,10 +207,10 @@ def test_subscription_storm(kernel):
 
 def test_subscription_storm_through_the_facade(kernel):
     pid = kernel.pid
-    pipe = McpPipe(facade_env(kernel.socket, kernel.state, "storm-mcp"))
+    pipe = McpPipe(facade_env(kernel, "storm-mcp"))
     try:
         pipe.initialize()
-        with RawKernel(kernel.socket) as pub:
+        with RawConn(kernel.socket) as pub:
             pub.call("session.attach", {"session": "storm-mcp"})
             assert "result" in pipe.request(
                 "resources/subscribe", {"uri": "shoal://events/user.warm"}

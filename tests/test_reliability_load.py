@@ -2,22 +2,18 @@
 against one kernel. Correctness only (no timing asserts): every id answered exactly
 once with the result of its own call, and no fds, processes or threads left behind.
 
-The timed version with 32 × 200 calls is ``bench/test_bench_load.py``.
+The timed version with 32 × 200 calls is ``bench/test_bench_load.py``; both drive the
+load with ``bench/loadgen.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import wait_until
-from reliability_support import (
-    children,
-    fd_count,
-    fresh_kernel,
-    run_load,
-    threads,
-    zombies,
-)
+from bench.loadgen import run_load
+from tests.support.kernel import running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import children, fd_count, threads, zombies
 
 FACADES = 8
 CALLS = 40
@@ -31,7 +27,8 @@ THREAD_SLACK = 4
 
 @pytest.fixture
 def kernel():
-    with fresh_kernel() as k:
+    """A fresh kernel: the fd and thread baselines are this test's own."""
+    with running_kernel() as k:
         yield k
 
 
@@ -49,16 +46,12 @@ def test_concurrent_facades_lose_nothing_and_leak_nothing(kernel):
     # the baseline rather than counted as a leak.
     # The warm-up has the same concurrency, so the kernel's pool of idle SQLite
     # connections (bounded, Database.MAX_IDLE) is already full when the baseline is taken.
-    warm = run_load(
-        kernel.socket, kernel.state, facades=FACADES, calls=8, window=4, log_dir=kernel.tmp
-    )
+    warm = run_load(kernel, facades=FACADES, calls=8, window=4, log_dir=kernel.tmp)
     assert not warm["errors"], warm["errors"]
     wait_until(lambda: not children(pid), timeout=30)
     fds0, thr0, kids0 = fd_count(pid), threads(pid), children(pid)
 
-    figures = run_load(
-        kernel.socket, kernel.state, facades=FACADES, calls=CALLS, window=4, log_dir=kernel.tmp
-    )
+    figures = run_load(kernel, facades=FACADES, calls=CALLS, window=4, log_dir=kernel.tmp)
     print(
         f"\nload {FACADES}x{CALLS}: {figures['answered']} answered, {figures['calls_per_s']} calls/s, "
         f"p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms"

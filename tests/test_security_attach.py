@@ -6,14 +6,11 @@ temporary socket, raw JSON lines for the unattached calls, the real CLI for toke
 
 from __future__ import annotations
 
-import itertools
 import os
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,10 +18,12 @@ import orjson
 import pytest
 
 import shoal_mcp.kernel.rpc.methods  # noqa: F401 - registers every method
-from harness import NOBODY_UID, KernelProcess, exchange_as_uid
 from shoal_mcp.kernel.rpc.registry import REGISTRY, UNATTACHED_METHODS
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
+from tests.support.kernel import KernelProcess
+from tests.support.other_uid import NOBODY_UID, exchange_as_uid
+from tests.support.wire import RawConn
 
 NOT_ATTACHED = -32000
 AUTH_FAILED = -32030
@@ -58,42 +57,6 @@ SAMPLE_PARAMS: dict[str, dict] = {
 }
 
 
-class RawConn:
-    """One raw socket speaking newline-delimited JSON-RPC (no client library)."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(str(path))
-        self.buf = b""
-        self.ids = itertools.count(1)
-
-    def send(self, method: str, params: dict | None = None) -> int:
-        msg_id = next(self.ids)
-        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params or {}}
-        self.sock.sendall(orjson.dumps(frame) + b"\n")
-        return msg_id
-
-    def recv(self) -> dict:
-        while b"\n" not in self.buf:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise EOFError("kernel closed the connection")
-            self.buf += data
-        line, _, self.buf = self.buf.partition(b"\n")
-        return orjson.loads(line)
-
-    def call(self, method: str, params: dict | None = None) -> dict:
-        msg_id = self.send(method, params)
-        while True:
-            msg = self.recv()
-            if msg.get("id") == msg_id:
-                return msg
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def shoal_cli(state: Path, *args: str) -> subprocess.CompletedProcess:
     """The real `shoal` console script in a subprocess."""
     return subprocess.run(
@@ -117,22 +80,15 @@ def shoal_cli(state: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def tmp() -> Path:
-    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="shsa"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kernel(tmp: Path):
-    k = KernelProcess(tmp).start()
+def kernel(short_tmp_path: Path):
+    k = KernelProcess(short_tmp_path).start()
     yield k
     k.stop()
 
 
 @pytest.fixture
-def token_kernel(tmp: Path):
-    k = KernelProcess(tmp, "--require-token").start()
+def token_kernel(short_tmp_path: Path):
+    k = KernelProcess(short_tmp_path, "--require-token").start()
     yield k
     k.stop()
 
@@ -162,10 +118,10 @@ def test_every_method_but_three_refuses_unattached_calls(kernel: KernelProcess) 
             assert msg["error"]["data"]["method"] == name
         assert {"cap.request", "journal.query"} <= set(sent.values())
         # The three exceptions answer without attachment.
-        assert conn.call("ping")["result"]["pong"] is True
+        assert conn.call("ping", {})["result"]["pong"] is True
         assert "result" in conn.call("parse", {"src": "echo hi | wc -l"})
         # Nothing above left the connection attached or ran anything.
-        assert conn.call("journal.query")["error"]["code"] == NOT_ATTACHED
+        assert conn.call("journal.query", {})["error"]["code"] == NOT_ATTACHED
     finally:
         conn.close()
     human = kernel.client("s-check")
@@ -194,7 +150,7 @@ def test_require_token_refuses_attach_without_a_valid_token(token_kernel: Kernel
             msg = conn.call("session.attach", params)
             assert msg.get("error", {}).get("code") == AUTH_FAILED, (params, msg)
             # A failed attach leaves the connection unattached.
-            assert conn.call("journal.query")["error"]["code"] == NOT_ATTACHED
+            assert conn.call("journal.query", {})["error"]["code"] == NOT_ATTACHED
             assert conn.call("exec", {"src": "echo no"})["error"]["code"] == NOT_ATTACHED
         ok = conn.call("session.attach", {"token": good, "session": "s1"})
         assert ok["result"]["principal"] == "agent:good"

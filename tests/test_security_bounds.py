@@ -9,18 +9,14 @@ retrieval (and oversized previews/renders) bypassing the 64 KiB bound.
 
 from __future__ import annotations
 
-import itertools
-import shutil
-import socket
-import tempfile
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pytest
 
-from harness import KernelProcess
 from shoal_mcp.protocol.limits import VALUE_HARD_CAP
+from tests.support.kernel import running_kernel
+from tests.support.wire import RawConn
 
 INVALID_PARAMS = -32602
 SIZE = 50_000_000
@@ -50,50 +46,28 @@ ELIDES = [
 ]
 
 
-class Raw:
-    """Newline-delimited JSON-RPC over a raw socket; returns (frame bytes, message)."""
+class Raw(RawConn):
+    """A raw kernel connection whose calls also report the reply's size on the wire."""
 
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(180)
-        self.sock.connect(str(path))
-        self.buf = b""
-        self.ids = itertools.count(1)
+    def __init__(self, path) -> None:
+        super().__init__(path, keep_frames=False)  # hundreds of 64 KiB replies
 
-    def call(self, method: str, params: dict) -> tuple[int, dict]:
-        msg_id = next(self.ids)
-        self.sock.sendall(
-            orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
-            + b"\n"
-        )
-        while True:
-            while b"\n" not in self.buf:
-                data = self.sock.recv(1 << 20)
-                if not data:
-                    raise EOFError("kernel closed the connection")
-                self.buf += data
-            line, _, self.buf = self.buf.partition(b"\n")
-            msg = orjson.loads(line)
-            if msg.get("id") == msg_id:
-                return len(line), msg
+    def sized(self, method: str, params: dict) -> tuple[int, dict]:
+        """(bytes of the reply frame, the reply message)."""
+        msg = self.call(method, params, timeout=180)
+        return len(self.last_reply), msg
 
     def ok(self, method: str, params: dict) -> tuple[int, dict]:
-        size, msg = self.call(method, params)
+        size, msg = self.sized(method, params)
         assert "result" in msg, (method, params, msg.get("error"))
         return size, msg["result"]
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
 def big():
-    tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="shsb"))
-    kernel = KernelProcess(tmp).start()
-    conn = Raw(kernel.socket)
-    conn.ok("session.attach", {"session": "bounds"})
-    refs, hashes = {}, {}
-    try:
+    with running_kernel(prefix="shsb") as kernel, Raw(kernel.socket) as conn:
+        conn.ok("session.attach", {"session": "bounds"})
+        refs, hashes = {}, {}
         for name, src in OUTPUTS.items():
             size, result = conn.ok("exec", {"src": src, "position": "value", "timeout_ms": 120_000})
             # the exec reply itself: a bounded value and a bounded render
@@ -106,10 +80,6 @@ def big():
                 if o["kind"] == "out" and o["len"] == SIZE:
                     hashes[row["ref"]] = o["hash"]
         yield conn, refs, hashes
-    finally:
-        conn.close()
-        kernel.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_raw_with_a_huge_length_is_clamped(big) -> None:
@@ -168,10 +138,10 @@ def test_elide_above_the_hard_cap_is_invalid(big, field) -> None:
     """Hole: callers raising the bound itself (elide max_bytes > 64 KiB)."""
     conn, refs, _ = big
     for method, params in (("value.get", {"ref": refs["lines"]}), ("exec", {"src": "echo hi"})):
-        _, msg = conn.call(method, {**params, "elide": {field: VALUE_HARD_CAP + 1}})
+        _, msg = conn.sized(method, {**params, "elide": {field: VALUE_HARD_CAP + 1}})
         assert msg["error"]["code"] == INVALID_PARAMS, (method, msg)
         assert field in msg["error"]["message"]
-    _, msg = conn.call("value.get", {"ref": refs["lines"], "elide": {field: 10**12}})
+    _, msg = conn.sized("value.get", {"ref": refs["lines"], "elide": {field: 10**12}})
     assert msg["error"]["code"] == INVALID_PARAMS
 
 
@@ -218,7 +188,7 @@ def test_value_get_of_50mb_is_bounded_whatever_the_elide(big, name) -> None:
                     params["elide"] = elide
                 if path:
                     params["path"] = path
-                _check(name, params, *conn.call("value.get", params))
+                _check(name, params, *conn.sized("value.get", params))
     for params in (
         {"ref": f"shoal://out/{n}?path=.out.lines", "elide": GREEDY},
         {"ref": f"shoal://out/{n}?path=.out", "format": "render", "elide": GREEDY},
@@ -232,4 +202,4 @@ def test_value_get_of_50mb_is_bounded_whatever_the_elide(big, name) -> None:
         },
         {"ref": ref, "path": ".out.lines[5]", "elide": GREEDY, "with_render": True},
     ):
-        _check(name, params, *conn.call("value.get", params))
+        _check(name, params, *conn.sized("value.get", params))

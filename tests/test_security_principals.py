@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
-from harness import KernelProcess, wait_until
 from shoal_mcp.client import KernelClient
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
+from tests.support.kernel import KernelProcess
+from tests.support.polling import wait_until
+from tests.support.tmp import short_tmp
 
 INVALID_PARAMS = -32602
 UNKNOWN_REF = -32004
@@ -99,27 +99,26 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env():
-    tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="shsp"))
-    work = tmp / "work"
-    work.mkdir()
-    policy = tmp / "policy.toml"
-    policy.write_text(POLICY.format(grants=AGENT_GRANTS, work=work))
-    kernel = KernelProcess(
-        tmp,
-        "--policy",
-        str(policy),
-        env={"SHOAL_T_VISIBLE": "visible-value", "SHOAL_T_SECRET": "secret-value"},
-    )
-    store = TokenStore(kernel.state / "tokens.json")
-    tokens = {p: store.create(p)[1] for p in PRINCIPALS}
-    kernel.start()
-    e = Env(kernel, tokens, work)
-    try:
-        yield e
-    finally:
-        e.close_all()
-        kernel.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with short_tmp("shsp") as tmp:
+        work = tmp / "work"
+        work.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(POLICY.format(grants=AGENT_GRANTS, work=work))
+        kernel = KernelProcess(
+            tmp,
+            "--policy",
+            str(policy),
+            env={"SHOAL_T_VISIBLE": "visible-value", "SHOAL_T_SECRET": "secret-value"},
+        )
+        store = TokenStore(kernel.state / "tokens.json")
+        tokens = {p: store.create(p)[1] for p in PRINCIPALS}
+        kernel.start()
+        e = Env(kernel, tokens, work)
+        try:
+            yield e
+        finally:
+            e.close_all()
+            kernel.stop()
 
 
 def rpc_error(

@@ -19,7 +19,6 @@ from typing import Any
 
 import orjson
 
-from framing_vectors import reference_events  # the one oracle of the framing rules
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.framing import Oversize, backends
 from shoal_mcp.protocol.jsonrpc import (
@@ -35,6 +34,8 @@ from shoal_mcp.protocol.jsonrpc import (
     response,
 )
 from shoal_mcp.protocol.limits import MAX_FRAME, OVERSIZE_HEAD
+
+from .framing_vectors import reference_events  # the one oracle of the framing rules
 
 BACKENDS = backends()
 MAX_FRAMES = (

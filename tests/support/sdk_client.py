@@ -7,8 +7,8 @@ and one facade can serve a whole test module. Server notifications (e.g.
 ``notifications/resources/updated``) are collected and can be awaited with a deadline.
 
 No mocks: the facade is ``python -m shoal_mcp.facade`` talking to a real kernel (start one
-with ``mcp_support.start_kernel`` and pass ``mcp_support.facade_env(kernel)``).
-Complements ``mcp_support.RawFacade`` (raw pipes) for tests that want the SDK.
+with ``kernel.running_kernel`` and pass ``facade.facade_env(kernel)``). Complements
+``facade.RawFacade`` (raw pipes) for tests that want the SDK.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ class Notification:
 class McpStdioClient:
     """``shoal-mcp`` over stdio, driven by the official SDK from synchronous code.
 
-    ``env`` is the facade's complete environment (e.g. ``harness.child_env`` plus
-    ``SHOAL_SOCKET``/``SHOAL_NO_AUTOSTART``); the facade's stderr goes to ``stderr_path``.
+    ``env`` is the facade's complete environment (``facade.facade_env``); the facade's stderr goes to ``stderr_path``.
     """
 
     def __init__(

@@ -1,0 +1,1 @@
+"""shoal's benchmarks (pytest-benchmark). A package so ``bench.loadgen`` imports by name."""

@@ -1,0 +1,1 @@
+"""shoal's test suite. A package so that ``tests.support`` and ``bench`` import by name."""

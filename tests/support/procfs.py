@@ -1,0 +1,141 @@
+"""Readings from ``/proc``: process state, children, groups, fds, threads, memory, argv.
+
+Linux only, like the kernel's own process handling. Every reader tolerates a process
+that disappears between listing ``/proc`` and reading its files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name: [state, ppid, pgrp, session, tty_nr,
+    tpgid, ...]; None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter (R, S, T, Z…), or None when gone."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def proc_gone(pid: int) -> bool:
+    """True once ``pid`` no longer exists at all (reaped: not even a zombie)."""
+    return proc_state(pid) is None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    state = proc_state(pid)
+    return state is not None and state != "Z"
+
+
+def proc_comm(pid: int) -> str | None:
+    """The command name (``/proc/PID/comm``), or None when gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def proc_ids(pid: int) -> dict[str, int]:
+    """ppid, process group, session, controlling tty and its foreground group."""
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    names = ("ppid", "pgrp", "session", "tty_nr", "tpgid")
+    return dict(zip(names, map(int, fields[1:6]), strict=True))
+
+
+def children(pid: int) -> list[int]:
+    """Pids of every direct child of ``pid`` (zombies included)."""
+    return [p for p in _pids() if (f := stat_fields(p)) and int(f[1]) == pid]
+
+
+def zombies(pid: int) -> list[int]:
+    """Direct children of ``pid`` that exited and were not reaped."""
+    return [p for p in children(pid) if proc_state(p) == "Z"]
+
+
+def pgid_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    return [p for p in _pids() if (f := stat_fields(p)) and int(f[2]) == pgid and f[0] != "Z"]
+
+
+def pgid_gone(pgid: int) -> bool:
+    """True when no process (zombies included) is left in group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` if it still exists (cleanup after a failed test)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def pids_with_arg(arg: str) -> list[int]:
+    """Pids whose argv contains ``arg`` as one exact argument (a per-test marker)."""
+    needle = arg.encode()
+    found = []
+    for pid in _pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in argv:
+            found.append(pid)
+    return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def fd_count(pid: int) -> int:
+    """Open file descriptors of ``pid``."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def status_field(pid: int, name: str) -> int:
+    """A numeric field of ``/proc/PID/status`` (the first number: kB for memory)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    raise KeyError(name)
+
+
+def threads(pid: int) -> int:
+    return status_field(pid, "Threads")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size now, in KiB."""
+    return status_field(pid, "VmRSS")
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """Peak resident set size (VmHWM), in KiB."""
+    return status_field(pid, "VmHWM")
