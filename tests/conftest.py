@@ -15,6 +15,7 @@ import os
 import pytest
 
 from shoal_mcp.protocol.framing import backends as _framing_backends
+from tests.support.landlock import landlock_evidence
 
 pytest_plugins = ("tests.support.fixtures",)
 
@@ -46,3 +47,19 @@ def framing_backend(request):
 def both_framing_backends():
     """(python, cython) backend modules, for differential tests."""
     return _framing_module("python"), _framing_module("cython")
+
+
+# --- OS sandbox: tests marked `landlock` may not skip where Landlock exists ----------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skipped `landlock` test is a failure where Landlock exists: CI must not pass
+    with the sandbox tests silently skipped on a kernel that could run them."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("landlock") is not None:
+        evidence = landlock_evidence()
+        if evidence:
+            report.outcome = "failed"
+            report.longrepr = f"sandbox test skipped although {evidence}: {report.longrepr}"

@@ -121,6 +121,9 @@ def test_omitted_keys_take_defaults(tmp_path: Path) -> None:
         ('[principal."agent:x"]\nauto_apply = "always"', 'principal."agent:x".auto_apply'),
         ('[principal."agent:x"]\nungranted = "allow"', 'principal."agent:x".ungranted'),
         ('[principal."agent:x"]\nopaque = "maybe"', 'principal."agent:x".opaque'),
+        ('[principal."agent:x"]\nsandbox = "yes"', 'principal."agent:x".sandbox'),
+        ('[principal."agent:x"]\nsandbox = 1', 'principal."agent:x".sandbox'),
+        ('[principal."agent:x"]\nsandboxed = true', 'principal."agent:x".sandboxed'),
         ('[principal."agent:x"]\napprover = "yes"', 'principal."agent:x".approver'),
         ('[principal."agent:x"]\nsession_write = 1', 'principal."agent:x".session_write'),
         ('[principal."agent:x"]\njournal_read = "everything"', 'principal."agent:x".journal_read'),
@@ -376,3 +379,86 @@ def test_verdict_to_dict(policy: Policy) -> None:
 
 def test_for_principal_is_cached(policy: Policy) -> None:
     assert policy.for_principal("agent:rev", LOCAL) is policy.for_principal("agent:rev", LOCAL)
+
+
+# --- the OS sandbox keys ---------------------------------------------------------------
+
+SANDBOX_POLICY = """
+[principal."agent:unset"]
+[principal."agent:boxed-opaque"]
+opaque = "sandbox"
+[principal."agent:unboxed"]
+sandbox = false
+opaque = "sandbox"
+[principal."agent:allow"]
+opaque = "allow"
+[principal."uid:1000"]
+proc_spawn = ["*"]
+[principal."agent:net"]
+net_connect = ["github.com:443", "*.pypi.org:443"]
+[principal."agent:net".fs]
+read = ["~/project/**", "/etc/hosts"]
+write = ["~/project/build/**"]
+delete = ["~/project/build/**"]
+"""
+
+
+def test_sandbox_defaults(tmp_path: Path) -> None:
+    policy = load(SANDBOX_POLICY, tmp_path)
+    assert policy.for_principal("agent:unset", LOCAL).sandboxed is True
+    assert policy.for_principal("agent:unboxed", LOCAL).sandboxed is False
+    assert policy.for_principal("agent:no-table", LOCAL).sandboxed is True
+    assert policy.for_principal(LOCAL, LOCAL).sandboxed is False  # a table, key unset
+    assert Policy().for_principal(LOCAL, LOCAL).sandboxed is False  # no table at all
+    opted_in = load('[principal."uid:1000"]\nsandbox = true\n', tmp_path)
+    assert opted_in.for_principal(LOCAL, LOCAL).sandboxed is True
+
+
+@pytest.mark.parametrize(
+    ("principal", "enforcing", "mode"),
+    [
+        ("agent:unset", True, "sandbox"),  # the default where the sandbox holds
+        ("agent:unset", False, "deny"),
+        ("agent:boxed-opaque", True, "sandbox"),
+        ("agent:boxed-opaque", False, "ask"),  # cannot sandbox: ask instead
+        ("agent:unboxed", True, "ask"),  # sandbox = false: nothing to run it in
+        ("agent:allow", True, "allow"),
+        ("agent:allow", False, "allow"),
+    ],
+)
+def test_opaque_mode(tmp_path: Path, principal: str, enforcing: bool, mode: str) -> None:
+    p = load(SANDBOX_POLICY, tmp_path).for_principal(principal, LOCAL)
+    assert p.opaque_mode(enforcing) == mode
+
+
+def test_opaque_verdicts_follow_enforcement(tmp_path: Path) -> None:
+    policy = load(SANDBOX_POLICY, tmp_path)
+    opaque = [eff("opaque", "eval")]
+    unset = policy.for_principal("agent:unset", LOCAL)
+    assert unset.evaluate(opaque, "irreversible", enforcing=True).verdict == "allow"
+    assert unset.evaluate(opaque, "irreversible").verdict == "deny"
+    boxed = policy.for_principal("agent:boxed-opaque", LOCAL)
+    v = boxed.evaluate(opaque, "irreversible", enforcing=False)
+    assert v.verdict == "ask" and "no sandbox here" in v.reasons[0]
+    # Other effects are judged as before: "sandbox" only settles the opaque ones.
+    mixed = [*opaque, eff("proc_spawn", "rm")]
+    assert unset.evaluate(mixed, "irreversible", enforcing=True).verdict == "deny"
+
+
+def test_sandbox_spec_from_grants(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "project" / "build").mkdir(parents=True)
+    state, tmp = tmp_path / "state", tmp_path / "tmp"
+    state.mkdir()
+    tmp.mkdir()
+    (tmp_path / "policy.toml").write_text(SANDBOX_POLICY)
+    p = Policy.load(str(tmp_path / "policy.toml"), home=str(home)).for_principal("agent:net", LOCAL)
+    assert p.fs_grants("write") == ("~/project/build/**",)
+    assert p.net_grants == ("github.com:443", "*.pypi.org:443")
+    spec = p.sandbox_spec(tmpdir=str(tmp), forbidden=[str(state)])
+    assert str(home / "project") in spec.read
+    assert ("/etc" in spec.read) != ("/etc/hosts" in spec.read)  # covered exactly once
+    assert str(home / "project" / "build") in spec.write
+    assert str(home / "project" / "build") in spec.delete
+    assert spec.tcp_connect == (443,) and spec.private_net is False
+    assert spec.tmpdir == str(tmp)

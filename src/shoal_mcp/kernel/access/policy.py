@@ -9,7 +9,8 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     session_write = true               may `cd` (default true: cwd is the agent's own)
     auto_apply  = "in-grant"           never | in-grant | reversible (default in-grant)
     ungranted   = "deny"               effect outside the grants: deny | ask (default deny)
-    opaque      = "deny"               deny | ask | allow (default deny)
+    opaque      = "deny"               deny | ask | allow | sandbox (default: see below)
+    sandbox     = true                 run this principal's processes in the OS sandbox
     approver    = false
     journal_read = "own"               own | all
     tasks_read   = "own"               own | all
@@ -26,6 +27,9 @@ Defaults, as decided (docs/decisions.md):
   journal/tasks visibility and quotas keep those permissive defaults unless set.
 * A principal with no table is denied every plan (even an empty one); it keeps the
   ordinary quotas (8 / 2 / 16) so attach-only use (events, journal) still works.
+* ``sandbox`` defaults to true for every principal except the local human.  ``opaque``
+  left unset means ``"sandbox"`` for a sandboxed principal when the kernel's sandbox
+  enforces, else ``"deny"``; see :meth:`PrincipalPolicy.opaque_mode`.
 
 Matching: ``proc_spawn`` entries match argv0 as written (fnmatch), and a bare name also
 matches that name in a system bin directory (``git`` covers ``/usr/bin/git``, not
@@ -50,8 +54,11 @@ from typing import Any
 from wcmatch import fnmatch, glob
 
 from ..effects.analyzer import SHELL_BUILTINS
+from .sandbox import SandboxSpec
+from .sandbox_build import build_spec
 
 ALLOW, ASK, DENY = "allow", "ask", "deny"
+SANDBOX = "sandbox"  # opaque work runs inside the OS sandbox (when it enforces)
 _RANK = {ALLOW: 0, ASK: 1, DENY: 2}
 MAX_REASONS = 100
 
@@ -59,11 +66,11 @@ _LIST_KEYS = ("proc_spawn", "net_connect", "env_read", "env_write")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "auto_apply": ("never", "in-grant", "reversible"),
     "ungranted": (DENY, ASK),
-    "opaque": (DENY, ASK, ALLOW),
+    "opaque": (DENY, ASK, ALLOW, SANDBOX),
     "journal_read": ("own", "all"),
     "tasks_read": ("own", "all"),
 }
-_BOOL_KEYS = ("approver", "session_write")
+_BOOL_KEYS = ("approver", "session_write", "sandbox")
 _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
@@ -71,7 +78,8 @@ _MAX_QUOTA = 1_000_000
 _TABLE_DEFAULTS: dict[str, Any] = {
     "auto_apply": "in-grant",
     "ungranted": DENY,
-    "opaque": DENY,
+    "opaque": None,  # unset: decided by opaque_mode() from sandbox and enforcement
+    "sandbox": True,
     "approver": False,
     "journal_read": "own",
     "tasks_read": "own",
@@ -82,6 +90,7 @@ _TABLE_DEFAULTS: dict[str, Any] = {
 }
 _LOCAL_DEFAULTS: dict[str, Any] = {
     **_TABLE_DEFAULTS,
+    "sandbox": False,
     "approver": True,
     "journal_read": "all",
     "tasks_read": "all",
@@ -198,6 +207,7 @@ class PrincipalPolicy:
         defined: bool = True,
     ) -> None:
         self.principal = principal
+        self.home = home
         self.permissive = permissive
         self.defined = defined
         self._s = dict(settings)
@@ -253,14 +263,69 @@ class PrincipalPolicy:
     def auto_apply(self) -> str:
         return str(self._s["auto_apply"])
 
+    @property
+    def sandboxed(self) -> bool:
+        """Whether this principal's processes run in the OS sandbox (policy ``sandbox``)."""
+        return bool(self._s["sandbox"])
+
+    def opaque_mode(self, enforcing: bool) -> str:
+        """The effective ``opaque`` setting: deny | ask | allow | sandbox.
+
+        ``sandbox`` holds only for a sandboxed principal while the kernel's sandbox
+        enforces (``enforcing``); an explicit ``opaque = "sandbox"`` falls back to
+        ``ask`` otherwise.  Unset means ``sandbox`` where it holds, else ``deny``.
+        """
+        setting = self._s["opaque"]
+        can_sandbox = enforcing and self.sandboxed
+        if setting is None:
+            return SANDBOX if can_sandbox else DENY
+        if setting == SANDBOX and not can_sandbox:
+            return ASK
+        return str(setting)
+
+    def fs_grants(self, kind: str) -> tuple[str, ...]:
+        """The raw ``fs.read`` / ``fs.write`` / ``fs.delete`` globs (``kind`` without ``fs.``)."""
+        return tuple(self._s.get(f"fs_{kind}", ()))
+
+    @property
+    def net_grants(self) -> tuple[str, ...]:
+        return tuple(self._s.get("net_connect", ()))
+
+    def sandbox_spec(
+        self,
+        *,
+        tmpdir: str,
+        forbidden: Iterable[str],
+        also_write: Iterable[str] = (),
+        ttys: Iterable[str] = (),
+    ) -> SandboxSpec:
+        """The OS sandbox for this principal's processes (see ``sandbox_build.build_spec``)."""
+        return build_spec(
+            fs_read=self.fs_grants("read"),
+            fs_write=self.fs_grants("write"),
+            fs_delete=self.fs_grants("delete"),
+            net_connect=self.net_grants,
+            home=self.home,
+            tmpdir=tmpdir,
+            forbidden=tuple(forbidden),
+            also_write=tuple(also_write),
+            ttys=tuple(ttys),
+        )
+
     def env_readable(self, name: str) -> bool:
         return self.permissive or self._env["env_read"].match(name)
 
     # verdicts
 
     def evaluate(
-        self, analysis_effects: Iterable[Mapping[str, str]], reversibility: str
+        self,
+        analysis_effects: Iterable[Mapping[str, str]],
+        reversibility: str,
+        *,
+        enforcing: bool = False,
     ) -> Verdict:
+        """The verdict on a plan's effects; ``enforcing``: the OS sandbox is in force
+        (it decides what ``opaque`` means, see :meth:`opaque_mode`)."""
         effects = [dict(e) for e in analysis_effects]
         if not self.defined:
             return Verdict(
@@ -273,7 +338,7 @@ class PrincipalPolicy:
         ungranted: list[dict[str, str]] = []
         for e in effects:
             kind, target = str(e.get("kind")), str(e.get("target"))
-            decision, why = self._decide(kind, target)
+            decision, why = self._decide(kind, target, enforcing)
             if decision is None:
                 ungranted.append(e)
                 decision = self._s["ungranted"]
@@ -292,11 +357,15 @@ class PrincipalPolicy:
                 reasons.append(f"auto_apply = reversible and the plan is {reversibility}")
         return Verdict(worst, reasons, ungranted[:MAX_REASONS])
 
-    def _decide(self, kind: str, target: str) -> tuple[str | None, str]:
+    def _decide(self, kind: str, target: str, enforcing: bool) -> tuple[str | None, str]:
         """(allow|ask|deny, why) for a settled effect, or (None, why) when ungranted."""
         if kind == "opaque":
-            setting = self._s["opaque"]
-            return setting, f"not statically understood (opaque = {setting})"
+            mode = self.opaque_mode(enforcing)
+            if mode == SANDBOX:
+                return ALLOW, ""
+            if mode == ASK and self._s["opaque"] == SANDBOX:
+                return ASK, "not statically understood (opaque = sandbox, but no sandbox here)"
+            return mode, f"not statically understood (opaque = {mode})"
         if kind == "proc_spawn":
             return (ALLOW, "") if self._spawn_granted(target) else (None, "not in proc_spawn")
         if kind in ("fs_read", "fs_write", "fs_delete"):

@@ -1,0 +1,434 @@
+"""The OS sandbox for a principal's processes (SPEC §4.7 rev 2): the spec and applying it.
+
+* :class:`SandboxSpec` is plain data: canonical paths by access class, a private temp
+  dir, the network mode.  The kernel builds it (``sandbox_build.build_spec``, or
+  ``PrincipalPolicy.sandbox_spec``) and hands it to the exec supervisor through a pipe
+  (:meth:`SandboxSpec.to_bytes`); the supervisor runs ``sandbox_run.py``.
+* :func:`apply` runs in that fresh, single-threaded supervisor: no_new_privs, a private
+  network namespace when no TCP is granted, no capabilities, the Landlock ruleset, the
+  unix-socket seccomp filter.  Every process it starts afterwards inherits all of it.
+* :func:`probe` tells what this machine enforces (``caps.enforced``), found by a child
+  that confines itself; the kernel itself is never confined.
+
+Access classes (Landlock rights per path; the mapping is recorded in docs/decisions.md):
+
+* ``read``    execute, read files, list directories.
+* ``write``   write and truncate files; create files, dirs, symlinks, fifos, sockets;
+  rename within and between write trees (``refer``); unlink *files* (a write grant can
+  already destroy a file's content, and rename-over, lock files and editors' atomic
+  saves need it).  Not reading: that comes from ``read``.
+* ``delete``  remove files and directories.
+* ``devices`` read, write and ioctl on device files (ttys, ``/dev/null``...).
+
+Standard library only, and cheap to import: the supervisor starts as ``python -I -S``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import marshal
+import os
+
+from . import landlock, seccomp
+
+SPEC_VERSION = 1
+
+READ = landlock.FS_EXECUTE | landlock.FS_READ_FILE | landlock.FS_READ_DIR
+WRITE = (
+    landlock.FS_WRITE_FILE
+    | landlock.FS_TRUNCATE
+    | landlock.FS_MAKE_REG
+    | landlock.FS_MAKE_DIR
+    | landlock.FS_MAKE_SYM
+    | landlock.FS_MAKE_FIFO
+    | landlock.FS_MAKE_SOCK
+    | landlock.FS_REFER
+    | landlock.FS_REMOVE_FILE
+)
+DELETE = landlock.FS_REMOVE_FILE | landlock.FS_REMOVE_DIR
+DEVICE = (
+    landlock.FS_READ_FILE | landlock.FS_WRITE_FILE | landlock.FS_TRUNCATE | landlock.FS_IOCTL_DEV
+)
+ACCESS = {"read": READ, "write": WRITE, "delete": DELETE, "devices": DEVICE}
+
+_MAX_SPEC_BYTES = 4 << 20
+_WIRE_MAGIC = b"shoal-sandbox-spec marshal\n"
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+class SandboxError(OSError):
+    """The sandbox could not be built or applied; the message says what and why."""
+
+
+class SandboxSpec:
+    """What one sandboxed process tree may touch.  Paths are canonical (no symlinks).
+
+    ``tcp_connect`` is ``None`` when TCP connect is not restricted (a grant with port
+    ``*``), else the allowed ports; TCP bind is always denied.  ``private_net`` puts the
+    tree in its own network namespace (no interfaces up: UDP and everything else cut).
+    ``notes`` say which grants were narrowed or refused, for humans; :func:`apply`
+    ignores them.
+    """
+
+    __slots__ = (
+        "read",
+        "write",
+        "delete",
+        "devices",
+        "tmpdir",
+        "tcp_connect",
+        "private_net",
+        "deny_unix_sockets",
+        "notes",
+    )
+
+    def __init__(
+        self,
+        *,
+        read: tuple[str, ...] = (),
+        write: tuple[str, ...] = (),
+        delete: tuple[str, ...] = (),
+        devices: tuple[str, ...] = (),
+        tmpdir: str = "",
+        tcp_connect: tuple[int, ...] | None = (),
+        private_net: bool = True,
+        deny_unix_sockets: bool = True,
+        notes: tuple[str, ...] = (),
+    ) -> None:
+        self.read = tuple(read)
+        self.write = tuple(write)
+        self.delete = tuple(delete)
+        self.devices = tuple(devices)
+        self.tmpdir = tmpdir
+        self.tcp_connect = None if tcp_connect is None else tuple(tcp_connect)
+        self.private_net = private_net
+        self.deny_unix_sockets = deny_unix_sockets
+        self.notes = tuple(notes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SandboxSpec) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"SandboxSpec({self.to_dict()!r})"
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON-serialisable form (lists, strings, ints, bools, null)."""
+        return {
+            "version": SPEC_VERSION,
+            "read": list(self.read),
+            "write": list(self.write),
+            "delete": list(self.delete),
+            "devices": list(self.devices),
+            "tmpdir": self.tmpdir,
+            "tcp_connect": None if self.tcp_connect is None else list(self.tcp_connect),
+            "private_net": self.private_net,
+            "deny_unix_sockets": self.deny_unix_sockets,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> SandboxSpec:
+        if not isinstance(data, dict) or data.get("version") != SPEC_VERSION:
+            raise SandboxError(errno.EINVAL, f"not a version-{SPEC_VERSION} sandbox spec")
+        unknown = sorted(set(data) - {"version", *cls.__slots__})
+        if unknown:
+            raise SandboxError(errno.EINVAL, f"sandbox spec: unknown keys {unknown}")
+        kw: dict[str, object] = {}
+        for key in ("read", "write", "delete", "devices", "notes"):
+            value = data.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise SandboxError(errno.EINVAL, f"sandbox spec: {key} must be a list of strings")
+            if key != "notes" and not all(p.startswith("/") for p in value):
+                raise SandboxError(errno.EINVAL, f"sandbox spec: {key} paths must be absolute")
+            kw[key] = tuple(value)
+        tcp = data.get("tcp_connect")
+        if tcp is not None and not (
+            isinstance(tcp, list) and all(type(p) is int and 0 < p < 65536 for p in tcp)  # noqa: E721 (not bool)
+        ):
+            raise SandboxError(errno.EINVAL, "sandbox spec: tcp_connect must be null or ports")
+        tmpdir = data.get("tmpdir", "")
+        if not isinstance(tmpdir, str):
+            raise SandboxError(errno.EINVAL, "sandbox spec: tmpdir must be a string")
+        flags = {k: data.get(k, True) for k in ("private_net", "deny_unix_sockets")}
+        if not all(isinstance(v, bool) for v in flags.values()):
+            raise SandboxError(errno.EINVAL, "sandbox spec: private_net/deny_unix_sockets: bool")
+        return cls(
+            tmpdir=tmpdir,
+            tcp_connect=None if tcp is None else tuple(tcp),
+            **flags,  # type: ignore[arg-type]
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def to_bytes(self) -> bytes:
+        """The supervisor's wire form: a magic line, then :mod:`marshal` of :meth:`to_dict`
+        (parsing JSON would cost the supervisor ~7 ms importing json)."""
+        return _WIRE_MAGIC + marshal.dumps(self.to_dict())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SandboxSpec:
+        """Parse :meth:`to_bytes` output, or JSON text (``{...}``) for hand-written specs."""
+        if len(data) > _MAX_SPEC_BYTES:
+            raise SandboxError(errno.E2BIG, "sandbox spec too large")
+        try:
+            if data.startswith(_WIRE_MAGIC):
+                obj = marshal.loads(data[len(_WIRE_MAGIC) :])
+            else:
+                import json  # hand-written specs only
+
+                obj = json.loads(data)
+        except (ValueError, EOFError, TypeError) as e:
+            raise SandboxError(errno.EINVAL, f"unreadable sandbox spec: {e}") from e
+        return cls.from_dict(obj)
+
+    def environ(self) -> dict[str, str]:
+        """Environment the sandboxed tree should get (``TMPDIR`` = the private temp dir)."""
+        return {"TMPDIR": self.tmpdir} if self.tmpdir else {}
+
+
+# --- applying a spec (runs in the fresh supervisor process) --------------------------
+
+
+def apply(spec: SandboxSpec) -> dict[str, object]:
+    """Confine this process (and everything it starts) to ``spec``.  Call it once, from
+    a single-threaded process, before starting the sandboxed program.
+
+    Order: no_new_privs; the private network namespace (needs its privileges first);
+    drop capabilities; the Landlock ruleset (rule paths are opened with the powers the
+    sandbox keeps); the seccomp filter.  Fails closed: whatever the spec asks for that
+    cannot be enforced raises :class:`SandboxError` (or ``landlock.LandlockUnavailable``).
+    Rule paths that vanished, cannot be opened or now resolve elsewhere are left out,
+    never widened.  Returns ``{"abi": N, "netns": mode or None, "skipped": [paths]}``.
+    """
+    abi = landlock.abi_version()
+    handled_net = landlock.net_rights(abi)
+    if spec.tcp_connect is None:
+        handled_net &= ~landlock.NET_CONNECT_TCP
+    elif not handled_net and not spec.private_net:
+        raise SandboxError(
+            errno.EOPNOTSUPP, f"TCP port rules need Landlock ABI 4; this kernel has {abi}"
+        )
+    if spec.deny_unix_sockets and not seccomp.supported():
+        raise SandboxError(errno.EOPNOTSUPP, "no seccomp filter for this architecture")
+    rights: dict[str, int] = {}
+    for cls, access in ACCESS.items():
+        for path in getattr(spec, cls):
+            rights[path] = rights.get(path, 0) | access
+    libc = ctypes.CDLL(None, use_errno=True)
+    landlock.set_no_new_privs()
+    netns = _private_network(libc) if spec.private_net else None
+    _drop_capabilities(libc)
+    skipped: list[str] = []
+    with landlock.Ruleset(landlock.fs_rights(abi), handled_net, landlock.scopes(abi)) as rs:
+        for path, access in rights.items():
+            try:
+                rs.add_path(path, access, expect=path)
+            except landlock.LandlockError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                skipped.append(path)
+            except OSError:  # gone, or not reachable without the dropped capabilities
+                skipped.append(path)
+        for port in spec.tcp_connect or ():
+            rs.add_port(port, landlock.NET_CONNECT_TCP)
+        rs.restrict_self()
+    if spec.deny_unix_sockets:
+        seccomp.deny_unix_sockets()
+    return {"abi": abi, "netns": netns, "skipped": skipped}
+
+
+def _private_network(libc: object) -> str:
+    """Move into a new network namespace (only a loopback, down).  As root directly;
+    otherwise inside a new user namespace mapping our own uid/gid (setgroups denied)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0 and libc.unshare(_CLONE_NEWNET) == 0:  # type: ignore[attr-defined]
+        return "netns"
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:  # type: ignore[attr-defined]
+        err = _errno()
+        raise SandboxError(err, f"cannot create a private network namespace: {os.strerror(err)}")
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    return "userns+netns"
+
+
+def _errno() -> int:
+    return ctypes.get_errno()
+
+
+def _drop_capabilities(libc: object) -> None:
+    """No capabilities after exec, even as root: empty bounding and ambient sets and
+    cleared inheritable ones (root keeps uid 0, not its powers: no module loading, raw
+    I/O, reboot, raw sockets, or DAC override past Landlock's own checks)."""
+    status = _read_text("/proc/self/status")
+    eff = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), "0")
+    if int(eff, 16) == 0:
+        return  # nothing to drop; exec cannot gain any (no_new_privs blocks file caps)
+    last = int(_read_text("/proc/sys/kernel/cap_last_cap") or "40")
+    for cap in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # type: ignore[attr-defined]
+            err = _errno()
+            if err != errno.EINVAL:  # EINVAL: a cap this kernel does not know
+                raise SandboxError(err, f"cannot drop capability {cap}: {os.strerror(err)}")
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # type: ignore[attr-defined]
+
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this pid
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all zero
+    if libc.capset(header, data) != 0:  # type: ignore[attr-defined]
+        err = _errno()
+        raise SandboxError(err, f"cannot clear capabilities: {os.strerror(err)}")
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+# --- what this machine can enforce ---------------------------------------------------
+
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_run.py")
+
+
+def runner_argv(spec_fd: int, argv: list[str], python: str | None = None) -> list[str]:
+    """The command line that applies the spec read from ``spec_fd`` and execs ``argv``."""
+    import sys
+
+    return [python or sys.executable, "-I", "-S", RUNNER, str(spec_fd), "--", *argv]
+
+
+class SandboxSupport:
+    """What :func:`probe` found: Landlock ABI, and which parts were seen to enforce."""
+
+    __slots__ = ("abi", "fs", "tcp", "netns", "unix", "reason")
+
+    def __init__(
+        self,
+        abi: int = 0,
+        fs: bool = False,
+        tcp: bool = False,
+        netns: str | None = None,
+        unix: bool = False,
+        reason: str = "",
+    ) -> None:
+        self.abi, self.fs, self.tcp, self.netns, self.unix = abi, fs, tcp, netns, unix
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, object]:
+        return {s: getattr(self, s) for s in self.__slots__}
+
+    def enforced(self) -> dict[str, object] | bool:
+        """``caps.enforced``: ``{"fs": "landlock-vN", "net": "landlock-tcp+netns"}``, the
+        net part naming what works (or ``False``), or ``False`` when processes cannot be
+        confined (no Landlock, or no unix-socket filter: the kernel socket would be open).
+        """
+        if not (self.fs and self.unix):
+            return False
+        net = "+".join(
+            name for name, ok in (("landlock-tcp", self.tcp), ("netns", self.netns)) if ok
+        )
+        return {"fs": f"landlock-v{self.abi}", "net": net or False}
+
+
+def probe_self() -> dict[str, object]:
+    """Apply an empty sandbox to *this* process and test each part by trying it.
+
+    Only for a throwaway child (``sandbox_run.py --probe``): afterwards this process
+    can open no file at all.
+    """
+    import socket
+
+    out = SandboxSupport()
+    try:
+        out.abi = landlock.abi_version()
+    except landlock.LandlockError as e:
+        out.reason = str(e)
+        return out.to_dict()
+    problems: list[str] = []
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = os.readlink("/proc/self/ns/net")
+    try:
+        landlock.set_no_new_privs()
+        try:
+            mode = _private_network(libc)
+            if os.readlink("/proc/self/ns/net") != before:
+                out.netns = mode
+        except OSError as e:
+            problems.append(str(e))
+        _drop_capabilities(libc)
+        handled_net = landlock.net_rights(out.abi)
+        with landlock.Ruleset(
+            landlock.fs_rights(out.abi), handled_net, landlock.scopes(out.abi)
+        ) as rs:
+            rs.restrict_self()
+        try:
+            seccomp.deny_unix_sockets()
+        except OSError as e:
+            problems.append(str(e))
+    except OSError as e:
+        out.reason = str(e)
+        return out.to_dict()
+    out.fs = _denied(lambda: os.listdir("/"))
+    if handled_net:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            out.tcp = _denied(lambda: s.connect(("127.0.0.1", 9)))
+    out.unix = _denied(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+    if not out.fs:
+        problems.append("Landlock did not deny a directory listing")
+    if not out.unix:
+        problems.append("unix sockets stayed open")
+    out.reason = "; ".join(problems)
+    return out.to_dict()
+
+
+def _denied(attempt: object) -> bool:
+    try:
+        attempt()  # type: ignore[operator]
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+_probed: SandboxSupport | None = None
+
+
+def probe(
+    *, python: str | None = None, timeout: float = 10.0, refresh: bool = False
+) -> SandboxSupport:
+    """What this machine enforces, found once per process by a child running
+    ``sandbox_run.py --probe`` (the caller is never confined)."""
+    global _probed
+    if _probed is not None and not refresh:
+        return _probed
+    import json
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [python or sys.executable, "-I", "-S", RUNNER, "--probe"],
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        data = json.loads(done.stdout)
+        support = SandboxSupport(**{k: data[k] for k in SandboxSupport.__slots__})
+    except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError) as e:
+        support = SandboxSupport(reason=f"sandbox probe failed: {e}")
+    _probed = support
+    return support
