@@ -39,7 +39,7 @@ def test_every_tool_is_documented_and_vice_versa():
 
 def test_every_resource_template_is_documented_and_vice_versa():
     documented = _table_names(r"shoal://.*")
-    assert documented == {t for t, _, _ in TEMPLATES}
+    assert documented == {t.template for t in TEMPLATES}
 
 
 def test_every_error_code_is_documented_and_vice_versa():

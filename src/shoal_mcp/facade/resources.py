@@ -1,69 +1,39 @@
-"""MCP resources: roots, dynamic entries, templates and reads.
+"""MCP resources: one routing table for templates, reads and subscriptions (SPEC §5.3).
 
-The URIs are listed in docs/protocol.md, Resource templates.
-
-URIs arrive raw or percent-encoded (clients normalise them differently); both parse to
-the same kernel call. Unknown resources are -32002.
+Each ``Route`` is one kind of ``shoal://`` URI (the kinds of ``protocol.uri``): the
+template it is listed under, its name, description and mimeType, the kernel call that
+reads it and the kernel channel a subscription to it follows. ``resources/templates/
+list``, ``resources/read`` and ``resources/subscribe`` all look the URI up here, so a
+new kind of resource is one new row. Parsing is ``protocol.uri``'s: URIs arrive raw or
+percent-encoded and both parse to the same route. Unknown resources are -32002.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ..client import KernelLost
 from ..protocol import uri
-from ..protocol.errors import MCP_UNKNOWN_RESOURCE, RpcError, invalid_params
+from ..protocol.errors import MCP_UNKNOWN_RESOURCE, ErrorCode, RpcError, invalid_params
 from ..protocol.framing import bound_text
 from ..protocol.limits import TEXT_LIMIT
+from .kernel_link import KernelLink
 
-ROOTS = [
-    ("shoal://journal", "journal", "What ran in this kernel, newest first (journal.query)."),
-    ("shoal://jobs", "jobs", "Background and detached tasks of this session."),
-    ("shoal://session/cwd", "session cwd", "The session's live working directory."),
-    ("shoal://session/env", "session env", "Environment variable names (values per policy)."),
-    ("shoal://session/reef", "session reef", "Active project root and the tools it uses."),
-    ("shoal://pty", "ptys", "Open pseudoterminals of this session."),
-]
+JSON = "application/json"
+TEXT = "text/plain"
 
-TEMPLATES = [
-    (
-        "shoal://out/{n}{?path,slice,format}",
-        "transcript value",
-        "Value out:N of this session; path selects.",
-    ),
-    ("shoal://val/{hash}{?offset,length}", "blob", "Raw bytes of a stored blob, paged (base64)."),
-    ("shoal://task/{id}", "task", "A task record (state, result ref)."),
-    (
-        "shoal://task/{id}/out{?path,slice,format}",
-        "task output",
-        "A task's stdout, live while it runs.",
-    ),
-    ("shoal://plan/{ref}", "plan", "A stored plan: effects, verdict, state."),
-    ("shoal://session/{view}", "session view", "cwd, env or reef."),
-    ("shoal://pty/{id}", "pty screen", "The rendered screen of a PTY."),
-    (
-        "shoal://journal{?since,until,head,principal,ok,effects,limit}",
-        "journal query",
-        "Filtered journal rows.",
-    ),
-    ("shoal://events/{channel}{?since,limit}", "event channel", "Recent events of a channel."),
-]
+KernelRead = tuple[str, dict[str, Any]]
+"""(kernel method, params) that reads a resource."""
 
 
-def unknown(text: str) -> RpcError:
-    return RpcError(MCP_UNKNOWN_RESOURCE, f"resource not found: {text[:200]}", {"uri": text[:200]})
+# -- query parameters -----------------------------------------------------------------
 
 
-def parse_uri(text: str) -> uri.ShoalUri:
-    """A resource URI (raw or percent-encoded), or MCP's resource-not-found."""
-    try:
-        return uri.parse_uri(text)
-    except uri.BadName:
-        raise unknown(str(text)) from None
-
-
-def _int(q: dict, key: str) -> int | None:
+def _int(q: dict[str, str], key: str) -> int | None:
     if key not in q:
         return None
     try:
@@ -72,47 +42,17 @@ def _int(q: dict, key: str) -> int | None:
         raise invalid_params(key, "not an integer") from None
 
 
-def kernel_read(p: uri.ShoalUri, text: str) -> tuple[str, dict, str]:
-    """(kernel method, params, mime) for a resource URI."""
-    kind, ident, q = p.kind, p.ident or "", p.query
-    if kind == uri.OUT:
-        return _value_get(uri.out_ref(int(ident)), q)
-    if kind == uri.TASK:
-        return "task.get", {"task": uri.task_ref(int(ident))}, "application/json"
-    if kind == uri.TASK_ERR:
-        path = q.get("path", "")
-        return _value_get(uri.task_uri(int(ident)), {**q, "path": ".err" + path})
-    if kind == uri.TASK_OUT:
-        return _value_get(uri.task_uri(int(ident), "out"), q)
-    if kind == uri.VAL:
-        params: dict[str, Any] = {"hash": ident}
-        for key in ("offset", "length"):
-            if (v := _int(q, key)) is not None:
-                params[key] = v
-        return "blob.get", params, "application/json"
-    if kind == uri.PLAN:
-        return "plan.get", {"plan_ref": ident}, "application/json"
-    if kind == uri.SESSION:
-        return f"session.{ident}", {}, "application/json"
-    if kind == uri.PTYS:
-        return "pty.list", {}, "application/json"
-    if kind == uri.PTY:
-        return (
-            "pty.read",
-            {"pty_id": uri.pty_ref(int(ident)) if ident.isdigit() else ident},
-            "application/json",
-        )
-    if kind == uri.JOBS:
-        return "task.list", {}, "application/json"
-    if kind == uri.JOURNAL:
-        return "journal.query", _journal_params(q), "application/json"
-    if kind == uri.EVENTS:
-        params = {"channel": ident}
-        for key in ("since", "limit"):
-            if (v := _int(q, key)) is not None:
-                params[key] = v
-        return "events.read", params, "application/json"
-    raise unknown(text)
+def _ints(q: dict[str, str], *keys: str) -> dict[str, int]:
+    return {key: v for key in keys if (v := _int(q, key)) is not None}
+
+
+def _value_get(ref: str, q: dict[str, str]) -> KernelRead:
+    params: dict[str, Any] = {"ref": ref}
+    for key in ("path", "slice"):
+        if q.get(key):
+            params[key] = q[key]
+    params["format"] = q.get("format", "json")
+    return "value.get", {**params, **_ints(q, "offset", "length")}
 
 
 def _journal_params(q: dict[str, str]) -> dict[str, Any]:
@@ -130,27 +70,183 @@ def _journal_params(q: dict[str, str]) -> dict[str, Any]:
         params["ok"] = q["ok"].lower() in ("1", "true", "yes")
     if "effects" in q:
         params["effects"] = [e for e in q["effects"].split(",") if e]
-    if (limit := _int(q, "limit")) is not None:
-        params["limit"] = limit
-    return params
+    return {**params, **_ints(q, "limit")}
 
 
-def _value_get(ref: str, q: dict) -> tuple[str, dict, str]:
-    params: dict[str, Any] = {"ref": ref}
-    if q.get("path"):
-        params["path"] = q["path"]
-    if q.get("slice"):
-        params["slice"] = q["slice"]
-    fmt = q.get("format", "json")
-    params["format"] = fmt
-    for key in ("offset", "length"):
-        if (v := _int(q, key)) is not None:
-            params[key] = v
-    return "value.get", params, ("application/json" if fmt == "json" else "text/plain")
+# -- readers and channels, one per kind -------------------------------------------------
+
+
+def _num(p: uri.ShoalUri) -> int:
+    return int(p.ident or "")  # the grammar guarantees digits for out/task kinds
+
+
+def _read_task_err(p: uri.ShoalUri) -> KernelRead:
+    q = p.query
+    return _value_get(uri.task_uri(_num(p)), {**q, "path": ".err" + q.get("path", "")})
+
+
+def _read_pty(p: uri.ShoalUri) -> KernelRead:
+    ident = p.ident or ""
+    return "pty.read", {"pty_id": uri.pty_ref(int(ident)) if ident.isdigit() else ident}
+
+
+def _task_channel(p: uri.ShoalUri) -> str | None:
+    return uri.task_channel(_num(p))
+
+
+def _pty_channel(p: uri.ShoalUri) -> str | None:
+    num = (p.ident or "").removeprefix("pty:")
+    return uri.pty_channel(int(num)) if num.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    kind: str  # a uri.* kind
+    template: str | None  # RFC 6570 template listed by templates/list; None: not listed
+    name: str
+    description: str
+    read: Callable[[uri.ShoalUri], KernelRead]
+    channel: Callable[[uri.ShoalUri], str | None] | None = None  # None: not subscribable
+    mime_type: str = JSON
+
+    def listing(self) -> dict:
+        return {
+            "uriTemplate": self.template,
+            "name": self.name,
+            "description": self.description,
+            "mimeType": self.mime_type,
+        }
+
+    def content_mime(self, params: dict) -> str:
+        """A read asking the kernel for rendered or raw text answers text."""
+        return self.mime_type if params.get("format", "json") == "json" else TEXT
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        uri.OUT,
+        "shoal://out/{n}{?path,slice,format}",
+        "transcript value",
+        "Value out:N of this session; path selects.",
+        lambda p: _value_get(uri.out_ref(_num(p)), p.query),
+    ),
+    Route(
+        uri.VAL,
+        "shoal://val/{hash}{?offset,length}",
+        "blob",
+        "Raw bytes of a stored blob, paged (base64).",
+        lambda p: ("blob.get", {"hash": p.ident, **_ints(p.query, "offset", "length")}),
+    ),
+    Route(
+        uri.TASK,
+        "shoal://task/{id}",
+        "task",
+        "A task record (state, result ref).",
+        lambda p: ("task.get", {"task": uri.task_ref(_num(p))}),
+        _task_channel,
+    ),
+    Route(
+        uri.TASK_OUT,
+        "shoal://task/{id}/out{?path,slice,format}",
+        "task output",
+        "A task's stdout, live while it runs.",
+        lambda p: _value_get(uri.task_uri(_num(p), "out"), p.query),
+        _task_channel,
+    ),
+    Route(
+        uri.TASK_ERR,
+        None,
+        "task errors",
+        "A task's stderr, live while it runs.",
+        _read_task_err,
+    ),
+    Route(
+        uri.PLAN,
+        "shoal://plan/{ref}",
+        "plan",
+        "A stored plan: effects, verdict, state.",
+        lambda p: ("plan.get", {"plan_ref": p.ident}),
+    ),
+    Route(
+        uri.SESSION,
+        "shoal://session/{view}",
+        "session view",
+        "cwd, env or reef.",
+        lambda p: (f"session.{p.ident}", {}),
+    ),
+    Route(
+        uri.PTY,
+        "shoal://pty/{id}",
+        "pty screen",
+        "The rendered screen of a PTY.",
+        _read_pty,
+        _pty_channel,
+    ),
+    Route(uri.PTYS, None, "ptys", "Open PTYs of this session.", lambda p: ("pty.list", {})),
+    Route(uri.JOBS, None, "jobs", "Tasks of this session.", lambda p: ("task.list", {})),
+    Route(
+        uri.JOURNAL,
+        "shoal://journal{?since,until,head,principal,ok,effects,limit}",
+        "journal query",
+        "Filtered journal rows.",
+        lambda p: ("journal.query", _journal_params(p.query)),
+    ),
+    Route(
+        uri.EVENTS,
+        "shoal://events/{channel}{?since,limit}",
+        "event channel",
+        "Recent events of a channel.",
+        lambda p: ("events.read", {"channel": p.ident, **_ints(p.query, "since", "limit")}),
+        lambda p: p.ident,
+    ),
+)
+ROUTES_BY_KIND = {r.kind: r for r in ROUTES}
+TEMPLATES = tuple(r for r in ROUTES if r.template is not None)
+
+# Concrete resources always listed by resources/list (before the session's tasks,
+# plans and PTYs): (uri, name, description).
+ROOTS = (
+    ("shoal://journal", "journal", "What ran in this kernel, newest first (journal.query)."),
+    ("shoal://jobs", "jobs", "Background and detached tasks of this session."),
+    ("shoal://session/cwd", "session cwd", "The session's live working directory."),
+    ("shoal://session/env", "session env", "Environment variable names (values per policy)."),
+    ("shoal://session/reef", "session reef", "Active project root and the tools it uses."),
+    ("shoal://pty", "ptys", "Open pseudoterminals of this session."),
+)
+
+# Kernel "no such thing" errors become MCP's resource-not-found.
+NOT_FOUND_CODES = frozenset(
+    {ErrorCode.UNKNOWN_REF, ErrorCode.UNKNOWN_TASK, ErrorCode.UNKNOWN_PLAN, ErrorCode.UNKNOWN_PTY}
+)
+
+
+def unknown(text: str) -> RpcError:
+    return RpcError(MCP_UNKNOWN_RESOURCE, f"resource not found: {text[:200]}", {"uri": text[:200]})
+
+
+def route(text: str) -> tuple[Route, uri.ShoalUri]:
+    """The route and parsed form of a resource URI, or MCP's resource-not-found."""
+    try:
+        parsed = uri.parse_uri(text)
+    except uri.BadName:
+        raise unknown(str(text)) from None
+    found = ROUTES_BY_KIND.get(parsed.kind)
+    if found is None:
+        raise unknown(text)
+    return found, parsed
+
+
+def subscription_channel(text: str) -> str:
+    """Kernel channel behind a subscribable URI (docs/protocol.md, "Resources"), or -32002."""
+    found, parsed = route(text)
+    channel = found.channel(parsed) if found.channel is not None else None
+    if channel is None:
+        raise unknown(text)
+    return channel
 
 
 def read_contents(text_uri: str, result: dict, mime: str) -> dict:
-    if mime == "text/plain":
+    if mime == TEXT:
         text = (
             result.get("render")
             if "render" in result
@@ -166,21 +262,56 @@ def read_contents(text_uri: str, result: dict, mime: str) -> dict:
     }
 
 
-def subscription_channel(p: uri.ShoalUri, text: str) -> str:
-    """Kernel channel behind a subscribable URI (docs/protocol.md, "Resources"), or -32002."""
-    ident = p.ident or ""
-    if p.kind == uri.EVENTS:
-        return ident
-    if p.kind in (uri.TASK, uri.TASK_OUT):
-        return uri.task_channel(int(ident))
-    if p.kind == uri.PTY:
-        num = ident.removeprefix("pty:")
-        if num.isdigit():
-            return uri.pty_channel(int(num))
-    raise unknown(text)
-
-
-def listing_entry(
-    entry_uri: str, name: str, description: str, mime: str = "application/json"
-) -> dict:
+def listing_entry(entry_uri: str, name: str, description: str, mime: str = JSON) -> dict:
     return {"uri": entry_uri, "name": name, "description": description, "mimeType": mime}
+
+
+class ResourceApi:
+    """``resources/list``, ``resources/templates/list`` and ``resources/read``."""
+
+    def __init__(self, link: KernelLink) -> None:
+        self.link = link
+
+    def list(self, params: dict) -> dict:
+        entries = [listing_entry(root, name, desc) for root, name, desc in ROOTS]
+        try:
+            for task in self.link.call("task.list", {}).get("tasks", []):
+                entries.append(
+                    listing_entry(task["uri"], task["task"], f"{task['state']}: {task['src'][:80]}")
+                )
+            for plan in self.link.call("plan.list", {}).get("plans", []):
+                entries.append(
+                    listing_entry(
+                        plan["uri"], plan["plan_ref"], f"{plan['state']}: {plan['src'][:80]}"
+                    )
+                )
+            for pty in self.link.call("pty.list", {}).get("ptys", []):
+                num = uri.ref_number(pty["pty_id"], uri.PTY)
+                entries.append(
+                    listing_entry(
+                        uri.pty_uri(num), pty["pty_id"], f"pty running {pty.get('cmd', '')}"
+                    )
+                )
+        except (RpcError, KernelLost):
+            pass  # the static roots are still useful without a kernel
+        return {"resources": entries}
+
+    @staticmethod
+    def templates(params: dict) -> dict:
+        return {"resourceTemplates": [r.listing() for r in TEMPLATES]}
+
+    def read(self, params: dict) -> dict:
+        text = params.get("uri")
+        if not isinstance(text, str):
+            raise RpcError(
+                ErrorCode.INVALID_PARAMS, "invalid params: uri: required string", {"field": "uri"}
+            )
+        found, parsed = route(text)
+        method, kparams = found.read(parsed)
+        try:
+            result = self.link.call(method, kparams)
+        except RpcError as exc:
+            if exc.code in NOT_FOUND_CODES:
+                raise unknown(text) from None
+            raise
+        return read_contents(text, result, found.content_mime(kparams))

@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 from ..protocol.errors import ErrorCode, RpcError
 from .kernel_link import KernelLink
-from .resources import parse_uri, subscription_channel, unknown
-from .resources_api import NOT_FOUND_CODES
+from .resources import NOT_FOUND_CODES, subscription_channel, unknown
 
 
 class Subscriptions:
@@ -30,7 +29,7 @@ class Subscriptions:
 
     def subscribe(self, params: dict) -> dict:
         uri = _uri(params)
-        channel = subscription_channel(parse_uri(uri), uri)
+        channel = subscription_channel(uri)
         with self._ops:
             with self._lock:
                 if not self.link.events_alive():

@@ -1,4 +1,8 @@
-"""Running a tool call: validate arguments, call the kernel, wait (with progress)."""
+"""``tools/call``: validate arguments, call the kernel, wait (with progress), shape the result.
+
+A bad tool name or bad arguments is a JSON-RPC -32602; a kernel error is a normal
+result with ``isError: true`` (the model can read it, SPEC §5.2).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,17 @@ from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.limits import PROGRESS_INTERVAL_S
 from ..protocol.schema import validate
+from .inflight import InFlight, Progress, progress_reporter, progress_token
 from .kernel_link import KernelLink
+from .results import error_result, tool_result
 from .tools import TOOLS_BY_NAME
+
+# Open: _meta and whatever later MCP versions add are not errors.
+CALL_PARAMS = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+    "required": ["name"],
+}
 
 
 class ArgumentError(RpcError):
@@ -19,14 +32,29 @@ class ArgumentError(RpcError):
 
 
 class ToolRunner:
-    def __init__(self, link: KernelLink) -> None:
+    def __init__(self, link: KernelLink, notify: Callable[[str, dict], None]) -> None:
         self.link = link
+        self.notify = notify
+
+    def call(self, params: dict, flight: InFlight) -> dict:
+        """Serve one ``tools/call`` request (on a worker thread)."""
+        validate(params, CALL_PARAMS)
+        progress = progress_reporter(progress_token(params), self.notify)
+        try:
+            result = self.run(
+                params["name"], params.get("arguments") or {}, progress, flight.own_kernel_call
+            )
+        except ArgumentError:
+            raise
+        except RpcError as exc:
+            return error_result(exc)
+        return tool_result(result)
 
     def run(
         self,
         name: str,
         args: dict,
-        progress: Callable[[int | None], None] | None,
+        progress: Progress | None,
         own_kernel_call: Callable[[Any, int, Any], None],
     ) -> Any:
         tool = TOOLS_BY_NAME.get(name)
