@@ -1,63 +1,37 @@
-"""The 13 MCP tools: closed schemas, model-oriented descriptions, kernel mapping.
+"""The 13 MCP tools: model-oriented descriptions over the kernel's own params (§5.1).
 
-The mapping is documented in docs/protocol.md, Tools.
-
-Each tool is data (name, title, description, schema, annotations) plus a function that
-turns validated arguments into kernel calls. Schemas are validated with the same
-validator the kernel uses, so a bad argument is a -32602 naming the field.
+Each tool is data: a name, title, description and annotations, the kernel method its
+arguments go to, and its arguments. Every argument is a kernel param (of that method,
+or of another one such as ``wait_ms`` → ``task.await``'s ``timeout_ms``): its schema is
+the kernel's from ``protocol.params``, with the tool's description laid over it, so a
+limit is stated once and a tool can never accept what the kernel refuses, or the other
+way round. Arguments are validated with the same validator the kernel uses, so a bad
+argument is a -32602 naming the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernel.values.elision import ELIDE_SCHEMA
-from ..protocol.limits import PTY_MAX_DIM, PTY_MIN_DIM
-
-STR = {"type": "string"}
-INT = {"type": "integer"}
-
-
-def closed(properties: dict, required: tuple[str, ...] = ()) -> dict:
-    schema: dict = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = list(required)
-    return schema
-
-
-REF_DESC = "A ref: out:N, task:N, plan:<hex>, or a shoal:// URI from an earlier result."
-PATH_DESC = (
-    "Selector into the value: .field, [i], [a..b] (half-open, negative counts from the end), "
-    '["key"]; on text: .lines (list of lines) and .json (parse). Examples: .out.lines[-20..], '
-    ".out.json.items[0].name, .err"
+from ..protocol.limits import (
+    PTY_DEFAULT_COLS,
+    PTY_DEFAULT_ROWS,
+    PTY_MAX_DIM,
+    PTY_MIN_DIM,
+    PTY_SCROLLBACK_LINES,
 )
-SLICE_SCHEMA = {
-    "type": "array",
-    "items": {"type": ["integer", "null"]},
-    "minItems": 2,
-    "maxItems": 2,
-    "description": "[a, b] applied after path: list items, string code points or bytes; null = open end.",
-}
-DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
-PTY_ID = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 64,
-    "description": "pty:N from shoal_pty_open",
-}
-KEY_INPUT = {
-    "description": (
-        "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
-        "Left, Right, Home, End, PageUp, PageDown, F1-F12, Ctrl-A..Ctrl-Z), {bytes: base64}, or an array of these."
-    ),
-    "anyOf": [
-        {"type": "string"},
-        {"type": "object"},
-        {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
-    ],
-}
+from ..protocol.params import PARAMS
+from ..protocol.schema import closed
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """A tool argument: which kernel param it is, and how the tool describes it."""
+
+    description: str | None = None  # None: the kernel's own description, if any
+    method: str | None = None  # the kernel method it belongs to, when not the tool's
+    param: str | None = None  # its name there, when it differs
 
 
 @dataclass(frozen=True)
@@ -65,14 +39,51 @@ class Tool:
     name: str
     title: str
     description: str
-    schema: dict
+    method: str  # the kernel method the arguments go to
+    args: dict[str, Arg | str]  # in listing order; a str is just a description
     annotations: dict = field(default_factory=dict)
-    # (arguments) -> (kernel method, kernel params); shoal_get overrides with custom logic.
-    to_kernel: Callable[[dict], tuple[str, dict]] | None = None
+    required: tuple[str, ...] | None = None  # None: those the kernel requires
+    defaults: dict = field(default_factory=dict)  # kernel params the arguments may override
+    fixed: dict = field(default_factory=dict)  # kernel params the arguments cannot set
     cancels_task: bool = False  # an in-flight call owns a kernel task (exec/apply)
+    schema: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schema", self._derive_schema())
+
+    def arg(self, name: str) -> Arg:
+        arg = self.args[name]
+        return Arg(arg) if isinstance(arg, str) else arg
+
+    def source(self, name: str) -> tuple[str, str]:
+        """(kernel method, param) that argument ``name`` is."""
+        arg = self.arg(name)
+        return arg.method or self.method, arg.param or name
+
+    def _derive_schema(self) -> dict:
+        properties = {}
+        for name in self.args:
+            method, param = self.source(name)
+            prop = dict(PARAMS[method]["properties"][param])
+            if (description := self.arg(name).description) is not None:
+                prop["description"] = description
+            properties[name] = prop
+        required = self.required
+        if required is None:
+            kernel_required = PARAMS[self.method].get("required", ())
+            required = tuple(
+                n
+                for n in self.args
+                if self.source(n) in {(self.method, r) for r in kernel_required}
+            )
+        return closed(properties, required)
+
+    def to_kernel(self, args: dict) -> tuple[str, dict]:
+        """(kernel method, params) for validated arguments."""
+        return self.method, {**self.defaults, **args, **self.fixed}
 
     def listing(self) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "name": self.name,
             "title": self.title,
             "description": self.description,
@@ -83,13 +94,21 @@ class Tool:
         return out
 
 
-def _same(method: str, **fixed: Any) -> Callable[[dict], tuple[str, dict]]:
-    return lambda args: (method, {**args, **fixed})
-
-
-def _exec(args: dict) -> tuple[str, dict]:
-    return "exec", {"position": "value", **args}
-
+REF_DESC = "A ref: out:N, task:N, plan:<hex>, or a shoal:// URI from an earlier result."
+PATH_DESC = (
+    "Selector into the value: .field, [i], [a..b] (half-open, negative counts from the end), "
+    '["key"]; on text: .lines (list of lines) and .json (parse). Examples: .out.lines[-20..], '
+    ".out.json.items[0].name, .err"
+)
+SLICE_DESC = (
+    "[a, b] or 'a..b', applied after path: list items, string code points or bytes; "
+    "null = open end."
+)
+PTY_ID_DESC = "pty:N from shoal_pty_open"
+KEY_INPUT_DESC = (
+    "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
+    "Left, Right, Home, End, PageUp, PageDown, F1-F12, Ctrl-A..Ctrl-Z), {bytes: base64}, or an array of these."
+)
 
 TOOLS: list[Tool] = [
     Tool(
@@ -101,34 +120,17 @@ TOOLS: list[Tool] = [
         "re-running with head/tail. Long jobs: background:true returns task:N at once; timeout_ms is a "
         "wait budget (the command keeps running as a task). Failed commands return their outcome "
         "(status, stderr) unless position is 'stmt'.",
-        closed(
-            {
-                "src": {
-                    "type": "string",
-                    "description": "bash source, run with bash --noprofile --norc -c",
-                },
-                "mode": {
-                    "type": "string",
-                    "enum": ["run", "plan"],
-                    "description": "plan = analyse only, run nothing",
-                },
-                "position": {
-                    "type": "string",
-                    "enum": ["value", "stmt"],
-                    "description": "value (default): failures are values; stmt: failures are errors",
-                },
-                "background": {"type": "boolean", "description": "return task:N immediately"},
-                "timeout_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "wait budget; never kills",
-                },
-                "elide": ELIDE_SCHEMA,
-            },
-            ("src",),
-        ),
+        "exec",
+        {
+            "src": "bash source, run with bash --noprofile --norc -c",
+            "mode": "plan = analyse only, run nothing",
+            "position": "value (default): failures are values; stmt: failures are errors",
+            "background": "return task:N immediately",
+            "timeout_ms": "wait budget; never kills",
+            "elide": Arg(),
+        },
         {"destructiveHint": True, "openWorldHint": True},
-        _exec,
+        defaults={"position": "value"},
         cancels_task=True,
     ),
     Tool(
@@ -137,57 +139,44 @@ TOOLS: list[Tool] = [
         "Analyse bash without running it: the effects it would have (processes, files read/written/"
         "deleted, network, env), how reversible it is, and the policy verdict. Returns a plan_ref to "
         "pass to shoal_apply (or shoal_cap_request when approval is needed).",
-        closed({"src": {"type": "string", "description": "bash source to analyse"}}, ("src",)),
+        "exec",
+        {"src": "bash source to analyse"},
         {"readOnlyHint": True},
-        lambda args: ("exec", {"src": args["src"], "mode": "plan", "position": "value"}),
+        fixed={"mode": "plan", "position": "value"},
     ),
     Tool(
         "shoal_apply",
         "Apply a plan",
         "Run exactly the source stored in a plan you made, once it is allowed or approved. Returns "
         "what shoal_exec returns.",
-        closed(
-            {"plan_ref": {"type": "string", "description": "plan:<hex> from shoal_plan"}},
-            ("plan_ref",),
-        ),
+        "plan.apply",
+        {"plan_ref": "plan:<hex> from shoal_plan"},
         {"destructiveHint": True, "openWorldHint": True},
-        lambda args: ("plan.apply", {**args, "position": "value"}),
+        fixed={"position": "value"},
         cancels_task=True,
     ),
-    Tool(
+    Tool(  # run by ToolRunner.get: refs to tasks and plans go to task.*/plan.get
         "shoal_get",
         "Get a stored value",
         "Fetch a stored result or part of it, bounded. ref is out:N, task:N (its record, or its result "
         "once finished; wait_ms waits for it), plan:<hex>, or a shoal:// URI. path selects inside "
         "(.out.lines[-20..], .err, .out.json.key, [3]); slice cuts the selection; format raw returns "
         "exact bytes in pages (offset/length, next).",
-        closed(
-            {
-                "ref": {"type": "string", "description": REF_DESC},
-                "path": {"type": "string", "description": PATH_DESC},
-                "slice": SLICE_SCHEMA,
-                "format": {
-                    "type": "string",
-                    "enum": ["json", "render", "raw"],
-                    "description": "json (default, tagged values), render (text), raw (paged bytes)",
-                },
-                "offset": {"type": "integer", "minimum": 0, "description": "raw: byte offset"},
-                "length": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 65536,
-                    "description": "raw: page size",
-                },
-                "elide": ELIDE_SCHEMA,
-                "wait_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": 600000,
-                    "description": "for task:N, wait up to this long for it to finish",
-                },
-            },
-            ("ref",),
-        ),
+        "value.get",
+        {
+            "ref": REF_DESC,
+            "path": PATH_DESC,
+            "slice": SLICE_DESC,
+            "format": "json (default, tagged values), render (text), raw (paged bytes)",
+            "offset": "raw: byte offset",
+            "length": "raw: page size (a page never exceeds 64 KiB: follow next for more)",
+            "elide": Arg(),
+            "wait_ms": Arg(
+                "for task:N, wait up to this long for it to finish",
+                method="task.await",
+                param="timeout_ms",
+            ),
+        },
         {"readOnlyHint": True},
     ),
     Tool(
@@ -196,108 +185,91 @@ TOOLS: list[Tool] = [
         "What was run: newest first, one row per exec/plan/apply with time, duration, cwd, source, "
         "status and output refs. Filter by time (unix seconds), principal, first command word "
         "(head), ok, or effect kinds.",
-        closed(
-            {
-                "since": {"type": "number", "description": "unix time, inclusive"},
-                "until": {"type": "number", "description": "unix time, inclusive"},
-                "principal": STR,
-                "ok": {"type": "boolean"},
-                "effects": {
-                    "type": "array",
-                    "items": STR,
-                    "description": "effect kinds, e.g. fs_delete",
-                },
-                "head": {"type": "string", "description": "first command word, e.g. git"},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-            }
-        ),
+        "journal.query",
+        {
+            "since": "unix time, inclusive",
+            "until": "unix time, inclusive",
+            "principal": "who ran it, e.g. uid:1000 or a token's principal",
+            "ok": "true: only what succeeded; false: only failures",
+            "effects": "effect kinds, e.g. fs_delete",
+            "head": "first command word, e.g. git",
+            "limit": "most rows to return, newest first",
+        },
         {"readOnlyHint": True},
-        _same("journal.query"),
     ),
     Tool(
         "shoal_cancel",
         "Cancel a task",
         "Stop a running task (SIGTERM to its process group, SIGKILL after a grace period).",
-        closed({"task": {"type": "string", "description": "task:N"}}, ("task",)),
+        "task.cancel",
+        {"task": "task:N"},
         {"destructiveHint": True},
-        _same("task.cancel"),
+        required=("task",),  # the kernel's other form (call: an exec in flight) is not a tool's
     ),
     Tool(
         "shoal_cap_request",
         "Request approval",
         "Ask a human to approve a plan whose verdict is 'ask'. You cannot approve your own plan; poll "
         "shoal_get plan:<hex> (state) and call shoal_apply once approved.",
-        closed(
-            {
-                "plan_ref": STR,
-                "effects": {"type": "array", "items": STR, "description": "effect kinds you need"},
-            },
-            ("plan_ref",),
-        ),
-        {},
-        _same("cap.request"),
+        "cap.request",
+        {"plan_ref": "plan:<hex> from shoal_plan", "effects": "effect kinds you need"},
     ),
     Tool(
         "shoal_pty_open",
         "Open a terminal",
         "Start an interactive program (REPL, TUI, ssh, debugger) on a pseudoterminal. Returns pty:N. "
         "Type with shoal_pty_send, look with shoal_pty_read (the rendered screen).",
-        closed(
-            {
-                "cmd": {"type": "string", "description": "program, e.g. python3 or bash"},
-                "args": {"type": "array", "items": STR},
-                "cols": DIM,
-                "rows": DIM,
-                "env": {"type": "object", "additionalProperties": STR},
-            },
-            ("cmd",),
-        ),
+        "pty.open",
+        {
+            "cmd": "program, e.g. python3 or bash",
+            "args": "its arguments",
+            "cols": f"width in columns (default {PTY_DEFAULT_COLS})",
+            "rows": f"height in rows (default {PTY_DEFAULT_ROWS})",
+            "env": "extra environment variables for the program",
+        },
         {"openWorldHint": True},
-        _same("pty.open"),
     ),
     Tool(
         "shoal_pty_send",
         "Type into a terminal",
         "Send keystrokes to a PTY. Text is typed as is; add {key:'Enter'} to submit.",
-        closed({"pty_id": PTY_ID, "input": KEY_INPUT}, ("pty_id", "input")),
-        {},
-        _same("pty.send"),
+        "pty.send",
+        {"pty_id": PTY_ID_DESC, "input": KEY_INPUT_DESC},
     ),
     Tool(
         "shoal_pty_read",
         "Read a terminal screen",
         "The rendered screen (rows, right-trimmed), cursor, whether it changed since your last read, and "
         "whether the program is alive (exit status when not). scrollback: lines above the screen.",
-        closed(
-            {"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0, "maximum": 10000}},
-            ("pty_id",),
-        ),
+        "pty.read",
+        {
+            "pty_id": PTY_ID_DESC,
+            "scrollback": f"lines above the screen to include (at most {PTY_SCROLLBACK_LINES} are kept)",
+        },
         {"readOnlyHint": True},
-        _same("pty.read"),
     ),
     Tool(
         "shoal_pty_resize",
         "Resize a terminal",
-        "Change a PTY's size (1..1000 each); the program receives SIGWINCH.",
-        closed({"pty_id": PTY_ID, "cols": DIM, "rows": DIM}, ("pty_id", "cols", "rows")),
-        {},
-        _same("pty.resize"),
+        f"Change a PTY's size ({PTY_MIN_DIM}..{PTY_MAX_DIM} each); the program receives SIGWINCH.",
+        "pty.resize",
+        {"pty_id": PTY_ID_DESC, "cols": "width in columns", "rows": "height in rows"},
     ),
     Tool(
         "shoal_pty_close",
         "Close a terminal",
         "End a PTY's program (SIGHUP, then SIGKILL) and free it.",
-        closed({"pty_id": PTY_ID}, ("pty_id",)),
+        "pty.close",
+        {"pty_id": PTY_ID_DESC},
         {"destructiveHint": True},
-        _same("pty.close"),
     ),
     Tool(
         "shoal_pty_list",
         "List terminals",
         "Your open PTYs with their programs and sizes.",
-        closed({}),
+        "pty.list",
+        {},
         {"readOnlyHint": True},
-        _same("pty.list"),
     ),
 ]
 

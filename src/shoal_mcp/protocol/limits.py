@@ -81,6 +81,21 @@ PTY_MAX_CMD_LEN = 4096
 PTY_SPAWN_TIMEOUT_S = 10.0
 """Longest wait for the spawn trampoline to exec the program."""
 
+# --- params bounds (``params``; docs/protocol.md) ------------------------------------
+SRC_MAX_CHARS = 1 * MiB
+"""Longest bash source `exec`, `explain` and `parse` accept."""
+REF_MAX_CHARS = 4096
+"""Longest ref or shoal:// URI `value.get` accepts."""
+PATH_MAX_CHARS = 1024
+"""Longest selector path."""
+WAIT_MAX_MS = 24 * 3600 * 1000
+"""Longest wait budget (`exec` timeout_ms, `task.await`)."""
+JOURNAL_MAX_ROWS = 1000
+"""Most rows one `journal.query` returns."""
+PTY_MAX_ARGS = 1024
+PTY_MAX_INPUT_ITEMS = 4096
+"""Most items in one `pty.send` input array."""
+
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32

@@ -1,7 +1,8 @@
 """A small validator for the JSON Schema subset shoal uses for every params object.
 
-The same schema dicts serve as MCP ``inputSchema`` and as the kernel's params check, so
-there is one description of each method's arguments. Errors name the field.
+The kernel's params schemas (``params``) check every kernel call, and the MCP tools'
+``inputSchema`` are derived from them, so there is one description of each method's
+arguments. Errors name the field.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "array": (list,),
     "null": (type(None),),
 }
+
+
+def closed(properties: dict | None = None, required: tuple[str, ...] = ()) -> dict:
+    """An object schema whose unknown fields are errors."""
+    schema: dict = {"type": "object", "properties": properties or {}, "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    return schema
 
 
 def _is_type(value: Any, name: str) -> bool:

@@ -1,0 +1,244 @@
+"""The params schema of every kernel method (docs/protocol.md, "Kernel methods").
+
+The kernel registers each method with its schema from here and validates every call
+against it; the MCP tools' ``inputSchema`` are derived from the same dicts (picked
+properties, model-oriented descriptions), so a limit is stated once. Treat every
+schema as read-only: derive copies, never edit one in place.
+
+Sizes the kernel clamps rather than refuses (a raw page's ``length``, a PTY read's
+``scrollback``) carry no ``maximum``: asking for more is answered with less, and a
+``next`` where there is more.
+"""
+
+from __future__ import annotations
+
+from .limits import (
+    EVENT_RING,
+    JOURNAL_MAX_ROWS,
+    PATH_MAX_CHARS,
+    PTY_MAX_ARGS,
+    PTY_MAX_DIM,
+    PTY_MAX_INPUT_ITEMS,
+    PTY_MIN_DIM,
+    REF_MAX_CHARS,
+    SRC_MAX_CHARS,
+    VALUE_HARD_CAP,
+    WAIT_MAX_MS,
+)
+from .schema import closed
+
+# -- property schemas ---------------------------------------------------------------------
+
+STR = {"type": "string"}
+NONEMPTY = {"type": "string", "minLength": 1}
+BOOL = {"type": "boolean"}
+TIMEOUT_MS = {"type": "integer", "minimum": 0, "maximum": WAIT_MAX_MS}
+REF = {"type": "string", "minLength": 1, "maxLength": REF_MAX_CHARS}
+SRC = {"type": "string", "maxLength": SRC_MAX_CHARS, "description": "bash source"}
+POSITION = {"type": "string", "enum": ["stmt", "value"]}
+PLAN_REF = {"type": "string", "minLength": 1, "maxLength": 200}
+EFFECT_KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 16}
+TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
+CALL_ID = {
+    "type": ["string", "integer"],
+    "description": "id of an in-flight exec request on this connection",
+}
+CHANNEL = {"type": "string", "minLength": 1, "maxLength": 256}
+SEQ = {"type": "integer", "minimum": -1}
+SESSION_NAME = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "pattern": "^[A-Za-z0-9_.:@-]+$",
+}
+SLICE = {
+    "type": ["array", "string"],
+    "description": "[a, b] (either may be null) or 'a..b'",
+    "items": {"type": ["integer", "null"]},
+    "minItems": 2,
+    "maxItems": 2,
+}
+OFFSET = {"type": "integer", "minimum": 0}
+LENGTH = {"type": "integer", "minimum": 1}  # clamped to what encodes under the hard cap
+ELIDE = {
+    "type": "object",
+    "description": "Bounds for the returned value; anything larger comes back as a ref.",
+    "properties": {
+        "max_bytes": {"type": "integer", "minimum": 256, "maximum": VALUE_HARD_CAP},
+        "max_items": {"type": "integer", "minimum": 1, "maximum": 100000},
+        "max_rows": {"type": "integer", "minimum": 1, "maximum": 100000},
+        "max_bytes_raw": {"type": "integer", "minimum": 1, "maximum": VALUE_HARD_CAP},
+        "preview_items": {"type": "integer", "minimum": 0, "maximum": 100},
+        "preview_chars": {"type": "integer", "minimum": 0, "maximum": 4096},
+        "render_head": {"type": "integer", "minimum": 0, "maximum": 1000},
+    },
+    "additionalProperties": False,
+}
+PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64}
+PTY_DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
+PTY_INPUT = {  # each item is checked (and named, input[2].key) by the kernel's key encoder
+    "anyOf": [
+        {"type": "string"},
+        {"type": "object"},
+        {"type": "array", "maxItems": PTY_MAX_INPUT_ITEMS},
+    ]
+}
+
+# -- method params ------------------------------------------------------------------------
+
+NONE = closed()
+"""Methods without params (kernel.status, ping, session.cwd/env/reef, pty.list)."""
+
+SESSION_ATTACH = closed(
+    {
+        "session": SESSION_NAME,
+        "token": {"type": "string", "maxLength": 512},
+        "client": closed({"kind": STR, "tty": BOOL, "name": STR, "version": STR}),
+        "cwd": {"type": "string", "maxLength": 4096},
+    }
+)
+PARSE = closed({"src": SRC}, ("src",))
+
+EXEC = closed(
+    {
+        "src": SRC,
+        "mode": {"type": "string", "enum": ["run", "plan"]},
+        "position": POSITION,
+        "background": BOOL,
+        "timeout_ms": TIMEOUT_MS,
+        "elide": ELIDE,
+    },
+    ("src",),
+)
+EXPLAIN = closed({"src": SRC}, ("src",))
+PLAN_GET = closed({"plan_ref": PLAN_REF}, ("plan_ref",))
+PLAN_LIST = closed(
+    {
+        "state": {
+            "type": "string",
+            "enum": ["pending", "requested", "approved", "denied", "applied"],
+        },
+        "all": BOOL,
+    }
+)
+PLAN_APPLY = closed(
+    {"plan_ref": PLAN_REF, "position": POSITION, "background": BOOL, "elide": ELIDE},
+    ("plan_ref",),
+)
+CAP_REQUEST = closed({"plan_ref": PLAN_REF, "effects": EFFECT_KINDS}, ("plan_ref",))
+CAP_DECIDE = closed(
+    {"plan_ref": PLAN_REF, "approve": BOOL, "effects": EFFECT_KINDS}, ("plan_ref", "approve")
+)
+
+VALUE_GET = closed(
+    {
+        "ref": REF,
+        "path": {"type": "string", "maxLength": PATH_MAX_CHARS},
+        "slice": SLICE,
+        "format": {"type": "string", "enum": ["json", "render", "raw"]},
+        "elide": ELIDE,
+        "offset": OFFSET,
+        "length": LENGTH,
+        "with_render": {"type": "boolean", "description": "json format: also return the render"},
+    },
+    ("ref",),
+)
+BLOB_GET = closed(
+    {"hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "offset": OFFSET, "length": LENGTH},
+    ("hash",),
+)
+
+TASK_LIST = closed(
+    {
+        "state": {
+            "type": "string",
+            "enum": ["running", "completed", "failed", "cancelled", "suspended"],
+        }
+    }
+)
+TASK_GET = closed({"task": TASK_ID, "call": CALL_ID})
+TASK_AWAIT = closed({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",))
+TASK_CANCEL = closed({"task": TASK_ID, "call": CALL_ID})
+TASK_STEER = closed({"task": TASK_ID}, ("task",))
+"""task.suspend and task.resume."""
+
+EVENTS_READ = closed(
+    {
+        "channel": CHANNEL,
+        "since": SEQ,
+        "limit": {"type": "integer", "minimum": 1, "maximum": EVENT_RING},
+    },
+    ("channel",),
+)
+EVENTS_PUBLISH = closed({"channel": CHANNEL, "payload": {"type": "object"}}, ("channel",))
+EVENTS_SUBSCRIBE = closed({"channel": CHANNEL, "since": SEQ}, ("channel",))
+EVENTS_UNSUBSCRIBE = closed({"subscription": NONEMPTY}, ("subscription",))
+JOURNAL_QUERY = closed(
+    {
+        "since": {"type": "number"},
+        "until": {"type": "number"},
+        "principal": {"type": "string", "maxLength": 256},
+        "head": {"type": "string", "maxLength": 256},
+        "ok": BOOL,
+        "effects": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
+        "session": {"type": "string", "maxLength": 128},
+        "limit": {"type": "integer", "minimum": 1, "maximum": JOURNAL_MAX_ROWS},
+    }
+)
+
+PTY_OPEN = closed(
+    {
+        "cmd": NONEMPTY,
+        "args": {"type": "array", "items": STR, "maxItems": PTY_MAX_ARGS},
+        "cols": PTY_DIM,
+        "rows": PTY_DIM,
+        "env": {"type": "object", "additionalProperties": STR},
+    },
+    ("cmd",),
+)
+PTY_SEND = closed({"pty_id": PTY_ID, "input": PTY_INPUT}, ("pty_id", "input"))
+PTY_READ = closed(
+    {"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0}},  # clamped by the kernel
+    ("pty_id",),
+)
+PTY_RESIZE = closed(
+    {"pty_id": PTY_ID, "cols": PTY_DIM, "rows": PTY_DIM}, ("pty_id", "cols", "rows")
+)
+PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
+
+PARAMS: dict[str, dict] = {
+    "kernel.status": NONE,
+    "ping": NONE,
+    "session.attach": SESSION_ATTACH,
+    "session.cwd": NONE,
+    "session.env": NONE,
+    "session.reef": NONE,
+    "parse": PARSE,
+    "exec": EXEC,
+    "explain": EXPLAIN,
+    "plan.get": PLAN_GET,
+    "plan.list": PLAN_LIST,
+    "plan.apply": PLAN_APPLY,
+    "cap.request": CAP_REQUEST,
+    "cap.decide": CAP_DECIDE,
+    "value.get": VALUE_GET,
+    "blob.get": BLOB_GET,
+    "task.list": TASK_LIST,
+    "task.get": TASK_GET,
+    "task.await": TASK_AWAIT,
+    "task.cancel": TASK_CANCEL,
+    "task.suspend": TASK_STEER,
+    "task.resume": TASK_STEER,
+    "events.read": EVENTS_READ,
+    "events.publish": EVENTS_PUBLISH,
+    "events.subscribe": EVENTS_SUBSCRIBE,
+    "events.unsubscribe": EVENTS_UNSUBSCRIBE,
+    "journal.query": JOURNAL_QUERY,
+    "pty.open": PTY_OPEN,
+    "pty.send": PTY_SEND,
+    "pty.read": PTY_READ,
+    "pty.resize": PTY_RESIZE,
+    "pty.close": PTY_CLOSE,
+    "pty.list": NONE,
+}
+"""Every kernel method's params schema, by method name."""
