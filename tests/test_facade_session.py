@@ -9,6 +9,8 @@ returns.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Executor, Future
@@ -248,3 +250,17 @@ def test_a_tool_call_through_the_session_reaches_the_kernel(kernel, monkeypatch)
         assert sent[2]["result"]["isError"] is True
     finally:
         session.close()
+
+
+def test_the_facade_process_loads_no_kernel_database_or_hash():
+    """shoal-mcp stays a thin stdio process: no kernel module, sqlite3 or blake3 in it."""
+    probe = (
+        "import sys, shoal_mcp.facade.server, shoal_mcp.facade.__main__\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert "shoal_mcp.facade.session" in out
+    loaded = [m for m in out if m.startswith(("shoal_mcp.kernel", "sqlite3", "_sqlite3", "blake3"))]
+    assert loaded == []

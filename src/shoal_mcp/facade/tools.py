@@ -169,7 +169,7 @@ TOOLS: list[Tool] = [
             "slice": SLICE_DESC,
             "format": "json (default, tagged values), render (text), raw (paged bytes)",
             "offset": "raw: byte offset",
-            "length": "raw: page size (a page never exceeds 64 KiB: follow next for more)",
+            "length": "raw: page size in bytes; larger asks get what fits the 64 KiB bound (follow next)",
             "elide": Arg(),
             "wait_ms": Arg(
                 "for task:N, wait up to this long for it to finish",

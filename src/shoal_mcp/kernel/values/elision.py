@@ -30,22 +30,8 @@ from ...protocol.limits import (
 from .resolver import LinesView, TextBlob, kind_of
 from .selectors import Field, Index, Segment, format_path
 
-ELIDE_SCHEMA: dict = {
-    "type": "object",
-    "description": "Bounds for the returned value; anything larger comes back as a ref.",
-    "properties": {
-        "max_bytes": {"type": "integer", "minimum": 256, "maximum": VALUE_HARD_CAP},
-        "max_items": {"type": "integer", "minimum": 1, "maximum": 100000},
-        "max_rows": {"type": "integer", "minimum": 1, "maximum": 100000},
-        "max_bytes_raw": {"type": "integer", "minimum": 1, "maximum": VALUE_HARD_CAP},
-        "preview_items": {"type": "integer", "minimum": 0, "maximum": 100},
-        "preview_chars": {"type": "integer", "minimum": 0, "maximum": 4096},
-        "render_head": {"type": "integer", "minimum": 0, "maximum": 1000},
-    },
-    "additionalProperties": False,
-}
 
-
+# Callers' overrides are checked against protocol.params.ELIDE, one property per field.
 @dataclass(frozen=True, slots=True)
 class ElideOptions:
     max_bytes: int = ELIDE_MAX_BYTES

@@ -6,24 +6,18 @@ import orjson
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.limits import VALUE_HARD_CAP
-from ...events.bus import is_client_publishable, validate_channel
-from ..registry import NONEMPTY, method, obj
-
-CHANNEL = {"type": "string", "minLength": 1, "maxLength": 256}
-SEQ = {"type": "integer", "minimum": -1}
-
-
-@method(
-    "events.read",
-    obj(
-        {
-            "channel": CHANNEL,
-            "since": SEQ,
-            "limit": {"type": "integer", "minimum": 1, "maximum": 1024},
-        },
-        ("channel",),
-    ),
+from ....protocol.params import (
+    EVENTS_PUBLISH,
+    EVENTS_READ,
+    EVENTS_SUBSCRIBE,
+    EVENTS_UNSUBSCRIBE,
+    JOURNAL_QUERY,
 )
+from ...events.bus import is_client_publishable, validate_channel
+from ..registry import method
+
+
+@method("events.read", EVENTS_READ)
 def events_read(call, params):
     channel = params["channel"]
     validate_channel(channel)
@@ -31,7 +25,7 @@ def events_read(call, params):
     return call.kernel.events.read(channel, params.get("since"), params.get("limit"))
 
 
-@method("events.publish", obj({"channel": CHANNEL, "payload": {"type": "object"}}, ("channel",)))
+@method("events.publish", EVENTS_PUBLISH)
 def events_publish(call, params):
     channel = params["channel"]
     validate_channel(channel)
@@ -44,7 +38,7 @@ def events_publish(call, params):
     return {"channel": channel, "seq": event["seq"]}
 
 
-@method("events.subscribe", obj({"channel": CHANNEL, "since": SEQ}, ("channel",)))
+@method("events.subscribe", EVENTS_SUBSCRIBE)
 def events_subscribe(call, params):
     channel = params["channel"]
     validate_channel(channel)
@@ -71,7 +65,7 @@ def events_subscribe(call, params):
     return {"subscription": sub.id, "channel": channel}
 
 
-@method("events.unsubscribe", obj({"subscription": NONEMPTY}, ("subscription",)))
+@method("events.unsubscribe", EVENTS_UNSUBSCRIBE)
 def events_unsubscribe(call, params):
     sub = call.conn.subscriptions.pop(params["subscription"], None)
     if sub is None:
@@ -84,25 +78,7 @@ def events_unsubscribe(call, params):
     return {"subscription": sub.id, "closed": True}
 
 
-@method(
-    "journal.query",
-    obj(
-        {
-            "since": {"type": "number"},
-            "until": {"type": "number"},
-            "principal": {"type": "string", "maxLength": 256},
-            "head": {"type": "string", "maxLength": 256},
-            "ok": {"type": "boolean"},
-            "effects": {
-                "type": "array",
-                "items": {"type": "string", "maxLength": 64},
-                "maxItems": 16,
-            },
-            "session": {"type": "string", "maxLength": 128},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-        }
-    ),
-)
+@method("journal.query", JOURNAL_QUERY)
 def journal_query(call, params):
     kernel = call.kernel
     visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal

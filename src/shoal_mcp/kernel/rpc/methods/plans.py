@@ -3,38 +3,23 @@
 from __future__ import annotations
 
 from ....protocol.errors import ErrorCode, RpcError
+from ....protocol.params import CAP_DECIDE, CAP_REQUEST, EXPLAIN, PLAN_APPLY, PLAN_GET, PLAN_LIST
 from ...access.plans import APPROVED, PlanStore
 from ...exec.service import RunOptions
-from ...values.elision import ELIDE_SCHEMA
-from ..registry import BOOL, method, obj
-from .exec import SRC
-
-PLAN_REF = {"type": "string", "minLength": 1, "maxLength": 200}
-KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 16}
+from ..registry import method
 
 
-@method("explain", obj({"src": SRC}, ("src",)))
+@method("explain", EXPLAIN)
 def explain(call, params):
     return call.kernel.exec.explain(call.who, params["src"])
 
 
-@method("plan.get", obj({"plan_ref": PLAN_REF}, ("plan_ref",)))
+@method("plan.get", PLAN_GET)
 def plan_get(call, params):
     return _visible_plan(call, params["plan_ref"]).record()
 
 
-@method(
-    "plan.list",
-    obj(
-        {
-            "state": {
-                "type": "string",
-                "enum": ["pending", "requested", "approved", "denied", "applied"],
-            },
-            "all": BOOL,
-        }
-    ),
-)
+@method("plan.list", PLAN_LIST)
 def plan_list(call, params):
     kernel = call.kernel
     approver = kernel.guard.for_principal(call.who.principal).approver
@@ -45,25 +30,13 @@ def plan_list(call, params):
     return {"plans": [p.record() for p in plans]}
 
 
-@method(
-    "plan.apply",
-    obj(
-        {
-            "plan_ref": PLAN_REF,
-            "position": {"type": "string", "enum": ["stmt", "value"]},
-            "background": BOOL,
-            "elide": ELIDE_SCHEMA,
-        },
-        ("plan_ref",),
-    ),
-    blocking=True,
-)
+@method("plan.apply", PLAN_APPLY, blocking=True)
 def plan_apply(call, params):
     opts = RunOptions.from_params(params)
     return call.kernel.exec.apply(call.who, params["plan_ref"], opts, call)
 
 
-@method("cap.request", obj({"plan_ref": PLAN_REF, "effects": KINDS}, ("plan_ref",)))
+@method("cap.request", CAP_REQUEST)
 def cap_request(call, params):
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
@@ -87,10 +60,7 @@ def cap_request(call, params):
     }
 
 
-@method(
-    "cap.decide",
-    obj({"plan_ref": PLAN_REF, "approve": BOOL, "effects": KINDS}, ("plan_ref", "approve")),
-)
+@method("cap.decide", CAP_DECIDE)
 def cap_decide(call, params):
     kernel = call.kernel
     if not kernel.guard.for_principal(call.who.principal).approver:

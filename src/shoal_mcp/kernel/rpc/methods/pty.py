@@ -6,36 +6,14 @@ import re
 import shlex
 
 from ....protocol.errors import invalid_params
-from ....protocol.limits import PTY_MAX_DIM, PTY_MIN_DIM
+from ....protocol.params import PTY_CLOSE, PTY_OPEN, PTY_READ, PTY_RESIZE, PTY_SEND
 from ...access.identity import owner_key
-from ..registry import NONEMPTY, method, obj
+from ..registry import method
 
-DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
-PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-INPUT = {
-    "anyOf": [
-        {"type": "string"},
-        {"type": "object"},
-        {"type": "array", "maxItems": 4096},
-    ]
-}
 
 
-@method(
-    "pty.open",
-    obj(
-        {
-            "cmd": NONEMPTY,
-            "args": {"type": "array", "items": {"type": "string"}, "maxItems": 1024},
-            "cols": DIM,
-            "rows": DIM,
-            "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        },
-        ("cmd",),
-    ),
-    blocking=True,
-)
+@method("pty.open", PTY_OPEN, blocking=True)
 def pty_open(call, params):
     kernel = call.kernel
     who = call.who
@@ -67,29 +45,26 @@ def pty_open(call, params):
         )
 
 
-@method("pty.send", obj({"pty_id": PTY_ID, "input": INPUT}, ("pty_id", "input")), blocking=True)
+@method("pty.send", PTY_SEND, blocking=True)
 def pty_send(call, params):
     return call.kernel.ptys.send(params["pty_id"], params["input"], owner_key(call.who))
 
 
-@method(
-    "pty.read",
-    obj({"pty_id": PTY_ID, "scrollback": {"type": "integer", "minimum": 0}}, ("pty_id",)),
-)
+@method("pty.read", PTY_READ)
 def pty_read(call, params):
     return call.kernel.ptys.read(
         params["pty_id"], call.conn.id, owner_key(call.who), params.get("scrollback", 0)
     )
 
 
-@method("pty.resize", obj({"pty_id": PTY_ID, "cols": DIM, "rows": DIM}, ("pty_id", "cols", "rows")))
+@method("pty.resize", PTY_RESIZE)
 def pty_resize(call, params):
     return call.kernel.ptys.resize(
         params["pty_id"], params["cols"], params["rows"], owner_key(call.who)
     )
 
 
-@method("pty.close", obj({"pty_id": PTY_ID}, ("pty_id",)), blocking=True)
+@method("pty.close", PTY_CLOSE, blocking=True)
 def pty_close(call, params):
     return call.kernel.ptys.close(params["pty_id"], owner_key(call.who))
 

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 from ....protocol.limits import DEFAULT_SESSION
+from ....protocol.params import PARSE, SESSION_ATTACH
 from ...access.identity import Principal
 from ...effects import analyzer
 from ...exec.reef import reef
 from ...values.elision import ElideOptions
-from ..registry import BOOL, STR, method, obj
-
-SESSION_NAME = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 128,
-    "pattern": "^[A-Za-z0-9_.:@-]+$",
-}
+from ..registry import method
 
 
 @method("ping")
@@ -22,17 +16,7 @@ def ping(call, params):
     return {"pong": True, "kernel": call.kernel.info()}
 
 
-@method(
-    "session.attach",
-    obj(
-        {
-            "session": SESSION_NAME,
-            "token": {"type": "string", "maxLength": 512},
-            "client": obj({"kind": STR, "tty": BOOL, "name": STR, "version": STR}),
-            "cwd": {"type": "string", "maxLength": 4096},
-        }
-    ),
-)
+@method("session.attach", SESSION_ATTACH)
 def attach(call, params):
     kernel = call.kernel
     name = params.get("session", DEFAULT_SESSION)
@@ -80,6 +64,6 @@ def session_reef(call, params):
     return reef(cwd_now, env_vars)
 
 
-@method("parse", obj({"src": {"type": "string", "maxLength": 1 << 20}}, ("src",)))
+@method("parse", PARSE)
 def parse(call, params):
     return analyzer.parse_summary(params["src"])

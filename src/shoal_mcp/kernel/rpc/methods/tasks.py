@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
-from ..registry import TIMEOUT_MS, method, obj
-
-TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
+from ....protocol.params import TASK_AWAIT, TASK_CANCEL, TASK_GET, TASK_LIST, TASK_STEER
+from ..registry import method
 
 
 def _task(call, params):
@@ -31,17 +30,7 @@ def _steerable(call, params):
     return task
 
 
-@method(
-    "task.list",
-    obj(
-        {
-            "state": {
-                "type": "string",
-                "enum": ["running", "completed", "failed", "cancelled", "suspended"],
-            }
-        }
-    ),
-)
+@method("task.list", TASK_LIST)
 def task_list(call, params):
     tasks = call.kernel.tasks.list(
         call.who.session,
@@ -54,13 +43,7 @@ def task_list(call, params):
     return {"tasks": records}
 
 
-CALL_ID = {
-    "type": ["string", "integer"],
-    "description": "id of an in-flight exec request on this connection",
-}
-
-
-@method("task.get", obj({"task": TASK_ID, "call": CALL_ID}))
+@method("task.get", TASK_GET)
 def task_get(call, params):
     if "task" in params:
         return _task(call, params).record()
@@ -84,7 +67,7 @@ def _inflight(call, params):
     return slot
 
 
-@method("task.await", obj({"task": TASK_ID, "timeout_ms": TIMEOUT_MS}, ("task",)), blocking=True)
+@method("task.await", TASK_AWAIT, blocking=True)
 def task_await(call, params):
     task = _task(call, params)
     timeout_ms = params.get("timeout_ms", 30_000)
@@ -94,7 +77,7 @@ def task_await(call, params):
     return record
 
 
-@method("task.cancel", obj({"task": TASK_ID, "call": CALL_ID}))
+@method("task.cancel", TASK_CANCEL)
 def task_cancel(call, params):
     if "task" in params:
         task = _steerable(call, params)
@@ -106,14 +89,14 @@ def task_cancel(call, params):
     return {"task": task.ref, "state": task.state}
 
 
-@method("task.suspend", obj({"task": TASK_ID}, ("task",)))
+@method("task.suspend", TASK_STEER)
 def task_suspend(call, params):
     task = _steerable(call, params)
     call.kernel.tasks.suspend(task)
     return {"task": task.ref, "state": task.state}
 
 
-@method("task.resume", obj({"task": TASK_ID}, ("task",)))
+@method("task.resume", TASK_STEER)
 def task_resume(call, params):
     task = _steerable(call, params)
     call.kernel.tasks.resume(task)

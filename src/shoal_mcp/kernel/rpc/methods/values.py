@@ -6,41 +6,15 @@ import base64
 
 from ....protocol import uri
 from ....protocol.limits import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
-from ...values.elision import ELIDE_SCHEMA, ElideOptions
+from ....protocol.params import BLOB_GET, VALUE_GET
+from ...values.elision import ElideOptions
 from ...values.service import RAW_PAGE_RESERVE
-from ..registry import REF, method, obj
+from ..registry import method
 
-SLICE = {
-    "type": ["array", "string"],
-    "description": "[a, b] (either may be null) or 'a..b'",
-    "items": {"type": ["integer", "null"]},
-    "minItems": 2,
-    "maxItems": 2,
-}
-OFFSET = {"type": "integer", "minimum": 0}
 # Any page size may be asked for; it is clamped to what encodes under the hard cap.
-LENGTH = {"type": "integer", "minimum": 1}
 
 
-@method(
-    "value.get",
-    obj(
-        {
-            "ref": REF,
-            "path": {"type": "string", "maxLength": 1024},
-            "slice": SLICE,
-            "format": {"type": "string", "enum": ["json", "render", "raw"]},
-            "elide": ELIDE_SCHEMA,
-            "offset": OFFSET,
-            "length": LENGTH,
-            "with_render": {
-                "type": "boolean",
-                "description": "json format: also return the render",
-            },
-        },
-        ("ref",),
-    ),
-)
+@method("value.get", VALUE_GET)
 def value_get(call, params):
     kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
@@ -62,17 +36,7 @@ def value_get(call, params):
     return out
 
 
-@method(
-    "blob.get",
-    obj(
-        {
-            "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-            "offset": OFFSET,
-            "length": LENGTH,
-        },
-        ("hash",),
-    ),
-)
+@method("blob.get", BLOB_GET)
 def blob_get(call, params):
     kernel = call.kernel
     info = kernel.cas.info(params["hash"])
