@@ -1,4 +1,4 @@
-"""The MCP session without pipes: parsed messages in, sent messages collected (SPEC §5).
+"""The MCP session without pipes: parsed messages in, sent messages collected.
 
 Lifecycle and dispatch run in-process against a real kernel where a kernel is needed
 (the session's link connects to it over its socket); the pool is replaced by an

@@ -1,4 +1,4 @@
-"""Requests in flight: cancellation and progress (SPEC §5, MCP "Cancellation"/"Progress").
+"""Requests in flight: cancellation and progress (MCP "Cancellation", "Progress").
 
 A request served on a worker thread is an ``InFlight`` until it answers. Cancelling it
 (``notifications/cancelled``) marks it so its answer is dropped, as MCP requires, and,

@@ -1,11 +1,12 @@
-"""MCP resources: one routing table for templates, reads and subscriptions (SPEC §5.3).
+"""MCP resources: one routing table for templates, reads and subscriptions.
 
 Each ``Route`` is one kind of ``shoal://`` URI (the kinds of ``protocol.uri``): the
 template it is listed under, its name, description and mimeType, the kernel call that
 reads it and the kernel channel a subscription to it follows. ``resources/templates/
 list``, ``resources/read`` and ``resources/subscribe`` all look the URI up here, so a
 new kind of resource is one new row. Parsing is ``protocol.uri``'s: URIs arrive raw or
-percent-encoded and both parse to the same route. Unknown resources are -32002.
+percent-encoded and both parse to the same route. Unknown resources are -32002. The
+URIs are listed in docs/protocol.md, "Resource templates".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``shoal-mcp``: the stdio transport wired to an MCP session (SPEC §5).
+"""``shoal-mcp``: the stdio transport wired to an MCP session.
 
 The main thread only reads stdin and hands each message to the session, which serves
 kernel calls on its pool, so the reader never waits on a tool. Logs go to stderr;

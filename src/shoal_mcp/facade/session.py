@@ -1,10 +1,11 @@
-"""The MCP session: lifecycle and dispatch of parsed messages (SPEC §5).
+"""The MCP session: lifecycle and dispatch of parsed messages.
 
 Sans-I/O apart from its worker pool: the session is fed parsed messages
 (``receive``) and answers through the ``send`` callable it was given, so tests can
 drive it without pipes. Fast methods (lifecycle, listings) answer on the caller's
 thread, in order; methods that call the kernel run on the pool, so the reader never
-waits on a tool and a slow call never holds up a ping.
+waits on a tool and a slow call never holds up a ping. The methods served are listed
+in docs/protocol.md, "MCP surface".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MCP stdio transport: frames in from stdin, whole frames out to stdout (SPEC §5).
+"""The MCP stdio transport: frames in from stdin, whole frames out to stdout.
 
 This module only moves bytes. Reading goes through the framing core (the 16 MiB limit
 holds while reading) and yields parsed JSON-RPC messages; an oversize frame becomes an

@@ -1,7 +1,7 @@
 """``tools/call``: validate arguments, call the kernel, wait (with progress), shape the result.
 
 A bad tool name or bad arguments is a JSON-RPC -32602; a kernel error is a normal
-result with ``isError: true`` (the model can read it, SPEC §5.2).
+result with ``isError: true`` (the model can read it).
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ class ToolRunner:
         self.link = link
         self.notify = notify
 
-    def call(self, params: dict, flight: InFlight) -> dict:
-        """Serve one ``tools/call`` request (on a worker thread)."""
+    def call(self, params: dict, flight: InFlight | None) -> dict:
+        """Serve one ``tools/call`` request (on a worker thread; ``flight`` makes it cancellable)."""
         validate(params, CALL_PARAMS)
         progress = progress_reporter(progress_token(params), self.notify)
+        own = flight.own_kernel_call if flight is not None else _not_cancellable
         try:
-            result = self.run(
-                params["name"], params.get("arguments") or {}, progress, flight.own_kernel_call
-            )
+            result = self.run(params["name"], params.get("arguments") or {}, progress, own)
         except ArgumentError:
             raise
         except RpcError as exc:
@@ -116,6 +115,10 @@ class ToolRunner:
         if "format" not in params:
             params["with_render"] = True
         return self.link.call("value.get", params)
+
+
+def _not_cancellable(client: Any, kernel_id: int, fut: Any) -> None:
+    pass
 
 
 def _record_kind(ref: str) -> tuple[str | None, str]:

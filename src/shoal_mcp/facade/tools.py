@@ -1,4 +1,4 @@
-"""The 13 MCP tools: model-oriented descriptions over the kernel's own params (§5.1).
+"""The 13 MCP tools: model-oriented descriptions over the kernel's own params.
 
 Each tool is data: a name, title, description and annotations, the kernel method its
 arguments go to, and its arguments. Every argument is a kernel param (of that method,
@@ -6,7 +6,7 @@ or of another one such as ``wait_ms`` → ``task.await``'s ``timeout_ms``): its 
 the kernel's from ``protocol.params``, with the tool's description laid over it, so a
 limit is stated once and a tool can never accept what the kernel refuses, or the other
 way round. Arguments are validated with the same validator the kernel uses, so a bad
-argument is a -32602 naming the field.
+argument is a -32602 naming the field. The tools are listed in docs/protocol.md, "Tools".
 """
 
 from __future__ import annotations
