@@ -38,11 +38,7 @@ RULES: dict[str, tuple[str, frozenset[str]]] = {
 
 # Imports that break a rule today and are being removed by another part of the same
 # change. An entry that no longer matches an import fails the test: delete it then.
-PENDING: dict[tuple[str, str], str] = {
-    ("src/shoal_mcp/facade/tools.py", "shoal_mcp.kernel.values.elision"): (
-        "the elide schema moves to protocol/ with the shared schemas (issue 12, facade part)"
-    ),
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 KERNEL_ENTRY_POINTS = frozenset({"__init__.py", "__main__.py", "app.py"})
 
