@@ -17,7 +17,6 @@ from concurrent.futures import Executor, Future
 
 import pytest
 
-from kernel_fixtures import kernel  # noqa: F401 - fixture
 from shoal_mcp.facade.inflight import InFlightCalls, progress_reporter, progress_token
 from shoal_mcp.facade.session import McpSession, Method
 from shoal_mcp.facade.stdio import StdioTransport
@@ -224,7 +223,7 @@ def test_stdio_transport_parses_frames_and_writes_whole_lines():
 # -- against a real kernel ---------------------------------------------------------------
 
 
-def test_a_tool_call_through_the_session_reaches_the_kernel(kernel, monkeypatch):  # noqa: F811
+def test_a_tool_call_through_the_session_reaches_the_kernel(kernel, monkeypatch):
     monkeypatch.setenv("SHOAL_SOCKET", str(kernel.socket))
     monkeypatch.setenv("SHOAL_SESSION", "facade-session-test")
     sent: list[dict] = []
