@@ -53,7 +53,7 @@ MATCH_LINE_MAX = 1 * MiB
 """A line longer than this is searched in its first MATCH_LINE_MAX bytes only."""
 MATCH_TEXT_MAX = 512
 """Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
-MATCH_DEADLINE_S = 10.0
+MATCH_DEADLINE_S = 5.0
 """Wall time one search may take; a regex running past it is stopped (-32005)."""
 
 # --- events (docs/protocol.md, Events) ---------------------------------------------
