@@ -38,6 +38,12 @@ STDERR_TAIL_BYTES = 2 * KiB
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob."""
 
+# --- paging (docs/protocol.md, Paging) -------------------------------------------
+PAGE_RESERVE = 1 * KiB
+"""Room in a 64 KiB page for its next-call marker and the MCP footer."""
+PAGE_RAW_BYTES = 48 * KiB
+"""Raw page size the paging hints ask for (the most that encodes under the cap)."""
+
 # --- match: regex search over stored output (docs/protocol.md, Search) ---------------
 MATCH_DEFAULT_MAX = 50
 """Matching lines one `match` reply returns unless the caller asks for more."""

@@ -11,6 +11,7 @@ from ....protocol.params import BLOB_GET, VALUE_GET
 from ....protocol.schema import validate
 from ...values.elision import ElideOptions
 from ...values.match import MatchSpec
+from ...values.resolver import LinesView
 from ...values.selectors import format_path
 from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
@@ -52,6 +53,8 @@ def value_get(call, params):
     if "match" in params:
         return kernel.values.match(sel, MatchSpec.from_param(params["match"]))
     fmt = params.get("format", "json")
+    if fmt == "json" and params.get("with_render") and isinstance(sel.node, LinesView):
+        fmt = "render"  # shoal_get's default for a line range: a page of text, not a ref
     out = {"ref": sel.ref, "uri": sel.base_uri}
     if sel.path:
         out["path"] = format_path(sel.path)
