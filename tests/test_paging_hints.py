@@ -83,6 +83,9 @@ class Follower:
             pending = self.follow(args) + pending
 
     def preview(self, text: str) -> list[dict]:
+        if "\n\nJSON" in text:  # a JSON output's shape follows its preview
+            text, shape = text.rsplit("\n\nJSON", 1)
+            assert "shoal_get" in shape and ".json" in shape
         found = hints(text)
         if not found:
             assert text == self.data.decode("utf-8", "replace")

@@ -36,7 +36,18 @@ ELIDE_RENDER_HEAD = 10
 STDERR_TAIL_BYTES = 2 * KiB
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
-"""`.json` parses at most this many bytes of a blob."""
+"""`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
+JSON_PARSE_SLOTS = 1
+"""`.json` parses running at once in one kernel (a parse holds its input and the parsed
+objects, several times the input); others wait for a slot."""
+JSON_PARSE_WAIT_S = 30.0
+"""How long a `.json` selection waits for a parse slot before -32031."""
+JSON_SHAPE_MAX_INPUT = 8 * MiB
+"""Outputs up to this size get a JSON shape preview in their render."""
+JSON_SHAPE_BYTES = 1536
+"""Most bytes of a render spent on the JSON shape."""
+JSON_SHAPE_KEYS = 20
+"""Keys listed per object in a JSON shape."""
 
 # --- paging (docs/protocol.md, Paging) -------------------------------------------
 PAGE_RESERVE = 1 * KiB

@@ -19,6 +19,7 @@ from .elision import ElideOptions, WireEncoder
 from .paging import call_text, fitting_prefix, line_page
 from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
+from .shape import json_shape
 
 RENDER_TAIL_LINES = 10
 """Lines shown after the marker; the head count is ElideOptions.render_head."""
@@ -66,7 +67,7 @@ class Renderer:
         if is_node(node, "outcome"):
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
-            return self.text(node, [], budget)
+            return self._text_with_shape(node, [], budget)
         if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
             return self.text("\n".join(node), [], budget, lines_selector="")
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
@@ -89,10 +90,20 @@ class Renderer:
                 tail += "\n" + err_tail
         tail = _cut_bytes(tail, budget // 2)
         body_budget = budget - len(tail.encode()) - 1
-        body = self.text(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
+        body = self._text_with_shape(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
         if failed:
             return (body + ("\n" if body and not body.endswith("\n") else "") + tail).strip("\n")
         return body
+
+    def _text_with_shape(self, node: Any, rel: list[Segment], budget: int) -> str:
+        """``text``, and below it the JSON shape when a JSON output does not fit."""
+        if not isinstance(node, TextBlob) or node.size <= budget:
+            return self.text(node, rel, budget)
+        shape = json_shape(node, self.base_path + rel)
+        if shape is None or len(shape.encode()) * 2 > budget:
+            return self.text(node, rel, budget)
+        body = self.text(node, rel, budget - len(shape.encode()) - 2)
+        return f"{body}\n\n{shape}"
 
     def _tail_text(self, node: Any, limit: int) -> str:
         if isinstance(node, TextBlob):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from contextlib import nullcontext
 
 from ....protocol import uri
 from ....protocol.errors import invalid_params
@@ -11,7 +12,7 @@ from ....protocol.params import BLOB_GET, VALUE_GET
 from ....protocol.schema import validate
 from ...values.elision import ElideOptions
 from ...values.match import MatchSpec
-from ...values.resolver import LinesView
+from ...values.resolver import LinesView, json_slot
 from ...values.selectors import format_path
 from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
@@ -46,8 +47,16 @@ def with_uri_query(params: dict) -> dict:
 
 @method("value.get", VALUE_GET)
 def value_get(call, params):
-    kernel = call.kernel
     params = with_uri_query(params)
+    # A `.json` selection holds a parse slot until its reply is built: the parsed tree
+    # lives that long, and the slots bound how many such trees exist at once.
+    parses = ".json" in params["ref"] + (params.get("path") or "")
+    with json_slot(wait=True) if parses else nullcontext():
+        return _value_get(call, params)
+
+
+def _value_get(call, params: dict) -> dict:
+    kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
     sel = kernel.values.select(call.who, params["ref"], params.get("path"), params.get("slice"))
     if "match" in params:
