@@ -26,6 +26,7 @@ from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
+from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
 from .runner import spawn
@@ -250,6 +251,8 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
+        # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py)
+        env = {**env, SHOAL_OUT_ENV: str(self.values.outputs.sync(who.principal, who.session))}
         if not background:
             run = spawn(src, cwd, env, self.spool_dir)
             return self.tasks.start(who.session, who.principal, src, run, False, effects)

@@ -22,6 +22,7 @@ from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
 from .match import MatchSpec
+from .outputs import SharedOutputs
 from .render import Renderer, raw_page
 from .resolver import LinesView, Node, Resolver, blob_hashes, trusted
 from .search import match_reply
@@ -54,6 +55,8 @@ class ValueService:
         self.tasks = tasks
         self.resolver = resolver
         self.reads_all = reads_all  # policy journal_read = all: sees others' values
+        state = resolver.cas.root.parent
+        self.outputs = SharedOutputs(state / "outputs", resolver.cas, transcript.db)
 
     def select(self, who: Principal, ref: str, path: str | None, slice_: Any) -> Selected:
         base_ref, base_uri, uri_path, node = self._resolve_ref(who, ref)
