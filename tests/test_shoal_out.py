@@ -60,7 +60,7 @@ def test_sessions_and_principals_are_apart(kernel):
         state = kernel.state
         outputs = SharedOutputs(state / "outputs", None, None)  # type: ignore[arg-type]
         assert outputs.session_dir("someone-else", "shoal-out-a") != outputs.session_dir(
-            "uid:%d" % os.getuid(), "shoal-out-a"
+            f"uid:{os.getuid()}", "shoal-out-a"
         )
         assert str(outputs.principal_dir("p")).startswith(str(state / "outputs"))
         checked = 0
