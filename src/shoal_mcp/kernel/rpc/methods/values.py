@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 from ....protocol import uri
 from ....protocol.errors import invalid_params
@@ -16,6 +17,9 @@ from ...values.resolver import LinesView, json_slot
 from ...values.selectors import format_path
 from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
+
+if TYPE_CHECKING:
+    from ..server import Call
 
 # Any page size may be asked for; it is clamped to what encodes under the hard cap.
 
@@ -46,7 +50,7 @@ def with_uri_query(params: dict) -> dict:
 
 
 @method("value.get", VALUE_GET)
-def value_get(call, params):
+def value_get(call: Call, params: dict) -> dict:
     params = with_uri_query(params)
     # A `.json` selection holds a parse slot until its reply is built: the parsed tree
     # lives that long, and the slots bound how many such trees exist at once.
@@ -55,7 +59,7 @@ def value_get(call, params):
         return _value_get(call, params)
 
 
-def _value_get(call, params: dict) -> dict:
+def _value_get(call: Call, params: dict) -> dict:
     kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
     sel = kernel.values.select(call.who, params["ref"], params.get("path"), params.get("slice"))
@@ -64,7 +68,7 @@ def _value_get(call, params: dict) -> dict:
     fmt = params.get("format", "json")
     if fmt == "json" and params.get("with_render") and isinstance(sel.node, LinesView):
         fmt = "render"  # shoal_get's default for a line range: a page of text, not a ref
-    out = {"ref": sel.ref, "uri": sel.base_uri}
+    out: dict[str, Any] = {"ref": sel.ref, "uri": sel.base_uri}
     if sel.path:
         out["path"] = format_path(sel.path)
     if fmt == "render":
@@ -79,7 +83,7 @@ def _value_get(call, params: dict) -> dict:
 
 
 @method("blob.get", BLOB_GET)
-def blob_get(call, params):
+def blob_get(call: Call, params: dict) -> dict:
     kernel = call.kernel
     info = kernel.cas.info(params["hash"])
     kernel.check_blob_access(call.who, info.hash)
