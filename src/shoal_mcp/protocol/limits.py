@@ -46,6 +46,8 @@ JSON_SHAPE_MAX_INPUT = 8 * MiB
 """Outputs up to this size get a JSON shape preview in their render."""
 JSON_SHAPE_BYTES = 1536
 """Most bytes of a render spent on the JSON shape."""
+JSON_SHAPE_BODY_BYTES = 2 * KiB
+"""Bytes of raw text shown above a JSON shape (the shape tells more than a long head)."""
 JSON_SHAPE_KEYS = 20
 """Keys listed per object in a JSON shape."""
 

@@ -14,7 +14,12 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.framing import bound_text
-from ...protocol.limits import PAGE_RAW_BYTES, STDERR_TAIL_BYTES, VALUE_HARD_CAP
+from ...protocol.limits import (
+    JSON_SHAPE_BODY_BYTES,
+    PAGE_RAW_BYTES,
+    STDERR_TAIL_BYTES,
+    VALUE_HARD_CAP,
+)
 from .elision import ElideOptions, WireEncoder
 from .paging import call_text, fitting_prefix, line_page
 from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
@@ -102,7 +107,9 @@ class Renderer:
         shape = json_shape(node, self.base_path + rel)
         if shape is None or len(shape.encode()) * 2 > budget:
             return self.text(node, rel, budget)
-        body = self.text(node, rel, budget - len(shape.encode()) - 2)
+        # The shape says what the raw text cannot; a short head of it is enough beside it.
+        body_budget = min(budget - len(shape.encode()) - 2, JSON_SHAPE_BODY_BYTES)
+        body = self.text(node, rel, max(body_budget, MIN_TEXT_BUDGET))
         return f"{body}\n\n{shape}"
 
     def _tail_text(self, node: Any, limit: int) -> str:
