@@ -42,7 +42,7 @@ JSON_PARSE_SLOTS = 1
 objects, several times the input); others wait for a slot."""
 JSON_PARSE_WAIT_S = 30.0
 """How long a `.json` selection waits for a parse slot before -32031."""
-JSON_SHAPE_MAX_INPUT = 8 * MiB
+JSON_SHAPE_MAX_INPUT = JSON_SELECTOR_MAX
 """Outputs up to this size get a JSON shape preview in their render."""
 JSON_SHAPE_BYTES = 1536
 """Most bytes of a render spent on the JSON shape."""
