@@ -73,7 +73,10 @@ MATCH_LINE_MAX = 1 * MiB
 MATCH_TEXT_MAX = 512
 """Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
 MATCH_DEADLINE_S = 5.0
-"""Wall time one search may take; a regex running past it is stopped (-32005)."""
+"""Wall time one search may take, plus a second per MATCH_DEADLINE_BYTES_PER_S searched;
+a regex running past it is stopped (-32005)."""
+MATCH_DEADLINE_BYTES_PER_S = 64 * MiB
+"""The slowest scan rate the deadline allows for (big outputs get more time)."""
 
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024

@@ -26,6 +26,7 @@ import regex
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import (
     MATCH_BLOCK,
+    MATCH_DEADLINE_BYTES_PER_S,
     MATCH_DEADLINE_S,
     MATCH_DEFAULT_MAX,
     MATCH_LINE_MAX,
@@ -197,7 +198,8 @@ def _newline_safe(pattern: bytes) -> bool:
 def _too_slow() -> RpcError:
     return RpcError(
         ErrorCode.BAD_SELECTION,
-        f"match: the regex ran past the {MATCH_DEADLINE_S:g} s search deadline; "
+        "match: the regex ran past the search deadline "
+        f"({MATCH_DEADLINE_S:g} s + 1 s per {MATCH_DEADLINE_BYTES_PER_S >> 20} MiB); "
         "use a simpler pattern (a plain word is searched at disk speed)",
         {"deadline_s": MATCH_DEADLINE_S},
     )
@@ -205,7 +207,8 @@ def _too_slow() -> RpcError:
 
 def search(reader: Reader, start: int, end: int, first_line: int, spec: MatchSpec) -> Found:
     """Search bytes ``[start, end)`` (whose first line is line ``first_line``, 0-based)."""
-    scan = _Scan(compile_matcher(spec), spec, time.monotonic() + MATCH_DEADLINE_S)
+    allowed = MATCH_DEADLINE_S + (end - start) / MATCH_DEADLINE_BYTES_PER_S
+    scan = _Scan(compile_matcher(spec), spec, time.monotonic() + allowed)
     scan.run(reader, start, end, first_line)
     if spec.context:
         for hit in scan.found.hits:
