@@ -1,8 +1,9 @@
 """Pages that page: a line range rendered as a full page, with the exact next call.
 
 A page of ``.lines[a..b]`` holds as many whole lines from ``a`` as fit the page budget
-(UTF-8 bytes, so the MCP text stays under its 64 KiB bound), then one marker naming
-the call that continues. A line longer than a page is shown up to the
+(their JSON-escaped size: the render is a value under the 64 KiB hard cap, and the MCP
+text, never larger than that, stays under its bound too), then one marker naming the
+call that continues. A line longer than a page is shown up to the
 budget and continued by raw pages of that one line, after which the named range
 continues. Following the calls from any preview visits every byte once and no call
 names itself (docs/protocol.md, Paging).
@@ -14,7 +15,7 @@ import json
 
 import orjson
 
-from ...protocol.limits import PAGE_RAW_BYTES, PAGE_RESERVE, TEXT_LIMIT
+from ...protocol.limits import PAGE_RAW_BYTES, PAGE_RESERVE, VALUE_HARD_CAP
 from .resolver import LinesView
 from .selectors import Field, Segment, format_path
 
@@ -51,24 +52,10 @@ def fitting_prefix(data: bytes, limit: int) -> bytes:
     return b""
 
 
-def utf8_prefix(data: bytes) -> bytes:
-    """``data`` without an incomplete code point at its end (pages end between them)."""
-    end = len(data)
-    j = end
-    while j > 0 and end - j < 3 and (data[j - 1] & 0xC0) == 0x80:
-        j -= 1  # back over continuation bytes to the lead byte
-    if j > 0 and data[j - 1] >= 0xC0:
-        lead = data[j - 1]
-        need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
-        if end - (j - 1) < need:
-            return data[: j - 1]
-    return data
-
-
 def line_page(view: LinesView, ref: str, path: list[Segment], budget: int) -> str:
     """Lines of ``view`` from its first, as many as fit ``budget``, then the next call."""
     blob = view.blob
-    budget = min(budget, TEXT_LIMIT)
+    budget = min(budget, VALUE_HARD_CAP)
     limit = budget - min(PAGE_RESERVE, budget // 2)
     start, end = blob.line_span(view.first, view.stop)
     window = blob.read(start, min(end, start + limit + 1))
@@ -81,7 +68,7 @@ def line_page(view: LinesView, ref: str, path: list[Segment], budget: int) -> st
         if nl < 0 and start + len(window) < end:
             break  # this line does not end inside the window: it cannot fit
         line = window[pos:] if nl < 0 else window[pos:nl]
-        cost = len(line) + 1
+        cost = escaped_size(line) + 2  # the reply carries it JSON-escaped ("\n" too)
         if used + cost > limit:
             break
         shown.append(line)
@@ -108,7 +95,7 @@ def _long_line(view: LinesView, ref: str, text_path: str, k: int, limit: int) ->
     ls, le = blob.line_span(k, k + 1)
     if le > ls and blob.read(le - 1, le) == b"\n":
         le -= 1
-    head = utf8_prefix(blob.read(ls, ls + limit - 16))
+    head = fitting_prefix(blob.read(ls, ls + limit), limit - 16)
     rest = {
         "ref": ref,
         "path": f"{text_path}.lines[{k}]",
