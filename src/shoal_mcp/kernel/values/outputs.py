@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol.errors import is_disk_full, state_dir_full
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
@@ -51,7 +52,18 @@ class SharedOutputs:
         return self.principal_dir(principal) / _key(session)
 
     def sync(self, principal: str, session: str) -> Path:
-        """Link every output of ``principal`` in ``session`` not linked yet; the directory."""
+        """Link every output of ``principal`` in ``session`` not linked yet; the directory.
+
+        A full disk is the usual "state dir full" error (the exec could not spool either).
+        """
+        try:
+            return self._sync(principal, session)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise state_dir_full(f"cannot expose earlier outputs: {exc.strerror}") from exc
+            raise
+
+    def _sync(self, principal: str, session: str) -> Path:
         target = self.session_dir(principal, session)
         with self._lock:
             last = self._synced.get((principal, session))
