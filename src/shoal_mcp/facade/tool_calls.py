@@ -6,6 +6,7 @@ result with ``isError: true`` (the model can read it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -137,7 +138,8 @@ def raw_page_render(result: dict) -> dict:
     if "raw_base64" in result:
         where += " (base64)"
     nxt = result.get("next")
-    trailer = f'[{where}; next: shoal_get {{"ref": "{nxt}"}}]' if nxt else f"[{where}, end]"
+    call = json.dumps({"ref": nxt}, ensure_ascii=False)  # a path may hold quotes
+    trailer = f"[{where}; next: shoal_get {call}]" if nxt else f"[{where}, end]"
     return {**result, "render": f"{data}\n{trailer}"}
 
 
