@@ -75,3 +75,40 @@ def test_runner_spawn_without_a_spec_is_unconfined(tree: dict[str, Path]) -> Non
     for p in (run.out_path, run.err_path, run.state_path):
         p.unlink(missing_ok=True)
     assert os.listdir(tree["state"] / "spool") == []
+
+
+def test_required_refuses_where_nothing_enforces() -> None:
+    from shoal_mcp.kernel.access.confine import Confinement, SandboxUnavailable
+    from shoal_mcp.kernel.access.sandbox import SandboxSupport
+
+    none_here = SandboxSupport(reason="no Landlock in this kernel")
+    with pytest.raises(SandboxUnavailable, match="no Landlock in this kernel"):
+        Confinement("required", forbidden=(), support=none_here)
+    auto = Confinement("auto", forbidden=(), support=none_here)
+    assert auto.enforcing is False and auto.enforced() is False
+    assert auto.status() == {
+        "mode": "auto",
+        "enforced": False,
+        "reason": "no Landlock in this kernel",
+    }
+    with pytest.raises(ValueError, match="auto | required | off"):
+        Confinement("sometimes", forbidden=())
+
+
+def test_off_confines_nobody_and_opaque_falls_back_to_deny(abi: int) -> None:
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+
+    pol = Policy.from_dict({"principal": {"agent:x": {"proc_spawn": ["ls"]}}}).for_principal(
+        "agent:x", "uid:0"
+    )
+    off = Confinement("off", forbidden=())
+    assert off.spec_for(pol) is None and off.status()["enforced"] is False
+    assert pol.evaluate([{"kind": "opaque", "target": "eval"}], "conditional").verdict == "deny"
+    on = Confinement("auto", forbidden=())
+    spec = on.spec_for(pol)
+    assert spec is not None and spec.private_net and os.path.isdir(spec.tmpdir)
+    verdict = pol.evaluate([{"kind": "opaque", "target": "eval"}], "conditional", enforcing=True)
+    assert verdict.verdict == "allow"  # opaque = "sandbox" by default where it enforces
+    on.close()
+    assert not os.path.exists(spec.tmpdir)

@@ -164,11 +164,12 @@ class SandboxSpec:
             **kw,  # type: ignore[arg-type]
         )
 
-    def plus_write(self, paths: tuple[str, ...]) -> SandboxSpec:
-        """This spec with ``paths`` (canonical files the kernel made for this one process,
-        such as its spool files) also writable."""
+    def plus(self, *, write: tuple[str, ...] = (), devices: tuple[str, ...] = ()) -> SandboxSpec:
+        """This spec with more canonical paths the kernel made for this one process: its
+        spool files (``write``), its own terminal (``devices``)."""
         data = self.to_dict()
-        data["write"] = [*self.write, *paths]
+        data["write"] = [*self.write, *write]
+        data["devices"] = [*self.devices, *devices]
         return SandboxSpec.from_dict(data)
 
     def to_bytes(self) -> bytes:

@@ -186,7 +186,7 @@ def spawn(
             script = _prelude(state_fd) + f". /dev/fd/{src_fd}"
         argv = [*BASH_ARGV, script]
         if sandbox is not None:
-            spec_fd = _spec_fd(sandbox.plus_write((str(paths[0]), str(paths[1]))))
+            spec_fd = _spec_fd(sandbox.plus(write=(str(paths[0]), str(paths[1]))))
             fds.append(spec_fd)
             pass_fds.append(spec_fd)
             argv = runner_argv(spec_fd, argv, env=env)

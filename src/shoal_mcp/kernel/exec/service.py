@@ -97,9 +97,7 @@ class ExecService:
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
         analysis, cwd = self.analyze(who, src)
-        verdict = self.guard.for_principal(who.principal).evaluate(
-            analysis.effects, analysis.reversibility
-        )
+        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
         ref = plan_ref(who.session, who.principal, src, analysis.effects)
         plan = Plan(
             ref,
@@ -250,13 +248,14 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
+        box = self.guard.sandbox_spec(who.principal)  # None: this principal runs unconfined
         if not background:
-            run = spawn(src, cwd, env, self.spool_dir)
+            run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, False, effects)
         # Check and start as one step per principal, so parallel calls cannot overshoot.
         with self.guard.quota_lock(who.principal, "max_tasks"):
             self._check_task_quota(who)
-            run = spawn(src, cwd, env, self.spool_dir)
+            run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, True, effects)
 
     @staticmethod

@@ -45,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--require-token", action="store_true", help="refuse attachments without a token"
     )
+    p.add_argument(
+        "--sandbox",
+        choices=["auto", "required", "off"],
+        default="auto",
+        help="confine sandboxed principals' processes with Landlock: auto (when the machine "
+        "enforces it), required (refuse to start without it), off",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"shoal-kernel {__version__}")
     return p.parse_args(argv)
@@ -174,6 +181,7 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
         state_dir=state,
         policy_path=policy if (args.policy or policy.exists()) else None,
         require_token=args.require_token,
+        sandbox=args.sandbox,
     )
     try:
         kernel = Kernel(config)

@@ -42,6 +42,7 @@ def pty_open(call, params):
             env=env,
             cwd=cwd,
             owner=owner,
+            sandbox=kernel.guard.sandbox_spec(who.principal),  # None: unconfined
         )
 
 

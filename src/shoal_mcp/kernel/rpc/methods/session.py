@@ -61,7 +61,12 @@ def env(call, params):
 def session_reef(call, params):
     session = call.kernel.sessions.get_or_create(call.who.session)
     cwd_now, env_vars = session.snapshot()
-    return reef(cwd_now, env_vars)
+    guard = call.kernel.guard
+    # Version probes run programs from the session's PATH: confined like the principal's
+    # exec, or not at all when its policy wants a sandbox this kernel cannot give.
+    spec = guard.sandbox_spec(call.who.principal)
+    wants_box = guard.for_principal(call.who.principal).sandboxed
+    return reef(cwd_now, env_vars, sandbox=spec, probe=spec is not None or not wants_box)
 
 
 @method("parse", PARSE)
