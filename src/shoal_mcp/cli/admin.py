@@ -175,6 +175,7 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
         _check("tree-sitter-bash", lambda: _grammar(ctx)),
         _check("pyte", _pyte),
+        _check("sandbox", lambda: _sandbox(ctx)),
         _check(
             "framing backend",
             lambda: (
@@ -235,6 +236,21 @@ def _grammar(ctx: Ctx) -> str:
     if not summary.get("ok") or summary.get("commands") != ["echo", "grep"]:
         raise RuntimeError(f"the kernel's bash grammar misread a simple pipeline: {summary}")
     return "the kernel parses bash"
+
+
+def _sandbox(ctx: Ctx) -> str:
+    """The kernel's OS sandbox (``ping``): its mode and what it enforces (docs/security.md)."""
+    try:
+        client = connect(ctx.socket, ctx.state_dir)
+    except KernelLost as exc:
+        _warn(f"not checked, no kernel reachable ({exc})")
+    try:
+        box = client.call("ping").get("kernel", {}).get("sandbox") or {}
+    finally:
+        client.close()
+    if not box.get("enforced"):
+        _warn(f"{box.get('mode', '?')}: not enforcing ({box.get('reason') or 'not reported'})")
+    return f"{box['mode']}: {box['enforced']}"
 
 
 def _pyte() -> str:

@@ -320,21 +320,16 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     if as_json:
         emit_json(plans)
         return
-    table(
-        [
-            [
-                p["plan_ref"],
-                state_colour(p["state"]),
-                p["principal"],
-                p["verdict"],
-                ",".join(sorted({e["kind"] for e in p["effects"]})),
-                p["src"],
-            ]
-            for p in plans
-        ],
-        ["PLAN", "STATE", "PRINCIPAL", "VERDICT", "EFFECTS", "SRC"],
-        max_width=70,
-    )
+    # One block per plan, never a table cell: the whole source with its control
+    # characters escaped by the kernel (src_display), and every effect with its target.
+    for p in plans:
+        click.echo(f"{p['plan_ref']}  {state_colour(p['state'])}  {p['principal']}  {p['verdict']}")
+        click.echo(f"  cwd: {p['cwd']}  env: {p.get('env_hash', '?')}")
+        click.echo(f"  src: {p.get('src_display', p['src'])}")
+        for e in p["effects"]:
+            click.echo(
+                f"    {e['kind']} {str(e.get('target', '')).encode('unicode_escape').decode()}"
+            )
 
 
 @click.command("approve")

@@ -99,6 +99,9 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+APPROVAL_EVENT_SRC_CHARS = 4096
+"""Longest escaped source in an ``approval`` event; a longer one ends in a marker that
+says how much more there is (``plan.get`` has all of it, never silently cut)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-06-18"

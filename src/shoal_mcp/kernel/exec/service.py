@@ -22,7 +22,7 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
-from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
+from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_ref
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
@@ -88,17 +88,17 @@ class ExecService:
 
     # -- analysis and the gate ------------------------------------------------------------
 
-    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str]:
-        """Effects of ``src`` in the caller's session as it is now, and that cwd."""
+    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str, str]:
+        """Effects of ``src`` in the caller's session as it is now, that cwd and env hash."""
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        return analyzer.analyze(src, cwd, env.get("HOME")), cwd
+        return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_digest(env)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd = self.analyze(who, src)
+        analysis, cwd, env_digest = self.analyze(who, src)
         verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
-        ref = plan_ref(who.session, who.principal, src, analysis.effects)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_digest)
         plan = Plan(
             ref,
             who.session,
@@ -109,6 +109,7 @@ class ExecService:
             analysis.reversibility,
             verdict.verdict,
             list(verdict.reasons),
+            env_hash=env_digest,
         )
         return plan, verdict
 
@@ -200,10 +201,10 @@ class ExecService:
                     },
                 )
             return
-        # The approval covers the effects derived in the plan's cwd and env; if the session
-        # moved since (cd, export, HOME), the same source would touch other things.
-        analysis, cwd = self.analyze(who, plan.src)
-        if cwd != plan.cwd or analysis.effects != plan.effects:
+        # The approval covers the plan's cwd and env (its hash): if the session moved since
+        # (cd, export PATH=..., HOME), the same source would run other things.
+        analysis, cwd, env_digest = self.analyze(who, plan.src)
+        if cwd != plan.cwd or env_digest != plan.env_hash or analysis.effects != plan.effects:
             raise RpcError(
                 ErrorCode.APPROVAL_REQUIRED,
                 "the session's cwd or environment changed since this plan was approved; "
@@ -214,6 +215,8 @@ class ExecService:
                     "effects": analysis.effects,
                     "cwd": cwd,
                     "plan_cwd": plan.cwd,
+                    "env_hash": env_digest,
+                    "plan_env_hash": plan.env_hash,
                     "state": plan.state,
                 },
             )
