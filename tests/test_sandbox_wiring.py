@@ -112,3 +112,45 @@ def test_off_confines_nobody_and_opaque_falls_back_to_deny(abi: int) -> None:
     assert verdict.verdict == "allow"  # opaque = "sandbox" by default where it enforces
     on.close()
     assert not os.path.exists(spec.tmpdir)
+
+
+def test_long_script_runs_sandboxed(abi: int, tree: dict[str, Path]) -> None:
+    """A source too long for argv is read from an unlinked file bash reopens by path:
+    it must be somewhere the sandbox can read (the private temp dir, not the spool)."""
+    spec = build_spec(
+        home=str(tree["project"]), tmpdir=str(tree["tmp"]), forbidden=[str(tree["state"])]
+    )
+    src = "echo start\n" + "# padding\n" * 20000 + "echo end\n"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    run = spawn(src, str(tree["project"]), env, tree["state"] / "spool", sandbox=spec)
+    try:
+        assert run.wait(60) == 0, run.err_path.read_text()
+        assert run.out_path.read_text() == "start\nend\n"
+        assert os.listdir(tree["tmp"]) == []  # unlinked before bash ran
+    finally:
+        for p in (run.out_path, run.err_path, run.state_path):
+            p.unlink(missing_ok=True)
+
+
+def test_also_read_opens_one_kernel_path_read_only(abi: int, tree: dict[str, Path]) -> None:
+    """$SHOAL_OUT-style: one directory inside the state dir readable, nothing else there."""
+    outs = tree["state"] / "out-view"
+    outs.mkdir()
+    (outs / "1").write_text("stored output\n")
+    spec = build_spec(
+        home=str(tree["project"]),
+        tmpdir=str(tree["tmp"]),
+        forbidden=[str(tree["state"])],
+        also_read=[str(outs), str(tree["state"] / "missing")],
+    )
+    script = f"cat {outs}/1; cat {tree['state']}/tokens.key; echo x > {outs}/2"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    run = spawn(script, str(tree["project"]), env, tree["state"] / "spool", sandbox=spec)
+    try:
+        run.wait(60)
+        assert run.out_path.read_text() == "stored output\n"
+        assert run.err_path.read_text().count("Permission denied") == 2
+        assert not (outs / "2").exists()
+    finally:
+        for p in (run.out_path, run.err_path, run.state_path):
+            p.unlink(missing_ok=True)

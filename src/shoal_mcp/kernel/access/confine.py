@@ -79,16 +79,25 @@ class Confinement:
         }
 
     def spec_for(
-        self, policy: PrincipalPolicy, *, ttys: tuple[str, ...] = ()
+        self,
+        policy: PrincipalPolicy,
+        *,
+        ttys: tuple[str, ...] = (),
+        also_read: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The spec for one process of ``policy``'s principal, or None when unconfined.
+        ``also_read``: exact kernel-made paths it may read even inside the state dir
+        (``$SHOAL_OUT``: the caller's own outputs).
 
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
         try:
             return policy.sandbox_spec(
-                tmpdir=self._tmpdir(policy.principal), forbidden=self.forbidden, ttys=ttys
+                tmpdir=self._tmpdir(policy.principal),
+                forbidden=self.forbidden,
+                ttys=ttys,
+                also_read=also_read,
             )
         except (SandboxError, OSError) as e:
             raise RpcError(

@@ -47,9 +47,14 @@ class Guard:
             effects, reversibility, enforcing=self.confinement.enforcing
         )
 
-    def sandbox_spec(self, principal: str, *, ttys: tuple[str, ...] = ()) -> SandboxSpec | None:
-        """The sandbox for one process ``principal`` starts, or None when unconfined."""
-        return self.confinement.spec_for(self.for_principal(principal), ttys=ttys)
+    def sandbox_spec(
+        self, principal: str, *, ttys: tuple[str, ...] = (), also_read: tuple[str, ...] = ()
+    ) -> SandboxSpec | None:
+        """The sandbox for one process ``principal`` starts, or None when unconfined;
+        ``also_read``: kernel-made paths it may read (``$SHOAL_OUT``)."""
+        return self.confinement.spec_for(
+            self.for_principal(principal), ttys=ttys, also_read=also_read
+        )
 
     def authenticate(self, token: str | None) -> str:
         if token is None:
