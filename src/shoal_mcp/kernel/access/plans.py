@@ -13,6 +13,7 @@ command behind the first.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import threading
 import time
@@ -232,7 +233,7 @@ class PlanStore:
             plan.state = REQUESTED
 
     @staticmethod
-    def decide(plan: Plan, approver: str, approve: bool, kinds: list[str] | None) -> None:
+    def decide(plan: Plan, approver: str, approve: bool, kinds: builtins.list[str] | None) -> None:
         if plan.state == DENIED:
             raise RpcError(
                 ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref}
