@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.facade import RawFacade
 from tests.support.kernel import child_env
 from tests.support.polling import wait_until
 from tests.support.procfs import kill_pids, pids_with_arg
@@ -319,3 +320,105 @@ def test_ctrl_c_cancels_the_running_command(env):
             proc.kill()
         client.close()
         kill_pids(pids_with_arg(marker))
+
+
+# -- one kernel per state dir, a session per project (SPEC §4.1, §4.2) -----------------------
+
+SDK_ENV = ("LOGNAME", "PATH", "SHELL", "TERM", "USER")
+"""What the MCP SDKs pass a server by default, HOME aside."""
+
+
+@pytest.fixture()
+def user_home():
+    """A fresh $HOME (state in its ~/.local/state/shoal) and a private XDG_RUNTIME_DIR:
+    the minimal-env facade and the full-env terminal of one user."""
+    with short_tmp("shoal-home-") as root:
+        home, runtime = root / "home", root / "xdg"
+        home.mkdir()
+        runtime.mkdir(mode=0o700)
+        terminal = child_env({"HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)})
+        for name in ("SHOAL_SOCKET", "SHOAL_STATE_DIR", "SHOAL_SESSION", "XDG_STATE_HOME"):
+            terminal.pop(name, None)
+        mcp = {k: os.environ[k] for k in SDK_ENV if k in os.environ}
+        mcp["HOME"] = str(home)
+        if "SHOAL_PURE_PYTHON" in os.environ:  # the backend under test, not discovery
+            mcp["SHOAL_PURE_PYTHON"] = os.environ["SHOAL_PURE_PYTHON"]
+        state = home / ".local" / "state" / "shoal"
+        try:
+            yield root, terminal, mcp, state
+        finally:
+            subprocess.run([*CLI, "kernel", "stop"], env=terminal, capture_output=True, timeout=60)
+            kill_pids(pids_with_arg(str(state)))
+
+
+def _facade_text(reply: dict) -> str:
+    assert "result" in reply, reply
+    return "".join(c.get("text", "") for c in reply["result"]["content"] if c["type"] == "text")
+
+
+def _agent_exec(facade: RawFacade, command: str) -> str:
+    """``shoal_exec`` through a real facade; the source argument is named as its schema
+    names it (``command`` since SPEC rev 2, ``src`` before)."""
+    tools = facade.call("tools/list")["result"]["tools"]
+    props = next(t for t in tools if t["name"] == "shoal_exec")["inputSchema"]["properties"]
+    key = "command" if "command" in props else "src"
+    return _facade_text(facade.tool("shoal_exec", {key: command}))
+
+
+def test_minimal_env_facade_and_full_env_cli_reach_one_kernel(user_home):
+    root, terminal, mcp, state = user_home
+    project = root / "projA"
+    project.mkdir()
+    started = shoal(terminal, "kernel", "start").stdout
+    assert str(root / "xdg" / "shoal" / "kernel.sock") in started
+    facade = RawFacade(mcp, cwd=project)
+    try:
+        facade.initialize()
+        text = _agent_exec(facade, "echo agent-was-here; pwd")
+        assert "agent-was-here" in text and str(project) in text
+    finally:
+        facade.close()
+    # The human's journal (full environment, another cwd) shows what the agent ran.
+    rows = _json_objects(shoal(terminal, "journal", "--json").stdout)
+    assert "echo agent-was-here; pwd" in [r["src"] for r in rows]
+    record = json.loads((state / "kernel.json").read_text())
+    assert pids_with_arg(str(state)) == [record["pid"]]  # one kernel serves this user
+
+
+def test_two_projects_get_their_own_sessions_and_the_human_joins_one(user_home):
+    root, terminal, mcp, _ = user_home
+    proj_a, proj_b = root / "projA", root / "projB"
+    proj_a.mkdir()
+    proj_b.mkdir()
+    shoal(terminal, "kernel", "start")
+    facades = {p: RawFacade(mcp, cwd=p) for p in (proj_a, proj_b)}
+    try:
+        for project, facade in facades.items():
+            facade.initialize()
+            assert _agent_exec(facade, "pwd").startswith(str(project))
+        # The human's shoal in projB lands in projB's session: its export is the agent's.
+        subprocess.run(
+            [*CLI, "exec", "export MARK=from-the-human"], env=terminal, cwd=proj_b, check=True
+        )
+        shown = {p: _agent_exec(f, 'echo "mark=$MARK"') for p, f in facades.items()}
+        assert "mark=from-the-human" in shown[proj_b]
+        assert "mark=from-the-human" not in shown[proj_a]
+    finally:
+        for facade in facades.values():
+            facade.close()
+    named = shoal(terminal, "--session", "elsewhere", "exec", "pwd").stdout
+    assert str(proj_a) not in named and str(proj_b) not in named  # a named session is its own
+
+
+def test_no_autostart_starts_nothing(env):
+    quiet = {**env, "SHOAL_NO_AUTOSTART": "1"}
+    for args in (["exec", "true"], ["journal"], ["get", "out:1"], ["tasks"]):
+        proc = shoal(quiet, *args, check=False)
+        assert proc.returncode != 0 and "SHOAL_NO_AUTOSTART" in proc.stderr, (args, proc.stderr)
+    assert shoal(quiet, "exec", "true", check=False).returncode == 125
+    assert shoal(quiet, "kernel", "status", check=False).returncode == 1
+    assert not os.path.lexists(env["SHOAL_SOCKET"])
+    assert not pids_with_arg(env["SHOAL_SOCKET"])
+    assert not (Path(env["SHOAL_STATE_DIR"]) / "kernel.json").exists()
+    # An explicit start is not an autostart.
+    assert "kernel running" in shoal(quiet, "kernel", "start").stdout

@@ -11,7 +11,7 @@ import click
 
 from ..client import KernelLost
 from ..protocol.errors import RpcError
-from .common import Ctx, fail, pass_ctx
+from .common import Ctx, command_exit_codes, fail, pass_ctx
 from .output import emit_json, state_colour, style, table, when
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -30,6 +30,7 @@ def exec_cmd(ctx: Ctx, src: str, as_json: bool, background: bool) -> None:
     Long commands show a spinner with elapsed time and output bytes on a terminal;
     Ctrl-C cancels the command's task.
     """
+    command_exit_codes()
     client = ctx.client()
     msg_id, fut = client.start_call(
         "exec", {"src": src, "position": "value", "background": background}
