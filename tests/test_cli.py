@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -81,9 +83,13 @@ def test_exec_autostarts_the_kernel_and_prints_render_and_ref(env):
     proc = shoal(env, "exec", "seq 1 100000")
     lines = proc.stdout.splitlines()
     assert lines[0] == "1" and lines[-1] == "100000"
-    assert "lines elided" in proc.stdout and "shoal://out/1" in proc.stdout
-    assert "out:1" in proc.stderr
+    # The elision hint is the command a person types, not an MCP call.
+    assert "lines elided" in proc.stdout and "see: shoal get out:1 --lines 10..-10" in proc.stdout
+    assert "shoal_get" not in proc.stdout and "{" not in proc.stdout
+    assert proc.stderr == ""  # the command wrote nothing there; no footer off a terminal
     assert len(proc.stdout) < 8192
+    page = shoal(env, "get", "out:1", "--lines", "10..-10").stdout.splitlines()
+    assert page[0] == "11"
     # the socket and state dir were created privately
     assert oct(os.stat(env["SHOAL_SOCKET"]).st_mode & 0o777) == "0o600"
     assert oct(os.stat(env["SHOAL_STATE_DIR"]).st_mode & 0o777) == "0o700"
@@ -96,24 +102,75 @@ def test_get_with_path_and_formats(env):
         "999",
         "1000",
     ]
-    value = json.loads(
-        shoal(env, "get", "out:1", "--path", ".out.lines[0]", "--format", "json").stdout
-    )
-    assert value == {"$": "str", "v": "1"}
+    assert shoal(env, "get", "out:1", "--lines", "-3..").stdout.split() == ["998", "999", "1000"]
+    # Plain JSON for people; the tagged wire form only when asked for.
+    plain = shoal(env, "get", "out:1", "--path", ".out.lines[0..2]", "--format", "json")
+    assert json.loads(plain.stdout) == ["1", "2"]
+    wire = shoal(env, "get", "out:1", "--path", ".out.lines[0]", "--format", "json", "--wire")
+    assert json.loads(wire.stdout) == {"$": "str", "v": "1"}
+    one_page = shoal(env, "get", "out:1", "--path", ".out", "--format", "raw")
+    assert one_page.stdout == "".join(f"{i}\n" for i in range(1, 1001))  # 3893 bytes: one page
     raw = shoal(
         env, "get", "out:1", "--path", ".out", "--format", "raw", "--offset", "0", "--length", "4"
     )
-    assert raw.stdout == "1\n2\n" and "more:" in raw.stderr
+    assert raw.stdout == "1\n2\n"
     bad = shoal(env, "get", "out:99", check=False)
     assert bad.returncode == 2 and "-32004" in bad.stderr
 
 
-def test_failed_command_exit_status_and_json(env):
-    proc = shoal(env, "exec", "echo oops >&2; exit 3", check=False)
-    assert proc.returncode == 1
-    assert "[exit 3]" in proc.stdout and "oops" in proc.stdout
+def test_raw_length_pages_through_the_kernel(env):
+    shoal(env, "exec", "seq 1 100000")  # 588,895 bytes, a dozen kernel pages
+    expected = "".join(f"{i}\n" for i in range(1, 100001))
+    whole = shoal(env, "get", "out:1", "--path", ".out", "--format", "raw", "--length", "100000000")
+    assert whole.stdout == expected
+    part = shoal(env, "get", "out:1", "--path", ".out", "--format", "raw", "--offset", "10")
+    assert part.stdout == expected[10 : 10 + len(part.stdout)] and len(part.stdout) < len(expected)
+    assert "--offset" in part.stderr  # the next page, in CLI syntax
+
+
+def test_plain_json_of_parsed_output(env):
+    shoal(env, "exec", """echo '{"a": {"b": [1, 2, {"c": null}], "s": "x"}}'""")
+    got = shoal(env, "get", "out:1", "--path", ".out.json.a.b", "--format", "json").stdout
+    assert json.loads(got) == [1, 2, {"c": None}]
+    whole = json.loads(shoal(env, "get", "out:1", "--format", "json").stdout)
+    assert whole["out"] == '{"a": {"b": [1, 2, {"c": null}], "s": "x"}}\n' and whole["ok"] is True
+    assert "$" not in json.dumps(whole)
+
+
+def test_exec_streams_and_status_like_the_command(env):
+    proc = shoal(env, "exec", "echo to-out; echo to-err >&2; exit 3", check=False)
+    assert proc.returncode == 3
+    assert proc.stdout == "to-out\n" and proc.stderr == "to-err\n"
+    assert "[exit" not in proc.stdout
+    assert shoal(env, "exec", "kill -TERM $$", check=False).returncode == 128 + signal.SIGTERM
+    assert shoal(env, "exec", "kill -KILL $$", check=False).returncode == 128 + signal.SIGKILL
     result = json.loads(shoal(env, "exec", "--json", "echo hi").stdout)
-    assert result["ref"] == "out:2" and result["value"]["ok"] is True
+    assert result["value"]["out"] == "hi\n" and result["value"]["ok"] is True
+    assert result["ref"].startswith("out:")
+    wire = json.loads(shoal(env, "exec", "--json", "--wire", "echo hi").stdout)
+    assert wire["value"]["$"] == "outcome"
+
+
+def test_exec_full_writes_every_byte(env):
+    proc = shoal(env, "exec", "--full", "seq 1 50000; seq 1 3 >&2")
+    assert proc.stdout == "".join(f"{i}\n" for i in range(1, 50001))
+    assert proc.stderr == "1\n2\n3\n"
+
+
+def test_exec_kernel_error_is_125(env):
+    proc = shoal(env, "--session", "not a valid name", "exec", "true", check=False)
+    assert proc.returncode == 125 and "-32602" in proc.stderr
+    for args in (["get", "out:1"], ["journal"]):  # other commands: 2 for a kernel error
+        assert shoal(env, "--session", "not a valid name", *args, check=False).returncode == 2
+
+
+def test_autostart_failure_names_the_log_and_the_reason(env):
+    state = Path(env["SHOAL_STATE_DIR"])
+    state.mkdir(mode=0o700)
+    (state / "policy.toml").write_text('[principal."agent:x"]\nno_such_key = 1\n')
+    proc = shoal(env, "exec", "true", check=False)
+    assert proc.returncode == 125
+    assert str(state / "kernel.out") in proc.stderr and "no_such_key" in proc.stderr, proc.stderr
 
 
 def test_tasks_list_show_wait_cancel(env):
@@ -122,7 +179,7 @@ def test_tasks_list_show_wait_cancel(env):
     listed = json.loads(shoal(env, "tasks", "--json").stdout)
     assert [t["task"] for t in listed] == [started]
     waited = shoal(env, "tasks", "wait", started, "--timeout", "20")
-    assert waited.stdout.strip() == "bg"
+    assert waited.stdout == "bg\n" and "result out:" in waited.stderr
     assert json.loads(shoal(env, "tasks", "show", started).stdout)["state"] == "completed"
     long = shoal(env, "exec", "--background", "sleep 100").stdout.split()[0]
     assert "cancelled" in shoal(env, "tasks", "cancel", long).stdout
@@ -130,11 +187,34 @@ def test_tasks_list_show_wait_cancel(env):
     assert again.returncode == 2 and "-32020" in again.stderr
 
 
+def test_tasks_wait_mirrors_the_status_and_get_says_where_the_result_is(env):
+    failing = shoal(env, "exec", "--background", "echo bad >&2; exit 4").stdout.split()[0]
+    waited = shoal(env, "tasks", "wait", failing, "--timeout", "20", check=False)
+    assert waited.returncode == 4 and "bad" in waited.stderr
+    running = shoal(env, "exec", "--background", "echo partial; sleep 100").stdout.split()[0]
+    still = shoal(env, "tasks", "wait", running, "--timeout", "0.2", check=False)
+    assert still.returncode == 124 and "still running" in still.stderr
+    wait_until(
+        lambda: "partial" in shoal(env, "get", running).stdout, timeout=20, what="partial output"
+    )
+    shown = shoal(env, "get", running).stdout
+    assert "[running]" in shown and "None" not in shown
+    shoal(env, "tasks", "cancel", running)
+    done = shoal(env, "get", failing, check=False)
+    result_ref = json.loads(shoal(env, "tasks", "show", failing).stdout)["result_ref"]
+    assert f"{failing}'s result is {result_ref}" in done.stderr
+    err = shoal(env, "get", result_ref, "--path", ".err").stdout
+    assert err == "bad\n"  # no extra blank line
+
+
 def test_journal_filters_and_json(env):
     shoal(env, "exec", "true")
     shoal(env, "exec", "false", check=False)
     rows = _json_objects(shoal(env, "journal", "--json").stdout)
-    assert [r["src"] for r in rows] == ["true", "false"]
+    assert [r["src"] for r in rows] == ["true", "false"]  # oldest first, newest last
+    shoal(env, "exec", "echo third")
+    last_two = _json_objects(shoal(env, "journal", "-n", "2", "--json").stdout)
+    assert [r["src"] for r in last_two] == ["false", "echo third"]
     failed = _json_objects(shoal(env, "journal", "--failed", "--json").stdout)
     assert len(failed) == 1 and failed[0]["status"] == 1
     table = shoal(env, "journal").stdout
@@ -422,3 +502,41 @@ def test_no_autostart_starts_nothing(env):
     assert not (Path(env["SHOAL_STATE_DIR"]) / "kernel.json").exists()
     # An explicit start is not an autostart.
     assert "kernel running" in shoal(quiet, "kernel", "start").stdout
+
+
+def test_exec_on_a_terminal_streams_output_while_the_command_runs(env, short_tmp_path):
+    """stdout on a pty: the first line shows while the command still waits for a flag
+    file that only this test creates after seeing it; stderr stays a separate stream."""
+    shoal(env, "kernel", "start")
+    flag = short_tmp_path / "go"
+    src = f"echo first; echo warn >&2; while [ ! -e {flag} ]; do sleep 0.05; done; echo second"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*CLI, "exec", src], env=env, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def read_until(marker: bytes) -> None:
+        while marker not in seen:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, f"no {marker!r} on the terminal; got {bytes(seen)!r}"
+            try:
+                seen.extend(os.read(master, 4096))
+            except OSError:  # EIO: the CLI closed the terminal
+                raise AssertionError(
+                    f"terminal closed before {marker!r}: {bytes(seen)!r}"
+                ) from None
+
+    try:
+        read_until(b"first")
+        assert proc.poll() is None and not flag.exists()  # streamed before the command ended
+        flag.touch()
+        read_until(b"second")
+        assert proc.wait(30) == 0
+        assert proc.stderr.read().decode().startswith("warn\n")
+        assert b"warn" not in seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)

@@ -13,12 +13,12 @@ from ..client import KernelLost
 from ..protocol.framing import BACKEND
 from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
+from .exec_cmd import exec_cmd
 from .kernel_cmds import kernel_group
 from .work import (
     approve_cmd,
     deny_cmd,
     events_group,
-    exec_cmd,
     get_cmd,
     journal_cmd,
     plans_cmd,
