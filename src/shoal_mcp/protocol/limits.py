@@ -55,6 +55,24 @@ PROGRESS_INTERVAL_S = 1.0
 """MCP progress notifications: at most one per second."""
 AUTOSTART_TIMEOUT_S = 5.0
 
+# --- client timeouts (docs/configuration.md, "Timeouts") -----------------------------
+CONNECT_TIMEOUT_S = 5.0
+"""Longest wait for the kernel's socket to accept a connection."""
+ATTACH_TIMEOUT_S = 30.0
+"""Longest wait for ``session.attach`` to be answered."""
+CALL_TIMEOUT_S = 60.0
+"""Default for a call that is quick by nature (everything but waits and runs)."""
+CALL_BUDGET_GRACE_S = 15.0
+"""Added to a caller's own budget (``timeout_ms``) before the client gives up."""
+LIVENESS_INTERVAL_S = 5.0
+"""A call unanswered this long makes the client ping the kernel on the same link."""
+LIVENESS_TIMEOUT_S = 15.0
+"""A ping unanswered this long means the kernel is stalled (stopped, wedged)."""
+STATUS_PROBE_TIMEOUT_S = 5.0
+"""How long ``shoal kernel status`` and ``shoal doctor`` wait for a ping."""
+KERNEL_STOP_TIMEOUT_S = 10.0
+"""``shoal kernel stop``: SIGTERM, then SIGKILL by pid after this long."""
+
 # --- PTYs (docs/protocol.md, PTYs) -------------------------------------------------
 PTY_MIN_DIM = 1
 PTY_MAX_DIM = 1000
