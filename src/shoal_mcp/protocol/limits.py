@@ -54,6 +54,11 @@ TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
 PROGRESS_INTERVAL_S = 1.0
 """MCP progress notifications: at most one per second."""
 AUTOSTART_TIMEOUT_S = 5.0
+KERNEL_IDLE_WORKERS = 8
+"""Kernel threads kept idle for the next connection or blocking call (starting a thread
+costs a hand-off on the critical path; an idle one is woken instead)."""
+KERNEL_WORKER_IDLE_S = 5.0
+"""An idle kernel worker thread exits after this long without work."""
 
 # --- client timeouts (docs/configuration.md, "Timeouts") -----------------------------
 CONNECT_TIMEOUT_S = 5.0

@@ -233,9 +233,18 @@ class ExecService:
         task = self._start(who, src, effects, opts.background)
         if opts.background:
             return task_handle(task)
-        if caller.spawned(task):
-            self.tasks.cancel(task)  # a cancel overtook the spawn
-        if not self._wait(task, opts.timeout_ms, caller):
+        # A foreground exec is watched (and finalized) on this thread, which then writes
+        # the reply: no waiter thread, no hand-off. Whenever this thread stops watching
+        # before the end, the task gets a waiter thread of its own.
+        try:
+            if caller.spawned(task):
+                self.tasks.cancel(task)  # a cancel overtook the spawn
+            waited = self._wait(task, opts.timeout_ms, caller)
+        except BaseException:
+            self.tasks.watch_in_background(task)
+            raise
+        if not waited:
+            self.tasks.watch_in_background(task)
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
             # instead of an unlisted process nobody can name.
@@ -261,15 +270,15 @@ class ExecService:
             run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, True, effects)
 
-    @staticmethod
-    def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:
-        """Wait for ``task`` within the budget; False when the budget ran out or the caller left."""
+    def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
+        """Watch ``task`` on this thread within the budget; False when the budget ran out
+        or the caller left (the task is then still running, or finishing)."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
             step = DISCONNECT_POLL_S
             if deadline is not None:
                 step = min(step, max(0.0, deadline - time.monotonic()))
-            if task.done.wait(step):
+            if self.tasks.watch(task, step):
                 return True
             if caller.gone() or (deadline is not None and time.monotonic() >= deadline):
                 return False
