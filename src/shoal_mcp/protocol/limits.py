@@ -38,6 +38,24 @@ STDERR_TAIL_BYTES = 2 * KiB
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob."""
 
+# --- match: regex search over stored output (docs/protocol.md, Search) ---------------
+MATCH_DEFAULT_MAX = 50
+"""Matching lines one `match` reply returns unless the caller asks for more."""
+MATCH_MAX_RESULTS = 1000
+"""Most matching lines one reply may ask for (the 64 KiB value bound cuts earlier)."""
+MATCH_MAX_CONTEXT = 20
+"""Most context lines before/after each match."""
+MATCH_REGEX_MAX_CHARS = 1024
+"""Longest regex `match` accepts."""
+MATCH_BLOCK = 4 * MiB
+"""Bytes read (pread) per step of a search; the deadline is checked between steps."""
+MATCH_LINE_MAX = 1 * MiB
+"""A line longer than this is searched in its first MATCH_LINE_MAX bytes only."""
+MATCH_TEXT_MAX = 512
+"""Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
+MATCH_DEADLINE_S = 10.0
+"""Wall time one search may take; a regex running past it is stopped (-32005)."""
+
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024
 SUBSCRIBER_QUEUE = 256

@@ -16,7 +16,7 @@ from ...protocol import uri
 from ...protocol.framing import bound_text
 from ...protocol.limits import STDERR_TAIL_BYTES, VALUE_HARD_CAP
 from .elision import ElideOptions, WireEncoder
-from .resolver import LinesView, Resolver, TextBlob, split_lines
+from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
 
 RENDER_TAIL_LINES = 10
@@ -58,7 +58,7 @@ class Renderer:
         return bound_text(self._render(node, budget), budget, self.base_uri)
 
     def _render(self, node: Any, budget: int) -> str:
-        if isinstance(node, dict) and node.get("$") == "outcome":
+        if is_node(node, "outcome"):
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
             return self.text(node, [], budget)
