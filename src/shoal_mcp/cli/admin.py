@@ -113,7 +113,7 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
         _check("kernel version", lambda: _kernel_version(found)),
         _check("tree-sitter-bash", lambda: _grammar(ctx, found)),
         _check("pyte", _pyte),
-        _check("sandbox", lambda: _sandbox(ctx)),
+        _check("sandbox", lambda: _sandbox(ctx, found)),
         _check(
             "framing backend",
             lambda: (
@@ -197,14 +197,16 @@ def _grammar(ctx: Ctx, found: KernelProbe) -> str:
     return "the kernel parses bash"
 
 
-def _sandbox(ctx: Ctx) -> str:
+def _sandbox(ctx: Ctx, found: KernelProbe) -> str:
     """The kernel's OS sandbox (``ping``): its mode and what it enforces (docs/security.md)."""
+    if found.stalled:
+        _warn("not checked: the kernel is stalled")
     try:
         client = connect(ctx.socket, ctx.state_dir)
     except KernelLost as exc:
         _warn(f"not checked, no kernel reachable ({exc})")
     try:
-        box = client.call("ping").get("kernel", {}).get("sandbox") or {}
+        box = client.call("ping", None, CALL_TIMEOUT_S).get("kernel", {}).get("sandbox") or {}
     finally:
         client.close()
     if not box.get("enforced"):
