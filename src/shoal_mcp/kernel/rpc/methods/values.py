@@ -47,7 +47,7 @@ def with_uri_query(params: dict) -> dict:
     return merged
 
 
-@method("value.get", VALUE_GET)
+@method("value.get", VALUE_GET, blocking=True)
 def value_get(call: Call, params: dict) -> dict:
     kernel = call.kernel
     params = with_uri_query(params)
