@@ -540,3 +540,28 @@ def test_exec_on_a_terminal_streams_output_while_the_command_runs(env, short_tmp
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def test_every_cli_command_and_flag_is_documented():
+    """docs/*.md and README.md name every `shoal` command and every long option."""
+    import click
+
+    from shoal_mcp.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    docs = "\n".join(p.read_text() for p in (root / "docs").glob("*.md"))
+    docs += (root / "README.md").read_text()
+    missing = []
+
+    def walk(group: click.Command, words: list[str]) -> None:
+        for param in group.params:
+            for opt in getattr(param, "opts", []) + getattr(param, "secondary_opts", []):
+                if opt.startswith("--") and opt not in docs:
+                    missing.append(f"{' '.join(words)} {opt}")
+        for name, sub in getattr(group, "commands", {}).items():
+            if f"shoal {' '.join([*words[1:], name])}" not in docs:
+                missing.append(" ".join([*words, name]))
+            walk(sub, [*words, name])
+
+    walk(main, ["shoal"])
+    assert not missing, f"undocumented: {missing}"
