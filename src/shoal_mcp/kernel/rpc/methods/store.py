@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.errors import ErrorCode, RpcError
 from ....protocol.params import STORE_GC
 from ...store.gc import GarbageCollector
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("store.gc", STORE_GC, blocking=True)
-def store_gc(call, params):
+def store_gc(call: Call, params: dict) -> dict:
     kernel = call.kernel
     if not kernel.guard.for_principal(call.who.principal).approver:
         raise RpcError(
