@@ -50,6 +50,9 @@ def test_gc_frees_space_and_keeps_what_live_sessions_reference(env):
         assert dry["bytes_freed"] >= 3_000_000 and dry["kept_live_values"] == 1
         assert _cas_bytes(env) == before  # a dry run deletes nothing
         assert "dry run" in shoal(env, "gc", "--older-than", "0").stdout
+        # gc's own attach does not make its session live: run it from the "old" session.
+        own = json.loads(shoal(env, "--session", "old", "gc", "--older-than", "0", "--json").stdout)
+        assert own["values"] == 2 and "old" not in own["live_sessions"]
 
         done = json.loads(shoal(env, "gc", "--older-than", "0", "--delete", "--json").stdout)
         assert not done["dry_run"] and done["bytes_freed"] == dry["bytes_freed"]

@@ -101,9 +101,14 @@ class Kernel:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
 
-    def live_sessions(self) -> set[str]:
-        """Sessions a client is attached to now (``store.gc`` never prunes those)."""
-        return {c.who.session for c in list(self.attached) if c.who and not c.closed.is_set()}
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
 
     def info(self) -> dict[str, Any]:
         return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}

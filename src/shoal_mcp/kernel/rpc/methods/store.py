@@ -20,7 +20,7 @@ def store_gc(call: Call, params: dict) -> dict:
         raise RpcError(
             ErrorCode.DENIED, "store.gc is for approvers (the local user)", {"method": "store.gc"}
         )
-    live = kernel.live_sessions()
+    live = kernel.live_sessions(besides=call.conn)
     collector = GarbageCollector(kernel.db, kernel.cas)
     plan = collector.plan(live, params.get("max_age_s"), params.get("max_bytes"))
     dry_run = params.get("dry_run", True)
