@@ -287,11 +287,15 @@ def test_doctor_checks_the_grammar_through_the_kernel(env):
     proc = shoal(quiet, "doctor", "--json")
     grammar = next(c for c in json.loads(proc.stdout) if c["check"] == "tree-sitter-bash")
     assert grammar["status"] == "warn" and "SHOAL_NO_AUTOSTART" in grammar["detail"], grammar
+    kernel = next(c for c in json.loads(proc.stdout) if c["check"] == "kernel")
+    assert kernel["status"] == "warn" and "not running" in kernel["detail"], kernel
     assert not os.path.exists(env["SHOAL_SOCKET"])
     # With autostart (the default) the doctor starts the kernel and asks it to parse.
     doctor = json.loads(shoal(env, "doctor", "--json").stdout)
     grammar = next(c for c in doctor if c["check"] == "tree-sitter-bash")
     assert grammar["status"] == "ok", doctor
+    kernel = next(c for c in doctor if c["check"] == "kernel")
+    assert kernel["status"] == "ok" and "pid" in kernel["detail"], doctor  # the one it started
     assert json.loads(shoal(env, "kernel", "status", "--json").stdout)["running"]
 
 
