@@ -110,10 +110,17 @@ def tasks_group(click_ctx: click.Context, as_json: bool) -> None:
         return
     table(
         [
-            [t["task"], state_colour(t["state"]), when(t["started"]), t.get("out_bytes"), t["src"]]
+            [
+                t["task"],
+                state_colour(t["state"]),
+                when(t["started"]),
+                t.get("out_bytes"),
+                t.get("result_ref"),
+                t["src"],
+            ]
             for t in tasks
         ],
-        ["TASK", "STATE", "STARTED", "OUT", "SRC"],
+        ["TASK", "STATE", "STARTED", "OUT", "RESULT", "SRC"],
     )
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,11 +105,21 @@ class Kernel:
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
+
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
 
     def info(self) -> dict[str, Any]:
         return {

@@ -96,6 +96,15 @@ STATUS_PROBE_TIMEOUT_S = 5.0
 KERNEL_STOP_TIMEOUT_S = 10.0
 """``shoal kernel stop``: SIGTERM, then SIGKILL by pid after this long."""
 
+# --- cleanup (docs/configuration.md, "Cleanup") ------------------------------------
+GC_DEFAULT_MAX_AGE_S = 30 * 24 * 3600
+"""`shoal gc` with neither --older-than nor --max-size: outputs older than 30 days."""
+GC_ORPHAN_GRACE_S = 600.0
+"""A blob no value references is removed only once it is this old (it may be one an
+exec is finalizing right now)."""
+GC_SAMPLE_REFS = 20
+"""How many of the pruned refs a gc report names."""
+
 # --- PTYs (docs/protocol.md, PTYs) -------------------------------------------------
 PTY_MIN_DIM = 1
 PTY_MAX_DIM = 1000

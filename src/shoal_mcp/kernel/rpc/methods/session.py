@@ -34,6 +34,7 @@ def attach(call: Call, params: dict) -> dict:
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
     call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
+    kernel.attached.add(call.conn)
     cwd, _ = session.snapshot()
     return {
         "session": name,
