@@ -36,7 +36,7 @@ from tests.support.kernel import running_kernel
 from tests.support.results import wire_text
 
 from .mcp_pipe import PipeClient
-from .summary import cpu_seconds, percentile, register_summary
+from .summary import cpu_seconds, load_baseline, percentile, register_summary
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "roundtrip.json"
@@ -184,6 +184,13 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
         f"server CPU per call, bash excluded: shoal (kernel + facade) {cpu['shoal']:.3f} ms, "
         f"fastmcp {cpu['fastmcp']:.3f} ms"
     )
+    baseline = load_baseline("roundtrip", QUICK)
+    if baseline:
+        lines.append(
+            f"recorded baseline ({baseline['note']}): shoal {baseline['shoal_p50_ms']} ms = "
+            f"{baseline['shoal_p50_ms'] / baseline['bash_p50_ms']:.2f}x bash, "
+            f"{baseline['shoal_p50_ms'] / baseline['fastmcp_p50_ms']:.2f}x fastmcp"
+        )
     lines.append(f"saved to {RESULTS}")
     register_summary(
         request.config,
