@@ -410,3 +410,50 @@ def test_reef_probes_run_confined(world: World) -> None:
     bash = next(t for t in got["tools"] if t["name"] == "bash")
     assert bash["path"] == str(fake / "bash") and bash["version"] == "fake 1"  # it did run
     assert not (world.outs["agent:all"] / "reef").exists()  # but confined
+
+
+DEFAULT_POLICY = """
+[principal."agent:d"]
+proc_spawn = ["touch", "eval"]
+[principal."agent:d".fs]
+read = ["{proj}/**"]
+write = ["{proj}/**"]
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
+    """Unset ``opaque``: confined opaque work runs without approval (and stays inside the
+    grants) under an enforcing sandbox; with ``--sandbox off`` it is denied, and caps say
+    nothing is enforced.  Plans keep showing the predicted (opaque) effect either way."""
+    _abi_or_skip()
+    with short_tmp("shsd") as tmp:
+        proj, out = tmp / "proj", tmp / "out"
+        proj.mkdir()
+        out.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(DEFAULT_POLICY.format(proj=proj))
+        kernel = KernelProcess(tmp, "--policy", str(policy), "--sandbox", mode)
+        token = TokenStore(kernel.state / "tokens.json").create("agent:d")[1]
+        kernel.start()
+        try:
+            c = KernelClient(kernel.socket)
+            attached = c.call("session.attach", {"session": "d", "token": token})
+            src = f"eval 'touch {proj}/inside'; eval 'touch {out}/outside'"
+            planned = c.call("exec", {"src": src, "mode": "plan"})
+            assert "opaque" in {e["kind"] for e in planned["effects"]}
+            if mode == "auto":
+                assert attached["caps"]["enforced"] == sandbox.probe().enforced()
+                assert planned["verdict"] == "allow"
+                c.call("exec", {"src": src, "position": "value"}, timeout=60)
+                assert (proj / "inside").exists() and not (out / "outside").exists()
+            else:
+                assert attached["caps"]["enforced"] is False
+                assert c.call("ping")["kernel"]["sandbox"]["reason"] == "--sandbox off"
+                with pytest.raises(RpcError) as exc:
+                    c.call("exec", {"src": src}, timeout=60)
+                assert exc.value.code == DENIED
+                assert not (proj / "inside").exists()
+            c.close()
+        finally:
+            kernel.stop()
