@@ -154,3 +154,41 @@ def test_also_read_opens_one_kernel_path_read_only(abi: int, tree: dict[str, Pat
     finally:
         for p in (run.out_path, run.err_path, run.state_path):
             p.unlink(missing_ok=True)
+
+
+def test_specs_are_reused_briefly_and_rebuilt_when_the_tmpdir_went(abi: int) -> None:
+    import shutil
+
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=())
+    try:
+        first = box.spec_for(pol)
+        assert first is not None and box.spec_for(pol) is first  # within the TTL
+        assert box.spec_for(pol, ttys=("/dev/null",)) is not first  # another key
+        shutil.rmtree(first.tmpdir)
+        again = box.spec_for(pol)
+        assert again is not None and again is not first and os.path.isdir(again.tmpdir)
+    finally:
+        box.close()
+
+
+def test_a_spec_that_cannot_be_built_refuses_with_a_clear_error(
+    abi: int, tree: dict[str, Path]
+) -> None:
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+    from shoal_mcp.protocol.errors import ErrorCode, RpcError
+
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=(str(tree["state"]),))
+    try:
+        with pytest.raises(RpcError) as exc:  # a read path that holds the state dir
+            box.spec_for(pol, also_read=(str(tree["state"].parent),))
+        assert exc.value.code == ErrorCode.DENIED
+        assert "contains a kernel directory" in exc.value.data["sandbox"]
+        assert exc.value.data["principal"] == "agent:x"
+    finally:
+        box.close()

@@ -9,9 +9,11 @@ The kernel holds one :class:`Confinement`, built at start from ``--sandbox``:
 
 A principal is confined when its policy says ``sandbox`` (token principals by default,
 the local human only with ``sandbox = true``) and the sandbox enforces.  Its spec is
-built fresh for every process from its grants (``sandbox_build``), so a grant's
-directory created after start is covered; the kernel's state dir and socket dir are
-always cut out.  Each confined principal gets a private temp dir (``TMPDIR``), made
+built from its grants (``sandbox_build``), so a grant's directory created after start
+is covered; the kernel's state dir and socket dir are
+always cut out.  A built spec is reused for ``SANDBOX_SPEC_TTL_S`` (building walks the
+grants and ``/etc``); the supervisor re-checks each rule path when applying it, so a
+reused spec can be narrower than a fresh one, never wider.  Each confined principal gets a private temp dir (``TMPDIR``), made
 on first use and removed when the kernel closes.
 """
 
@@ -21,9 +23,11 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.limits import SANDBOX_SPEC_TTL_S
 from . import sandbox
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec, SandboxSupport
@@ -60,6 +64,7 @@ class Confinement:
                 + (support.reason or "Landlock or the unix-socket filter did not enforce")
             )
         self._tmpdirs: dict[str, str] = {}
+        self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
         self._lock = threading.Lock()
 
     def enforced(self) -> dict[str, object] | bool:
@@ -92,6 +97,22 @@ class Confinement:
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
+        key = (policy.principal, ttys, also_read)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._specs.get(key)
+        if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
+            return cached[1]
+        spec = self._build(policy, ttys, also_read)
+        with self._lock:
+            for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
+                del self._specs[stale]  # bounded: PTY specs differ by terminal
+            self._specs[key] = (now + SANDBOX_SPEC_TTL_S, spec)
+        return spec
+
+    def _build(
+        self, policy: PrincipalPolicy, ttys: tuple[str, ...], also_read: tuple[str, ...]
+    ) -> SandboxSpec:
         try:
             return policy.sandbox_spec(
                 tmpdir=self._tmpdir(policy.principal),
@@ -118,6 +139,7 @@ class Confinement:
         """Remove the private temp dirs (kernel exit)."""
         with self._lock:
             paths, self._tmpdirs = list(self._tmpdirs.values()), {}
+            self._specs.clear()
         for path in paths:
             shutil.rmtree(path, ignore_errors=True)
 
