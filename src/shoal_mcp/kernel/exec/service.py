@@ -252,6 +252,10 @@ class ExecService:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
         box = self.guard.sandbox_spec(who.principal)  # None: this principal runs unconfined
+        if box is not None:
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **box.environ()}
         if not background:
             run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, False, effects)
