@@ -457,3 +457,56 @@ def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
             c.close()
         finally:
             kernel.stop()
+
+
+def test_local_human_is_confined_when_its_policy_says_so() -> None:
+    _abi_or_skip()
+    with short_tmp("shsh") as tmp:
+        proj, out = tmp / "proj", tmp / "out"
+        proj.mkdir()
+        out.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            f'[principal."uid:{os.geteuid()}"]\nproc_spawn = ["*"]\nopaque = "allow"\n'
+            f"sandbox = true\n"
+            f'[principal."uid:{os.geteuid()}".fs]\nread = ["{proj}/**"]\nwrite = ["{proj}/**"]\n'
+        )
+        kernel = KernelProcess(tmp, "--policy", str(policy)).start()
+        try:
+            c = kernel.client("me")
+            caps = c.call("session.attach", {"session": "me"})["caps"]
+            assert caps["enforced"] == sandbox.probe().enforced() and caps["approver"] is True
+            c.call("exec", {"src": f"eval 'touch {proj}/in {out}/x'", "position": "value"})
+            assert (proj / "in").exists() and not (out / "x").exists()
+            c.close()
+        finally:
+            kernel.stop()
+
+
+def test_reef_does_not_probe_when_the_sandbox_cannot_hold() -> None:
+    """A token principal on a ``--sandbox off`` kernel: reef names the planted ``bash``
+    but never runs it (no version), since nothing would confine it."""
+    with short_tmp("shsr") as tmp:
+        fake = tmp / "proj" / "bin"
+        fake.mkdir(parents=True)
+        (fake / "bash").write_text(f"#!/bin/sh\ntouch {tmp}/planted-ran\necho fake 1\n")
+        (fake / "bash").chmod(0o755)
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            '[principal."agent:r"]\nproc_spawn = ["true"]\nenv_write = ["PATH"]\n'
+            'env_read = ["PATH"]\n'
+        )
+        kernel = KernelProcess(tmp, "--policy", str(policy), "--sandbox", "off")
+        token = TokenStore(kernel.state / "tokens.json").create("agent:r")[1]
+        kernel.start()
+        try:
+            c = kernel.client("r", token=token)
+            c.call("exec", {"src": f"export PATH={fake}:$PATH"}, timeout=60)
+            got = c.call("session.reef", timeout=60)
+            c.close()
+        finally:
+            kernel.stop()
+        bash = next(t for t in got["tools"] if t["name"] == "bash")
+        assert bash["path"] == str(fake / "bash") and "version" not in bash
+        assert "not probed" in got["versions"]
+        assert not (tmp / "planted-ran").exists()
