@@ -10,6 +10,7 @@ import time
 import click
 
 from ..client import KernelLost
+from ..protocol.display import escape_controls
 from ..protocol.errors import RpcError
 from .common import Ctx, fail, pass_ctx
 from .output import emit_json, state_colour, style, table, when
@@ -265,7 +266,7 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         table(table_rows, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
     else:
         for cells in table_rows:
-            click.echo("  ".join("-" if v is None else str(v) for v in cells))
+            click.echo("  ".join("-" if v is None else escape_controls(str(v)) for v in cells))
 
 
 @click.group("events")
@@ -324,12 +325,10 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     # characters escaped by the kernel (src_display), and every effect with its target.
     for p in plans:
         click.echo(f"{p['plan_ref']}  {state_colour(p['state'])}  {p['principal']}  {p['verdict']}")
-        click.echo(f"  cwd: {p['cwd']}  env: {p.get('env_hash', '?')}")
-        click.echo(f"  src: {p.get('src_display', p['src'])}")
+        click.echo(f"  cwd: {escape_controls(p['cwd'])}  env: {p.get('env_hash', '?')}")
+        click.echo(f"  src: {p.get('src_display') or escape_controls(p['src'])}")
         for e in p["effects"]:
-            click.echo(
-                f"    {e['kind']} {str(e.get('target', '')).encode('unicode_escape').decode()}"
-            )
+            click.echo(f"    {e['kind']} {escape_controls(str(e.get('target', '')))}")
 
 
 @click.command("approve")
