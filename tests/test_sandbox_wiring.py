@@ -192,3 +192,46 @@ def test_a_spec_that_cannot_be_built_refuses_with_a_clear_error(
         assert exc.value.data["principal"] == "agent:x"
     finally:
         box.close()
+
+
+def test_without_user_namespaces_tcp_is_still_denied(abi: int, tree: dict[str, Path]) -> None:
+    """A machine where the probe could not make a network namespace: specs ask for none
+    (or every exec would fail), and Landlock's TCP rules still refuse connect."""
+    import socket
+
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+    from shoal_mcp.kernel.access.sandbox import SandboxSupport
+
+    no_netns = SandboxSupport(abi=abi, fs=True, tcp=abi >= 4, netns=None, unix=True)
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("required", forbidden=(str(tree["state"]),), support=no_netns)
+    if abi < 4:  # no TCP rules either: the network is open, and caps say so
+        spec = box.spec_for(pol)
+        assert spec is not None and not spec.private_net and spec.tcp_connect is None
+        assert box.enforced() == {"fs": f"landlock-v{abi}", "net": False}
+        box.close()
+        return
+    assert box.enforced() == {"fs": f"landlock-v{abi}", "net": "landlock-tcp"}
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        spec = box.spec_for(pol)
+        assert spec is not None and spec.private_net is False and spec.tcp_connect == ()
+        port = listener.getsockname()[1]
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+        run = spawn(
+            f"echo x > /dev/tcp/127.0.0.1/{port}",
+            str(tree["project"]),
+            env,
+            tree["state"] / "spool",
+            sandbox=spec,
+        )
+        assert run.wait(60) != 0
+        assert "Permission denied" in run.err_path.read_text()
+        for p in (run.out_path, run.err_path, run.state_path):
+            p.unlink(missing_ok=True)
+    finally:
+        listener.close()
+        box.close()

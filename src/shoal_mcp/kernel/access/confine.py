@@ -103,7 +103,7 @@ class Confinement:
             cached = self._specs.get(key)
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
-        spec = self._build(policy, ttys, also_read)
+        spec = self._fit_network(self._build(policy, ttys, also_read))
         with self._lock:
             for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
                 del self._specs[stale]  # bounded: PTY specs differ by terminal
@@ -126,6 +126,21 @@ class Confinement:
                 f"cannot build the sandbox for {policy.principal}: {e}",
                 {"principal": policy.principal, "sandbox": str(e)},
             ) from e
+
+    def _fit_network(self, spec: SandboxSpec) -> SandboxSpec:
+        """Where no private network namespace can be made (unprivileged user namespaces
+        disabled, as on some distributions), ask for none: Landlock's TCP rules still
+        deny every connect and bind (ABI 4+); below that the network stays open.  Either
+        way ``caps.enforced.net`` says what holds.  Without this every exec would fail."""
+        if not spec.private_net or self.support.netns:
+            return spec
+        data = spec.to_dict()
+        data["private_net"] = False
+        if not self.support.tcp:
+            data["tcp_connect"] = None
+        why = "TCP denied by Landlock; UDP open" if self.support.tcp else "network not confined"
+        data["notes"] = [*spec.notes, f"no private network namespace on this machine: {why}"]
+        return SandboxSpec.from_dict(data)
 
     def _tmpdir(self, principal: str) -> str:
         with self._lock:
