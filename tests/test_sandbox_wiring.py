@@ -235,3 +235,28 @@ def test_without_user_namespaces_tcp_is_still_denied(abi: int, tree: dict[str, P
     finally:
         listener.close()
         box.close()
+
+
+def test_tmp_root_is_emptied_at_start_and_removed_at_close(abi: int, tmp_path: Path) -> None:
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+
+    root = tmp_path / "sandbox-root"
+    (root / "leftover-of-a-killed-kernel").mkdir(parents=True)
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=(), tmp_root=str(root))
+    assert os.listdir(root) == []
+    spec = box.spec_for(pol)
+    assert spec is not None and os.path.dirname(spec.tmpdir) == str(root)
+    box.close()
+    assert not root.exists()
+    # Not a directory of ours (a symlink planted in a shared /tmp): not used, not followed.
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    root.symlink_to(target)
+    box = Confinement("auto", forbidden=(), tmp_root=str(root))
+    spec = box.spec_for(pol)
+    assert spec is not None and os.path.dirname(spec.tmpdir) != str(root)
+    box.close()
+    assert (target / "keep").exists()

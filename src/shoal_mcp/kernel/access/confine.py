@@ -10,17 +10,21 @@ The kernel holds one :class:`Confinement`, built at start from ``--sandbox``:
 A principal is confined when its policy says ``sandbox`` (token principals by default,
 the local human only with ``sandbox = true``) and the sandbox enforces.  Its spec is
 built from its grants (``sandbox_build``), so a grant's directory created after start
-is covered; the kernel's state dir and socket dir are
-always cut out.  A built spec is reused for ``SANDBOX_SPEC_TTL_S`` (building walks the
-grants and ``/etc``); the supervisor re-checks each rule path when applying it, so a
-reused spec can be narrower than a fresh one, never wider.  Each confined principal gets a private temp dir (``TMPDIR``), made
-on first use and removed when the kernel closes.
+is covered; the kernel's state dir and socket dir are always cut out.  A built spec is
+reused for ``SANDBOX_SPEC_TTL_S`` (building walks the grants and ``/etc``); the
+supervisor re-checks each rule path when applying it, so a reused spec can be narrower
+than a fresh one, never wider.  Each confined principal gets a private temp dir
+(``TMPDIR``), made on first use under the kernel's temp root (:func:`sandbox_tmp_root`,
+emptied at start: a killed kernel's leftovers go with its successor) and removed when
+the kernel closes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -49,6 +53,7 @@ class Confinement:
         *,
         forbidden: tuple[str, ...],
         support: SandboxSupport | None = None,
+        tmp_root: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {' | '.join(MODES)}, got {mode!r}")
@@ -63,6 +68,7 @@ class Confinement:
                 "--sandbox required, but this machine cannot confine processes: "
                 + (support.reason or "Landlock or the unix-socket filter did not enforce")
             )
+        self._tmp_root = _fresh_private_dir(tmp_root) if tmp_root else None
         self._tmpdirs: dict[str, str] = {}
         self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
         self._lock = threading.Lock()
@@ -146,7 +152,7 @@ class Confinement:
         with self._lock:
             path = self._tmpdirs.get(principal)
             if path is None or not os.path.isdir(path):
-                path = tempfile.mkdtemp(prefix=TMPDIR_PREFIX)  # 0700, fresh name
+                path = tempfile.mkdtemp(prefix=TMPDIR_PREFIX, dir=self._tmp_root)  # 0700
                 self._tmpdirs[principal] = path
             return path
 
@@ -157,6 +163,34 @@ class Confinement:
             self._specs.clear()
         for path in paths:
             shutil.rmtree(path, ignore_errors=True)
+        if self._tmp_root:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+
+
+def sandbox_tmp_root(state_dir: Path, socket: Path) -> str:
+    """Where this kernel's private temp dirs go: one directory per (state dir, socket)
+    in the system temp dir, so a kernel that was killed leaves nothing its successor
+    does not remove at start."""
+    tag = hashlib.blake2b(f"{state_dir}\0{socket}".encode(), digest_size=6).hexdigest()
+    return os.path.join(tempfile.gettempdir(), f"{TMPDIR_PREFIX}{os.geteuid()}-{tag}")
+
+
+def _fresh_private_dir(path: str) -> str | None:
+    """``path`` emptied (if it is our own real directory) and made ``0700``; None when
+    it cannot be ours (someone else's, a symlink): then plain ``mkdtemp`` dirs are used."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        return None
+    return path
 
 
 def kernel_forbidden(state_dir: Path, socket: Path) -> tuple[str, ...]:
