@@ -153,25 +153,36 @@ __attribute__((constructor)) static void evil(void) { close(creat("%s/ld-preload
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that counts the connections it accepts."""
+    """A TCP listener on 127.0.0.1 that records the client port of each connection."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
-        self.count = 0
+        self.peers: list[int] = []
+        self._sentinels: set[int] = set()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            self.count += 1
+            self.peers.append(peer[1])
             conn.close()
+
+    def settled_count(self) -> int:
+        """Connections so far, not counting our own probes, once every connection made
+        before this call has been accepted: connect ourselves and wait for it (accept
+        order is arrival order)."""
+        with socket.create_connection(("127.0.0.1", self.port)) as probe:
+            mine = probe.getsockname()[1]
+        self._sentinels.add(mine)
+        wait_until(lambda: mine in self.peers, timeout=30, what="the listener to catch up")
+        return sum(1 for p in self.peers if p not in self._sentinels)
 
     def close(self) -> None:
         self.sock.close()
@@ -333,19 +344,19 @@ def test_same_corpus_writes_as_the_local_human(world: World) -> None:
 def test_kernel_socket_and_tcp(world: World, who: str) -> None:
     marker = world.proj / "kernel-socket"
     marker.unlink(missing_ok=True)
-    before = world.listener.count
+    before = world.listener.settled_count()
     session = f"net-{who.replace(':', '-')}"
     _run(world, who, session, world.fmt(SOCKET_CASE, who))
     _run(world, who, session, world.fmt(TCP_CASE, who))
     if who == "human":
-        assert marker.exists() and world.listener.count > before
+        assert marker.exists() and world.listener.settled_count() > before
     else:
         assert not marker.exists()
-        assert world.listener.count == before
+        assert world.listener.settled_count() == before
 
 
 def test_net_grant_opens_exactly_its_port(world: World) -> None:
-    before, other_before = world.listener.count, world.other.count
+    before, other_before = world.listener.settled_count(), world.other.settled_count()
     c = world.client("agent:net", "net-grant")
     try:
         c.call("exec", {"src": CONNECT.format(port=world.listener.port)}, timeout=60)
@@ -354,8 +365,8 @@ def test_net_grant_opens_exactly_its_port(world: World) -> None:
         assert "PermissionError" in exc.value.data["stderr_tail"]
     finally:
         c.close()
-    wait_until(lambda: world.listener.count > before, what="the granted connection")
-    assert world.other.count == other_before
+    assert world.listener.settled_count() == before + 1  # the granted connection
+    assert world.other.settled_count() == other_before
 
 
 @pytest.mark.parametrize("who", ["agent:all", "human"])
@@ -373,7 +384,7 @@ def test_pty_less_shell_escape_is_confined(world: World, who: str) -> None:
             wait_until(lambda: "hello" in "\n".join(c.call("pty.read", {"pty_id": pty})["screen"]))
         case = world.fmt(PTY_CASE, who)
         c.call("pty.send", {"pty_id": pty, "input": case if pager else case[1:]})
-        wait_until(ran.exists, what="less to run the command")
+        wait_until(ran.exists, timeout=30, what="the PTY program to run the command")
         c.call("pty.close", {"pty_id": pty})
     finally:
         c.close()
