@@ -22,7 +22,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
-from .access.confine import Confinement, kernel_forbidden
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -70,7 +70,9 @@ class Kernel:
         self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
         self.confinement = Confinement(
-            config.sandbox, forbidden=kernel_forbidden(state, config.socket)
+            config.sandbox,
+            forbidden=kernel_forbidden(state, config.socket),
+            tmp_root=sandbox_tmp_root(state, config.socket),
         )  # --sandbox required without enforcement raises SandboxUnavailable: no start
         self.guard = Guard(
             state,

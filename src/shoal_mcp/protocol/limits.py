@@ -149,6 +149,10 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+SANDBOX_SPEC_TTL_S = 2.0
+"""How long a principal's built sandbox spec is reused (building one walks the grants
+and /etc, ~3-10 ms). Safe to reuse: the supervisor re-checks every rule path and leaves
+out any that now resolves elsewhere, so a stale spec can only be narrower."""
 APPROVAL_EVENT_SRC_CHARS = 4096
 """Longest escaped source in an ``approval`` event; a longer one ends in a marker that
 says how much more there is (``plan.get`` has all of it, never silently cut)."""

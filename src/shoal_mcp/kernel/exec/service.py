@@ -96,9 +96,9 @@ class ExecService:
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd, env_digest = self.analyze(who, src)
+        analysis, cwd, env_now = self.analyze(who, src)
         verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
-        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_digest)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_now)
         plan = Plan(
             ref,
             who.session,
@@ -109,7 +109,7 @@ class ExecService:
             analysis.reversibility,
             verdict.verdict,
             list(verdict.reasons),
-            env_hash=env_digest,
+            env_hash=env_now,
         )
         return plan, verdict
 
@@ -203,8 +203,8 @@ class ExecService:
             return
         # The approval covers the plan's cwd and env (its hash): if the session moved since
         # (cd, export PATH=..., HOME), the same source would run other things.
-        analysis, cwd, env_digest = self.analyze(who, plan.src)
-        if cwd != plan.cwd or env_digest != plan.env_hash or analysis.effects != plan.effects:
+        analysis, cwd, env_now = self.analyze(who, plan.src)
+        if cwd != plan.cwd or env_now != plan.env_hash or analysis.effects != plan.effects:
             raise RpcError(
                 ErrorCode.APPROVAL_REQUIRED,
                 "the session's cwd or environment changed since this plan was approved; "
@@ -215,7 +215,7 @@ class ExecService:
                     "effects": analysis.effects,
                     "cwd": cwd,
                     "plan_cwd": plan.cwd,
-                    "env_hash": env_digest,
+                    "env_hash": env_now,
                     "plan_env_hash": plan.env_hash,
                     "state": plan.state,
                 },
@@ -261,6 +261,10 @@ class ExecService:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
         box = self.guard.sandbox_spec(who.principal)  # None: this principal runs unconfined
+        if box is not None:
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **box.environ()}
         if not background:
             run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, False, effects)
