@@ -26,7 +26,7 @@ from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
-from ..values.service import Selected, ValueService
+from ..values.service import ValueService
 from .finalize import Finalizer
 from .runner import spawn
 from .tasks import Task, TaskManager
@@ -322,8 +322,7 @@ class ExecService:
         if stored is not None:
             # The outcome this exec just stored, straight from memory: no transcript read
             # and JSON decode between finalize and the reply.
-            node = self.values.resolver.select(stored, [])
-            sel = Selected(task.result["ref"], task.result["uri"], [], node)
+            sel = self.values.stored(task.result["ref"], task.result["uri"], stored)
         else:
             sel = self.values.select(who, task.result["ref"], "", None)
         result = {
