@@ -36,7 +36,26 @@ ELIDE_RENDER_HEAD = 10
 STDERR_TAIL_BYTES = 2 * KiB
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
-"""`.json` parses at most this many bytes of a blob."""
+"""`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
+JSON_PARSE_SLOTS = 1
+"""`.json` parses running at once in one kernel (a parse holds its input and the parsed
+objects, several times the input); others wait for a slot."""
+JSON_PARSE_WAIT_S = 30.0
+"""How long a `.json` selection waits for a parse slot before -32031."""
+JSON_SHAPE_MAX_INPUT = JSON_SELECTOR_MAX
+"""Outputs up to this size get a JSON shape preview in their render."""
+JSON_SHAPE_BYTES = 1536
+"""Most bytes of a render spent on the JSON shape."""
+JSON_SHAPE_BODY_BYTES = 2 * KiB
+"""Bytes of raw text shown above a JSON shape (the shape tells more than a long head)."""
+JSON_SHAPE_KEYS = 20
+"""Keys listed per object in a JSON shape."""
+
+# --- paging (docs/protocol.md, Paging) -------------------------------------------
+PAGE_RESERVE = 1 * KiB
+"""Room in a 64 KiB page for its next-call marker and the MCP footer."""
+PAGE_RAW_BYTES = 48 * KiB
+"""Raw page size the paging hints ask for (the most that encodes under the cap)."""
 
 # --- match: regex search over stored output (docs/protocol.md, Search) ---------------
 MATCH_DEFAULT_MAX = 50
@@ -53,8 +72,11 @@ MATCH_LINE_MAX = 1 * MiB
 """A line longer than this is searched in its first MATCH_LINE_MAX bytes only."""
 MATCH_TEXT_MAX = 512
 """Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
-MATCH_DEADLINE_S = 10.0
-"""Wall time one search may take; a regex running past it is stopped (-32005)."""
+MATCH_DEADLINE_S = 5.0
+"""Wall time one search may take, plus a second per MATCH_DEADLINE_BYTES_PER_S searched;
+a regex running past it is stopped (-32005)."""
+MATCH_DEADLINE_BYTES_PER_S = 64 * MiB
+"""The slowest scan rate the deadline allows for (big outputs get more time)."""
 
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024

@@ -26,6 +26,7 @@ from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
+from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
 from .runner import spawn
@@ -260,7 +261,12 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        box = self.guard.sandbox_spec(who.principal)  # None: this principal runs unconfined
+        # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
+        # readable inside the sandbox too.
+        outputs = str(self.values.outputs.sync(who.principal, who.session))
+        env = {**env, SHOAL_OUT_ENV: outputs}
+        # None: this principal runs unconfined.
+        box = self.guard.sandbox_spec(who.principal, also_read=(outputs,))
         if box is not None:
             # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
             # state report echoing it is no change of the agent's (nothing to refuse).
