@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from ..client import KernelLost
@@ -50,6 +51,44 @@ class ToolRunner:
         except RpcError as exc:
             return error_result(exc)
         return tool_result(result)
+
+    def begin(self, params: dict, flight: InFlight | None) -> Future | None:
+        """Start a ``tools/call`` from the reader thread when it is the lean case; the
+        kernel reply then completes it where it lands (``finish``), with no worker thread.
+
+        The lean case: one kernel call (not ``shoal_get``), no progress token (nothing to
+        report while waiting), valid arguments (the tool schema: the facade's one check)
+        and a call link already open (connecting may wait). Anything else returns None
+        and is served on the pool as before, errors included.
+        """
+        name = params.get("name")
+        args = params.get("arguments", {})
+        tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
+        if tool is None or name == "shoal_get" or not isinstance(args, dict):
+            return None
+        client = self.link.connected_calls()
+        if client is None or progress_token(params) is not None:
+            return None
+        try:
+            validate(args, tool.schema, "arguments")
+        except RpcError:
+            return None
+        method, kernel_params = tool.to_kernel(args)
+        try:
+            kernel_id, fut = client.start_call(method, kernel_params)
+        except KernelLost:
+            return None  # the pool path reconnects
+        if tool.cancels_task and flight is not None:
+            flight.own_kernel_call(client, kernel_id, fut)
+        return fut
+
+    @staticmethod
+    def finish(fut: Future) -> dict:
+        """The tool result of a call ``begin`` started (its future is done)."""
+        try:
+            return tool_result(fut.result())
+        except RpcError as exc:
+            return error_result(exc)
 
     def run(
         self,

@@ -84,8 +84,8 @@ class Renderer:
     def _outcome(self, node: dict, budget: int) -> str:
         out = self.resolver.hydrate(node.get("out", ""))
         err = self.resolver.hydrate(node.get("err", ""))
-        failed = not node.get("ok", True)
-        tail = ""
+        failed = node.get("ok") is False
+        tail = "[running]" if node.get("status") is None and node.get("ok") is None else ""
         if failed:
             status = node.get("status")
             sig = node.get("signal")
@@ -96,7 +96,7 @@ class Renderer:
         tail = _cut_bytes(tail, budget // 2)
         body_budget = budget - len(tail.encode()) - 1
         body = self._text_with_shape(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
-        if failed:
+        if tail:
             return (body + ("\n" if body and not body.endswith("\n") else "") + tail).strip("\n")
         return body
 

@@ -58,6 +58,13 @@ class ValueService:
         state = resolver.cas.root.parent
         self.outputs = SharedOutputs(state / "outputs", resolver.cas, transcript.db)
 
+    def stored(self, ref: str, base_uri: str, value: Any) -> Selected:
+        """A value an exec of this caller just stored, selected whole without reading the
+        transcript back (its blob reads limited to the blobs it names, as in select)."""
+        node = trusted(value)
+        resolver = self.resolver.for_caller(blob_hashes(node).__contains__)
+        return Selected(ref, base_uri, [], resolver.select(node, []), resolver)
+
     def select(self, who: Principal, ref: str, path: str | None, slice_: Any) -> Selected:
         base_ref, base_uri, uri_path, node = self._resolve_ref(who, ref)
         segments = uri_path + (parse_path(path) if path else [])

@@ -49,7 +49,7 @@ def with_uri_query(params: dict) -> dict:
     return merged
 
 
-@method("value.get", VALUE_GET)
+@method("value.get", VALUE_GET, blocking=True)
 def value_get(call: Call, params: dict) -> dict:
     params = with_uri_query(params)
     # A `.json` selection holds a parse slot until its reply is built: the parsed tree
