@@ -56,14 +56,6 @@ class SharedOutputs:
 
         A full disk is the usual "state dir full" error (the exec could not spool either).
         """
-        try:
-            return self._sync(principal, session)
-        except OSError as exc:
-            if is_disk_full(exc):
-                raise state_dir_full(f"cannot expose earlier outputs: {exc.strerror}") from exc
-            raise
-
-    def _sync(self, principal: str, session: str) -> Path:
         target = self.session_dir(principal, session)
         with self._lock:
             last = self._synced.get((principal, session))
