@@ -23,12 +23,14 @@ from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
+from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
 from ..values.service import ValueService
 from .finalize import Finalizer
-from .runner import spawn
+from .pool import WarmPool
+from .runner import RunningCommand, spawn
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -77,6 +79,7 @@ class ExecService:
         values: ValueService,
         finalizer: Finalizer,
         spool_dir: Path,
+        pool: WarmPool | None = None,
     ) -> None:
         self.sessions = sessions
         self.guard = guard
@@ -84,6 +87,7 @@ class ExecService:
         self.tasks = tasks
         self.values = values
         self.spool_dir = spool_dir
+        self.pool = pool  # warm supervisors (docs/architecture.md, Processes)
         self.finalizer = finalizer  # also writes the journal rows of plans and refusals
 
     # -- analysis and the gate ------------------------------------------------------------
@@ -238,7 +242,7 @@ class ExecService:
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
             # instead of an unlisted process nobody can name.
-            self._detach(who, task)  # within max_tasks, else cancelled + -32031
+            self._detach(who, task)
             return task_handle(task, timed_out=True)
         try:
             return self.result(who, task, opts, started)
@@ -250,14 +254,41 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        if not background:
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, False, effects)
+        # Every exec, foreground or background, is a running task within max_tasks.
         # Check and start as one step per principal, so parallel calls cannot overshoot.
         with self.guard.quota_lock(who.principal, "max_tasks"):
             self._check_task_quota(who)
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, True, effects)
+            run = self._spawn(who, src, cwd, env)
+            return self.tasks.start(who.session, who.principal, src, run, background, effects)
+
+    def _sandbox_for(self, who: Principal) -> SandboxSpec | None:
+        """The OS sandbox spec ``who``'s processes run in (None: not confined).
+
+        Not wired on this branch: the sandbox change returns the principal's spec here,
+        and both the spawn and the warm pool key follow it.
+        """
+        return None
+
+    def warm_up(self, who: Principal) -> None:
+        """Start ``who``'s warm supervisor in the background (session.attach calls this)."""
+        if self.pool is not None:
+            spec = self._sandbox_for(who)
+            self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
+
+    def _spawn(self, who: Principal, src: str, cwd: str, env: dict[str, str]) -> RunningCommand:
+        """Under the principal's warm zygote when there is one, else a cold supervisor."""
+        sandbox = self._sandbox_for(who)
+        spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
+        warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
+        return spawn(
+            src,
+            cwd,
+            env,
+            self.spool_dir,
+            sandbox=sandbox,
+            max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
+            supervisor=warm,
+        )
 
     @staticmethod
     def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:
@@ -273,22 +304,9 @@ class ExecService:
                 return False
 
     def _detach(self, who: Principal, task: Task) -> None:
-        """A foreground exec outlived its wait: it becomes a listed task within max_tasks.
-
-        Over the quota it is cancelled and -32031 raised instead, so timed-out (or
-        abandoned) foreground calls cannot pile up running commands past the quota.
-        """
-        with self.guard.quota_lock(who.principal, "max_tasks"):
-            try:
-                self._check_task_quota(who)
-            except RpcError:
-                if not task.done.is_set():
-                    try:
-                        self.tasks.cancel(task)
-                    except RpcError:
-                        pass  # it finished meanwhile
-                raise
-            self.tasks.detach(task)
+        """A foreground exec outlived its wait: it becomes a listed task (it already
+        counts toward max_tasks, like every running exec)."""
+        self.tasks.detach(task)
 
     def _check_task_quota(self, who: Principal) -> None:
         self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
@@ -331,6 +349,7 @@ class ExecService:
                 "status": status,
                 "stderr_tail": tail,
                 "render": result["render"],
+                **({"output_capped": True} if task.result.get("output_capped") else {}),
             },
         )
 

@@ -24,6 +24,7 @@ def attach(call, params):
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
     call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
+    kernel.exec.warm_up(call.conn.who)  # the first exec finds its supervisor started
     cwd, _ = session.snapshot()
     return {
         "session": name,
