@@ -170,7 +170,10 @@ def spawn(
         if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
             # Too long for one argv string (E2BIG): bash reads the source from an
             # inherited descriptor of an already unlinked file instead.
-            src_fd, src_name = tempfile.mkstemp(prefix="run-", suffix=".src", dir=spool_dir)
+            # Sandboxed, it lives in the private temp dir: bash reopens it by path, and
+            # the spool dir (in the kernel's state dir) is outside every sandbox.
+            src_dir = sandbox.tmpdir if sandbox is not None and sandbox.tmpdir else spool_dir
+            src_fd, src_name = tempfile.mkstemp(prefix="run-", suffix=".src", dir=src_dir)
             fds.append(src_fd)
             os.unlink(src_name)
             write_all(src_fd, src.encode("utf-8", "surrogatepass"))
@@ -188,6 +191,7 @@ def spawn(
             fds,
             targets,
             max_output_bytes,
+            write=[_bytes(str(p)) for p in paths[:2]] if sandbox is not None else [],
             last=cold,
         )
     except (OSError, UnicodeEncodeError) as exc:

@@ -10,9 +10,12 @@ Protocol on the ``CTRL_FD`` stream socket (a socketpair with the kernel); a fram
 4-byte big-endian length and a :mod:`marshal` payload:
 
 1. kernel → frame *spec*: ``SandboxSpec.to_bytes()``, or empty for no sandbox.  The
-   zygote confines itself once; every supervisor it forks, and everything those
-   start, inherits the confinement.
-2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap"}`` with, as SCM_RIGHTS,
+   zygote confines itself once (``sandbox.confine_process``: no_new_privs, private
+   network, no capabilities, seccomp); each job's supervisor adds the Landlock rules
+   (``sandbox.restrict_files``) with that job's spool paths.  Everything below
+   inherits both.
+2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap", "write"}`` (``write``: the
+   spool paths, added to the sandbox's write rules for this job) with, as SCM_RIGHTS,
    the job's own control socket, the stdout and stderr spools, then the extra
    descriptors to put at the numbers in ``fds``.  Any number of jobs, one after
    another; the zygote forks a supervisor for each (a fork costs far less than a new
@@ -48,6 +51,7 @@ _CAP_POLL_MAX_S = 0.2
 """Output-cap checks: every 5 ms while the spools grow, backing off to 200 ms when idle."""
 _MAX_FDS = 8
 _STOP_SIGNALS = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
+_SANDBOX_ENV: dict = {}
 
 
 _libc = None
@@ -230,23 +234,33 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     return (tree.status if tree.status is not None else 9), capped, alive
 
 
+_SANDBOX: dict = {}  # the zygote's spec and Landlock ABI, once confined
+
+
 def _confine(spec_bytes: bytes) -> "str | None":
-    """Apply the sandbox spec to this process; the reason it failed, or None."""
+    """Confine this zygote to the spec but its file rules (those come per job, with the
+    job's spool paths); the reason it failed, or None."""
     try:
         here = os.path.abspath(__file__)
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here)))))
         from shoal_mcp.kernel.access import sandbox
 
         spec = sandbox.SandboxSpec.from_bytes(spec_bytes)
-        sandbox.apply(spec)
-        global _SANDBOX_ENV
-        _SANDBOX_ENV = {k.encode(): v.encode() for k, v in spec.environ().items()}
+        abi, _netns = sandbox.confine_process(spec)
+        _SANDBOX.update(module=sandbox, spec=spec, abi=abi)
+        _SANDBOX_ENV.update({k.encode(): v.encode() for k, v in spec.environ().items()})
     except OSError as e:
         return str(e)
     return None
 
 
-_SANDBOX_ENV: dict = {}
+def _restrict_files(job: dict) -> None:
+    """In a job's supervisor: the spec's Landlock rules plus this job's own spools
+    (``> /dev/stdout`` reopens the spool by path)."""
+    sandbox = _SANDBOX["module"]
+    data = _SANDBOX["spec"].to_dict()
+    data["write"] = [*data["write"], *(p.decode("utf-8", "surrogateescape") for p in job["write"])]
+    sandbox.restrict_files(sandbox.SandboxSpec.from_dict(data), _SANDBOX["abi"])
 
 
 def _wakeup_pipe() -> int:
@@ -276,8 +290,10 @@ def _job(job: dict, fds: list, failure: "str | None") -> None:
     try:
         wake_r = _wakeup_pipe()
         _subreaper()
+        if failure is None and _SANDBOX:
+            _restrict_files(job)
     except OSError as e:
-        failure = f"exec supervisor: {e}"
+        failure = str(e)
     if failure is not None:
         os.write(err, b"shoal sandbox: " + failure.encode(errors="replace") + b"\n")
         sock.sendall(b"exit %d 0\n" % (_SANDBOX_FAILED << 8))

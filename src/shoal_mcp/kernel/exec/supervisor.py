@@ -103,15 +103,26 @@ class Supervisor:
         targets: list[int],
         cap: int,
         *,
+        write: list[bytes] | None = None,
         last: bool = False,
     ) -> Job:
         """Start a job: stdout, stderr, then extras in ``fds`` (placed at ``targets`` in
         the command).  The :class:`Job` has the command's pid once it started.
 
+        ``write``: paths this job may also write in the sandbox (its spools).
         ``last``: a one-job (cold) zygote, told at once that no job follows; the job
         closes (reaps) it when it ends."""
         owner = self if last else None
-        frame = _frame({"argv": argv, "cwd": cwd, "env": env, "fds": targets, "cap": cap})
+        frame = _frame(
+            {
+                "argv": argv,
+                "cwd": cwd,
+                "env": env,
+                "fds": targets,
+                "cap": cap,
+                "write": write or [],
+            }
+        )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         job = Job(ours, owner)
         try:
