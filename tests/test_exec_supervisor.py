@@ -20,6 +20,7 @@ from shoal_mcp.kernel.exec.pool import WarmPool
 from shoal_mcp.kernel.exec.runner import RunningCommand, spawn
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.landlock import landlock_evidence
+from tests.support.polling import wait_until
 from tests.support.procfs import children, is_exec_supervisor, kill_pids, pids_with_arg
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "HOME": "/root"}
@@ -66,16 +67,22 @@ def _our_umask() -> int:
 
 
 def test_zygote_outlives_a_job_that_kills_its_supervisor(zygote: Supervisor, tmp_path) -> None:
-    mark = f"300.{secrets.randbelow(10**8):08d}"
+    marks = [f"300.{secrets.randbelow(10**8):08d}" for _ in range(2)]
     try:
-        r, _, _ = run(f"sleep {mark} & kill -9 $PPID; wait", tmp_path, supervisor=zygote)
-        # Its supervisor died without a report: the kernel side kills bash's group.
+        r, _, _ = run(
+            f"setsid sleep {marks[0]} & sleep {marks[1]} & kill -9 $PPID; wait",
+            tmp_path,
+            supervisor=zygote,
+        )
+        # Its supervisor died without a report: the kernel side kills bash's group, and
+        # the zygote (a subreaper too) kills what was reparented to it, setsid or not.
         assert r.returncode == -9
-        assert pids_with_arg(mark) == []
+        wait_until(lambda: not any(pids_with_arg(m) for m in marks), what="the orphans to die")
         again, out, _ = run("echo fine", tmp_path, supervisor=zygote)
         assert out == "fine\n" and again.returncode == 0
     finally:
-        kill_pids(pids_with_arg(mark))
+        for m in marks:
+            kill_pids(pids_with_arg(m))
 
 
 def test_cold_one_job_zygote_is_reaped(tmp_path: Path) -> None:

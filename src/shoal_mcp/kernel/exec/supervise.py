@@ -89,8 +89,9 @@ def _recv_frame(sock: "_socket.socket", fds: list) -> object:
     return marshal.loads(_recv_exact(sock, size, fds)) if size else b""
 
 
-def _descendants(root: int) -> list:
-    """Pids whose parent chain leads to ``root`` (from /proc; gone ones are skipped)."""
+def _descendants(root: int, spare: "set | frozenset" = frozenset()) -> list:
+    """Pids whose parent chain leads to ``root`` (from /proc; gone ones are skipped),
+    leaving out ``spare`` and everything below them."""
     parent = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -104,7 +105,7 @@ def _descendants(root: int) -> list:
     found = []
     for pid in parent:
         p, seen = pid, 0
-        while p in parent and seen < 4096:
+        while p in parent and seen < 4096 and p not in spare:
             p, seen = parent[p], seen + 1
             if p == root:
                 found.append(pid)
@@ -316,19 +317,17 @@ def main(args: list) -> int:
     except EOFError:
         return 0
     failure = _confine(spec_bytes) if spec_bytes else None
-    import ctypes  # noqa: F401 - loaded once here, so each forked supervisor has it
+    _subreaper()  # also loads ctypes once, so each forked supervisor has it
 
     ctrl = zsock.fileno()
+    jobs: set = set()  # pids of the job supervisors this zygote forked and has not reaped
     while True:
-        ready, _, _ = select.select([ctrl, wake_r], [], [])
+        ready, _, _ = select.select([wake_r] if ctrl < 0 else [ctrl, wake_r], [], [])
         if wake_r in ready:
             _drain(wake_r)
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
-            except ChildProcessError:
-                pass
-        if ctrl not in ready:
+            if _reap_jobs(jobs) and ctrl < 0:
+                return 0
+        if ctrl < 0 or ctrl not in ready:
             continue
         fds = []
         try:
@@ -336,11 +335,11 @@ def main(args: list) -> int:
         except EOFError:
             # The kernel is done with this zygote: stay the parent (and reaper) of the
             # running jobs' supervisors until they end, so none is left to init.
-            try:
-                while True:
-                    os.waitpid(-1, 0)
-            except ChildProcessError:
+            zsock.close()
+            ctrl = -1
+            if _reap_jobs(jobs):
                 return 0
+            continue
         for fd in fds:  # SCM_RIGHTS descriptors arrive inheritable; only dup2 targets may be
             os.set_inheritable(fd, False)
         if len(fds) < 3:
@@ -357,8 +356,47 @@ def main(args: list) -> int:
             except BaseException:  # noqa: BLE001 - a forked child must never return here
                 code = 1
             os._exit(code)
+        jobs.add(pid)
         for fd in fds:
             os.close(fd)
+
+
+def _reap_jobs(jobs: set) -> bool:
+    """Reap exited children; True when none is left.
+
+    The zygote is a subreaper too: if a job's supervisor is killed (only SIGKILL can:
+    ``kill -9 $PPID`` from the command), its tree is reparented here and killed.
+    """
+    lost = False
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            break
+        if pid in jobs:
+            jobs.discard(pid)
+            lost = lost or status != 0
+        else:
+            lost = True  # an orphan of a dead job supervisor
+    if lost:
+        me = os.getpid()
+        while True:
+            victims = _descendants(me, spare=jobs)
+            if not victims:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            for pid in victims:
+                try:
+                    os.waitpid(pid, 0)  # ours (reparented) once its parent died
+                except ChildProcessError:
+                    pass
+    return not jobs
 
 
 if __name__ == "__main__":

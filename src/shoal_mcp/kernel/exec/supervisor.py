@@ -145,6 +145,11 @@ class Supervisor:
         if line is not None and line.startswith(b"exit "):
             job.finish(line)  # nothing ran (sandbox not applied, exec failed)
             return job
+        if job.eof:
+            # Its supervisor was killed before it could report (the command killed its
+            # parent at once); the zygote, a subreaper too, kills what it left.
+            job.finish(b"exit 9 0")
+            return job
         job.kill()
         job.close()
         raise SupervisorError(0, "exec supervisor did not start the command")
