@@ -118,7 +118,7 @@ class Tree:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.status = None  # bash's wait status, once reaped
+        self.status: int | None = None  # bash's wait status, once reaped
 
     def reap(self, block: bool = False) -> bool:
         """Reap every exited child; True when no child is left at all."""
@@ -316,7 +316,7 @@ def main(args: list) -> int:
         spec_bytes = _recv_frame(zsock, fds)
     except EOFError:
         return 0
-    failure = _confine(spec_bytes) if spec_bytes else None
+    failure = _confine(spec_bytes) if spec_bytes else None  # type: ignore[arg-type]
     _subreaper()  # also loads ctypes once, so each forked supervisor has it
 
     ctrl = zsock.fileno()
@@ -352,7 +352,7 @@ def main(args: list) -> int:
             try:
                 os.close(ctrl)
                 os.close(wake_r)
-                _job(job, fds, failure)
+                _job(job, fds, failure)  # type: ignore[arg-type]
             except BaseException:  # noqa: BLE001 - a forked child must never return here
                 code = 1
             os._exit(code)

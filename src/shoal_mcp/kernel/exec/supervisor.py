@@ -49,8 +49,8 @@ class Exit:
         return -9
 
 
-def _frame(payload: object) -> bytes:
-    data = b"" if payload == b"" else marshal.dumps(payload)
+def _frame(payload: bytes | dict[str, object]) -> bytes:
+    data = b"" if payload == b"" else marshal.dumps(payload)  # type: ignore[arg-type]
     return len(data).to_bytes(4, "big") + data
 
 
