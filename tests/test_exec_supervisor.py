@@ -21,7 +21,13 @@ from shoal_mcp.kernel.exec.runner import RunningCommand, spawn
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.landlock import landlock_evidence
 from tests.support.polling import wait_until
-from tests.support.procfs import children, is_exec_supervisor, kill_pids, pids_with_arg
+from tests.support.procfs import (
+    children,
+    is_exec_supervisor,
+    kill_pids,
+    pids_with_arg,
+    proc_ids,
+)
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "HOME": "/root"}
 
@@ -175,3 +181,40 @@ def test_sandboxed_cold_start_is_confined_too(box) -> None:
     r = spawn(f"cat {tree['outside']}/secret", "/", dict(ENV), spool, sandbox=spec)
     assert r.wait(60) == 1
     assert "Permission denied" in r.err_path.read_text()
+
+
+def test_idle_zygote_is_closed() -> None:
+    pool = WarmPool(lambda principal: 4, idle_s=0.3)
+    try:
+        pool.prestart("a", b"")
+        wait_until(lambda: pool.zygotes() == 1, what="the zygote to start")
+        (zygote,) = [e.zygote for e in pool._keys.values()]
+        assert zygote is not None
+        wait_until(lambda: pool.zygotes() == 0, what="the idle zygote to be closed")
+        wait_until(lambda: zygote.proc.poll() is not None, what="it to exit and be reaped")
+    finally:
+        pool.close()
+
+
+def test_kernel_runs_execs_under_the_attached_principals_zygote(kernel) -> None:
+    """session.attach starts the zygote; an exec's bash is its grandchild (zygote →
+    the job's supervisor → bash), not a child of the kernel."""
+    c = kernel.client("zygote-path")
+    mark = f"300.{secrets.randbelow(10**8):08d}"
+    try:
+        wait_until(
+            lambda: [p for p in children(kernel.pid) if is_exec_supervisor(p)],
+            what="the warm zygote",
+        )
+        task = c.call("exec", {"src": f"sleep {mark}", "background": True})["task"]
+        pid = c.call("task.get", {"task": task})["pid"]
+        job_sup = proc_ids(pid)["ppid"]
+        zygote = proc_ids(job_sup)["ppid"]
+        assert is_exec_supervisor(job_sup) and is_exec_supervisor(zygote)
+        assert proc_ids(zygote)["ppid"] == kernel.pid
+        c.call("task.cancel", {"task": task})
+        c.call("task.await", {"task": task, "timeout_ms": 20000}, timeout=30)
+        assert pids_with_arg(mark) == []
+    finally:
+        kill_pids(pids_with_arg(mark))
+        c.close()
