@@ -89,7 +89,7 @@ class ToolRunner:
         ref = args["ref"].strip()
         value_args = {
             k: args[k]
-            for k in ("path", "slice", "format", "offset", "length", "elide")
+            for k in ("path", "slice", "format", "offset", "length", "elide", "match")
             if k in args
         }
         kind, ident = _record_kind(ref)

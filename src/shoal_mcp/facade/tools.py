@@ -104,6 +104,12 @@ SLICE_DESC = (
     "[a, b] or 'a..b', applied after path: list items, string code points or bytes; "
     "null = open end."
 )
+MATCH_DESC = (
+    'Search instead of paging: a regex (e.g. "FAILED|Error") or {regex, context (lines around), '
+    "ignore_case, invert, max, from_line}. Returns matching lines with 1-based line numbers, the "
+    "exact total, and the call for more. Searches stdout of an exec result unless path selects "
+    "another text (.err, .out.lines[a..b])."
+)
 PTY_ID_DESC = "pty:N from shoal_pty_open"
 KEY_INPUT_DESC = (
     "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
@@ -171,6 +177,7 @@ TOOLS: list[Tool] = [
             "offset": "raw: byte offset",
             "length": "raw: page size in bytes; larger asks get what fits the 64 KiB bound (follow next)",
             "elide": Arg(),
+            "match": MATCH_DESC,
             "wait_ms": Arg(
                 "for task:N, wait up to this long for it to finish",
                 method="task.await",

@@ -21,6 +21,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
+from .access.confine import Confinement, kernel_forbidden
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -47,6 +48,7 @@ class KernelConfig:
     state_dir: Path
     policy_path: Path | None = None
     require_token: bool = False
+    sandbox: str = "auto"  # --sandbox auto | required | off (access/confine.py)
 
 
 class Kernel:
@@ -67,7 +69,16 @@ class Kernel:
         self.event_store = EventStore(str(state / "journal.sqlite3"))
         self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
-        self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.confinement = Confinement(
+            config.sandbox, forbidden=kernel_forbidden(state, config.socket)
+        )  # --sandbox required without enforcement raises SandboxUnavailable: no start
+        self.guard = Guard(
+            state,
+            config.policy_path,
+            self.local_principal,
+            config.require_token,
+            self.confinement,
+        )
         self.plans = PlanStore()
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
@@ -103,7 +114,12 @@ class Kernel:
             leftover.unlink(missing_ok=True)
 
     def info(self) -> dict[str, Any]:
-        return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
+        return {
+            "version": __version__,
+            "framing_backend": BACKEND,
+            "pid": os.getpid(),
+            "sandbox": self.confinement.status(),
+        }
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)
@@ -124,6 +140,7 @@ class Kernel:
         self.events.close()
         self.event_store.close()
         self.db.close()
+        self.confinement.close()
 
     # -- access checks that span services --------------------------------------------------
 

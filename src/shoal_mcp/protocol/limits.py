@@ -38,6 +38,24 @@ STDERR_TAIL_BYTES = 2 * KiB
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob."""
 
+# --- match: regex search over stored output (docs/protocol.md, Search) ---------------
+MATCH_DEFAULT_MAX = 50
+"""Matching lines one `match` reply returns unless the caller asks for more."""
+MATCH_MAX_RESULTS = 1000
+"""Most matching lines one reply may ask for (the 64 KiB value bound cuts earlier)."""
+MATCH_MAX_CONTEXT = 20
+"""Most context lines before/after each match."""
+MATCH_REGEX_MAX_CHARS = 1024
+"""Longest regex `match` accepts."""
+MATCH_BLOCK = 4 * MiB
+"""Bytes read (pread) per step of a search; the deadline is checked between steps."""
+MATCH_LINE_MAX = 1 * MiB
+"""A line longer than this is searched in its first MATCH_LINE_MAX bytes only."""
+MATCH_TEXT_MAX = 512
+"""Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
+MATCH_DEADLINE_S = 10.0
+"""Wall time one search may take; a regex running past it is stopped (-32005)."""
+
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024
 SUBSCRIBER_QUEUE = 256
@@ -54,6 +72,29 @@ TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
 PROGRESS_INTERVAL_S = 1.0
 """MCP progress notifications: at most one per second."""
 AUTOSTART_TIMEOUT_S = 5.0
+KERNEL_IDLE_WORKERS = 8
+"""Kernel threads kept idle for the next connection or blocking call (starting a thread
+costs a hand-off on the critical path; an idle one is woken instead)."""
+KERNEL_WORKER_IDLE_S = 5.0
+"""An idle kernel worker thread exits after this long without work."""
+
+# --- client timeouts (docs/configuration.md, "Timeouts") -----------------------------
+CONNECT_TIMEOUT_S = 5.0
+"""Longest wait for the kernel's socket to accept a connection."""
+ATTACH_TIMEOUT_S = 30.0
+"""Longest wait for ``session.attach`` to be answered."""
+CALL_TIMEOUT_S = 60.0
+"""Default for a call that is quick by nature (everything but waits and runs)."""
+CALL_BUDGET_GRACE_S = 15.0
+"""Added to a caller's own budget (``timeout_ms``) before the client gives up."""
+LIVENESS_INTERVAL_S = 5.0
+"""A call unanswered this long makes the client ping the kernel on the same link."""
+LIVENESS_TIMEOUT_S = 15.0
+"""A ping unanswered this long means the kernel is stalled (stopped, wedged)."""
+STATUS_PROBE_TIMEOUT_S = 5.0
+"""How long ``shoal kernel status`` and ``shoal doctor`` wait for a ping."""
+KERNEL_STOP_TIMEOUT_S = 10.0
+"""``shoal kernel stop``: SIGTERM, then SIGKILL by pid after this long."""
 
 # --- PTYs (docs/protocol.md, PTYs) -------------------------------------------------
 PTY_MIN_DIM = 1
@@ -99,6 +140,9 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+APPROVAL_EVENT_SRC_CHARS = 4096
+"""Longest escaped source in an ``approval`` event; a longer one ends in a marker that
+says how much more there is (``plan.get`` has all of it, never silently cut)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-06-18"

@@ -27,7 +27,7 @@ from ...protocol.limits import (
     ELIDE_RENDER_HEAD,
     VALUE_HARD_CAP,
 )
-from .resolver import LinesView, TextBlob, kind_of
+from .resolver import LinesView, TextBlob, is_node, kind_of
 from .selectors import Field, Index, Segment, format_path
 
 
@@ -134,14 +134,14 @@ class WireEncoder:
                 {"$": "list", "v": items}, items, list(range(len(items))), node, rel, budget
             )
         if isinstance(node, dict):
-            tag = node.get("$")
+            tag = node.get("$") if is_node(node) else None  # output's "$" keys are data
             if tag == "outcome":
                 return self._outcome(node, rel, budget)
             if tag in ("task", "ref", "error", "datetime"):
                 return {k: v for k, v in node.items()}
             if len(node) > self.opts.max_items:
                 return self.ref(node, rel)
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if tag is None or k != "$"]
             conv = {k: self._convert(node[k], rel + [Field(k)], budget) for k in keys}
             record: dict[str, Any] = {"$": "record", "v": conv}
             return self._fit(record, conv, keys, node, rel, budget)
@@ -221,10 +221,10 @@ class WireEncoder:
             if preview is not None:
                 out["preview"] = preview
         elif isinstance(node, dict):
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if k != "$" or not is_node(node)]
             out["n"] = len(keys)
             out["preview"] = keys[: max(opts.preview_items, 20)]
-            if node.get("$") == "outcome":
+            if is_node(node, "outcome"):
                 out["preview"] = {k: node[k] for k in ("status", "ok", "pid") if k in node}
         return {k: v for k, v in out.items() if v is not None}
 

@@ -16,7 +16,7 @@ from ...protocol import uri
 from ...protocol.framing import bound_text
 from ...protocol.limits import STDERR_TAIL_BYTES, VALUE_HARD_CAP
 from .elision import ElideOptions, WireEncoder
-from .resolver import LinesView, Resolver, TextBlob, split_lines
+from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
 
 RENDER_TAIL_LINES = 10
@@ -58,7 +58,7 @@ class Renderer:
         return bound_text(self._render(node, budget), budget, self.base_uri)
 
     def _render(self, node: Any, budget: int) -> str:
-        if isinstance(node, dict) and node.get("$") == "outcome":
+        if is_node(node, "outcome"):
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
             return self.text(node, [], budget)
@@ -79,8 +79,8 @@ class Renderer:
     def _outcome(self, node: dict, budget: int) -> str:
         out = self.resolver.hydrate(node.get("out", ""))
         err = self.resolver.hydrate(node.get("err", ""))
-        failed = not node.get("ok", True)
-        tail = ""
+        failed = node.get("ok") is False
+        tail = "[running]" if node.get("status") is None and node.get("ok") is None else ""
         if failed:
             status = node.get("status")
             sig = node.get("signal")
@@ -92,7 +92,7 @@ class Renderer:
         tail = _cut_bytes(tail, budget // 2)
         body_budget = budget - len(tail.encode()) - 1
         body = self.text(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
-        if failed:
+        if tail:
             return (body + ("\n" if body and not body.endswith("\n") else "") + tail).strip("\n")
         return body
 

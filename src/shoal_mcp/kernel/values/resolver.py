@@ -9,13 +9,14 @@ views that read only the byte ranges they need (via mmap and the framing slicers
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
 from ...protocol.limits import JSON_SELECTOR_MAX
 from ..store.cas import BlobInfo, BlobSource, ContentStore, FileSource, count_newlines
@@ -202,17 +203,62 @@ def split_lines(text: str) -> list[str]:
     return parts[:-1] if text.endswith("\n") else parts
 
 
-class Resolver:
-    """Turns stored nodes into selectable views, and applies path segments."""
+class Node(dict):
+    """A tagged node the kernel made (outcome, blob, spool…), never one parsed from output.
 
-    def __init__(self, cas: ContentStore) -> None:
+    Only these dicts mean anything beyond their keys: JSON a command printed stays plain
+    ``dict``s, so ``{"$":"spool","path":…}`` in output is an ordinary record that can
+    name no file and no blob (docs/decisions.md, Output is data).
+    """
+
+
+def trusted(value: Any) -> Any:
+    """A stored (kernel-written) value with its tagged dicts turned into ``Node``s."""
+    if isinstance(value, dict):
+        items = {k: trusted(v) for k, v in value.items()}
+        return Node(items) if isinstance(value.get("$"), str) else items
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    return value
+
+
+def is_node(node: Any, kind: str | None = None) -> bool:
+    return isinstance(node, Node) and (kind is None or node.get("$") == kind)
+
+
+def blob_hashes(value: Any) -> set[str]:
+    """The CAS blobs a trusted value names (what a caller holding it may read)."""
+    if is_node(value, "blob"):
+        return {value["hash"]}
+    if isinstance(value, dict):
+        return set().union(*(blob_hashes(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(blob_hashes(v) for v in value))
+    return set()
+
+
+class Resolver:
+    """Turns stored nodes into selectable views, and applies path segments.
+
+    ``blob_ok`` is the caller's check: a resolver made ``for_caller`` reads only the
+    blobs that caller's selected value names.
+    """
+
+    def __init__(self, cas: ContentStore, blob_ok: Callable[[str], bool] | None = None) -> None:
         self.cas = cas
+        self.blob_ok = blob_ok
+
+    def for_caller(self, blob_ok: Callable[[str], bool]) -> Resolver:
+        return Resolver(self.cas, blob_ok)
 
     def hydrate(self, node: Any) -> Any:
-        """Replace a stored blob node by its TextBlob view (others pass through)."""
-        if isinstance(node, dict) and node.get("$") == "blob":
-            return TextBlob(self.cas.source(node["hash"]), self.cas.info(node["hash"]))
-        if isinstance(node, dict) and node.get("$") == "spool":
+        """Replace a kernel blob/spool node by its TextBlob view (others pass through)."""
+        if is_node(node, "blob"):
+            digest = node["hash"]
+            if self.blob_ok is None or not self.blob_ok(digest):
+                raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
+            return TextBlob(self.cas.source(digest), self.cas.info(digest))
+        if is_node(node, "spool"):
             source = FileSource(node["path"])
             return TextBlob(source, source.info())
         return node
@@ -240,9 +286,9 @@ class Resolver:
         if name == "json" and isinstance(node, (TextBlob, str, bytes)):
             return self._json(node, where)
         if isinstance(node, dict) and not _is_opaque_tag(node):
-            if name in node and name != "$":
+            if name in node and (name != "$" or not is_node(node)):
                 return node[name]
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if k != "$" or not is_node(node)]
             raise bad_selection(f"no field {name!r} at {where}", path=where, fields=keys[:50])
         raise bad_selection(f"{_kind(node)} has no field {name!r} ({where})", path=where)
 
@@ -294,7 +340,7 @@ class Resolver:
 
 
 def _is_opaque_tag(node: dict) -> bool:
-    return node.get("$") in ("blob", "ref")
+    return is_node(node) and node.get("$") in ("blob", "ref", "spool")
 
 
 def _kind(node: Any) -> str:
@@ -302,8 +348,10 @@ def _kind(node: Any) -> str:
         return "str" if node.is_text else "bytes"
     if isinstance(node, (LinesView, list)):
         return "list"
-    if isinstance(node, dict):
+    if isinstance(node, Node):
         return node.get("$", "record") if isinstance(node.get("$"), str) else "record"
+    if isinstance(node, dict):
+        return "record"
     if node is None:
         return "null"
     return {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}.get(

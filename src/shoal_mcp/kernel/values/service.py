@@ -21,8 +21,10 @@ from ..access.identity import Principal
 from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
+from .match import MatchSpec
 from .render import Renderer, raw_page
-from .resolver import Resolver
+from .resolver import Node, Resolver, blob_hashes, trusted
+from .search import match_reply
 from .selectors import Segment, format_path, parse_path, parse_slice
 
 RAW_PAGE_RESERVE = 1024
@@ -37,6 +39,7 @@ class Selected:
     base_uri: str
     path: list[Segment]
     node: Any
+    resolver: Resolver  # reads only the blobs this caller's value names
 
 
 class ValueService:
@@ -58,15 +61,22 @@ class ValueService:
         if slice_ is not None:
             rng = parse_slice(slice_)
             segments = segments + [rng]
-        selected = self.resolver.select(node, segments)
-        return Selected(base_ref, base_uri, segments, selected)
+        # Every blob read of this call is checked against what the caller's own value
+        # names (the value itself was checked against the caller in _out / tasks.get).
+        allowed = blob_hashes(node)
+        resolver = self.resolver.for_caller(allowed.__contains__)
+        selected = resolver.select(node, segments)
+        return Selected(base_ref, base_uri, segments, selected, resolver)
+
+    def match(self, sel: Selected, spec: MatchSpec) -> dict:
+        return match_reply(sel.ref, sel.base_uri, sel.node, sel.path, spec, sel.resolver.hydrate)
 
     def encode(self, sel: Selected, elide: ElideOptions) -> dict:
         # The encoder budgets values, not the previews inside refs (preview_chars x
         # preview_items, render_head lines, JSON escapes up to 6x): enforce the hard cap
         # on the result, retrying with smaller previews.
         for opts in _shrinking(elide):
-            wire = WireEncoder(opts, sel.base_uri, sel.path, self.resolver.hydrate).encode(sel.node)
+            wire = WireEncoder(opts, sel.base_uri, sel.path, sel.resolver.hydrate).encode(sel.node)
             if len(orjson.dumps(wire)) <= VALUE_HARD_CAP:
                 return wire
         path = format_path(sel.path)
@@ -75,7 +85,7 @@ class ValueService:
     def render(self, sel: Selected, elide: ElideOptions) -> str:
         # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
         for opts in _shrinking(elide):
-            text = Renderer(opts, sel.ref, sel.base_uri, sel.path, self.resolver).render(sel.node)
+            text = Renderer(opts, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
             if len(orjson.dumps(text)) <= VALUE_HARD_CAP:
                 return text
         return bound_text(text, VALUE_HARD_CAP // 7, sel.base_uri)  # even all-escapes fit
@@ -127,7 +137,7 @@ class ValueService:
                 f"unknown ref {ref} in session {who.session!r}",
                 {"ref": ref, "session": who.session},
             )
-        return ref, uri.out_uri(n), [], value
+        return ref, uri.out_uri(n), [], trusted(value)
 
     def _resolve_uri(
         self, who: Principal, parsed: uri.ShoalUri
@@ -154,16 +164,18 @@ class ValueService:
             if stream:
                 return task.ref, uri.task_uri(task.id, stream), [], node.get(stream)
             return ref, base, [], node
-        live = {
-            "$": "outcome",
-            "status": None,
-            "ok": None,
-            "out": {"$": "spool", "path": str(task.run.out_path)},
-            "err": {"$": "spool", "path": str(task.run.err_path)},
-            "pid": task.run.pid,
-            "cmd": task.src,
-            "cwd": task.run.cwd,
-        }
+        live = Node(
+            {
+                "$": "outcome",
+                "status": None,
+                "ok": None,
+                "out": Node({"$": "spool", "path": str(task.run.out_path)}),
+                "err": Node({"$": "spool", "path": str(task.run.err_path)}),
+                "pid": task.run.pid,
+                "cmd": task.src,
+                "cwd": task.run.cwd,
+            }
+        )
         if stream:
             return task.ref, uri.task_uri(task.id, stream), [], live[stream]
         return task.ref, uri.task_uri(task.id), [], live
