@@ -88,6 +88,7 @@ class ExecService:
         self.values = values
         self.spool_dir = spool_dir
         self.pool = pool  # warm supervisors (docs/architecture.md, Processes)
+        self._starting: dict[str, int] = {}  # principal -> spawns past the quota check
         self.finalizer = finalizer  # also writes the journal rows of plans and refusals
 
     # -- analysis and the gate ------------------------------------------------------------
@@ -173,7 +174,7 @@ class ExecService:
         try:
             return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
         except RpcError as exc:
-            if exc.code == ErrorCode.QUOTA and opts.background:
+            if exc.code == ErrorCode.QUOTA:
                 self.plans.unclaim(plan, previous)  # refused before anything started
             raise
 
@@ -264,12 +265,21 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        # Every exec, foreground or background, is a running task within max_tasks.
-        # Check and start as one step per principal, so parallel calls cannot overshoot.
-        with self.guard.quota_lock(who.principal, "max_tasks"):
+        # Every exec, foreground or background, is a running task within max_tasks. The
+        # check takes a slot under the principal's lock, so parallel calls cannot
+        # overshoot; the spawn itself runs outside it, so they do not queue behind it.
+        lock = self.guard.quota_lock(who.principal, "max_tasks")
+        with lock:
             self._check_task_quota(who)
+            self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
+        try:
             run = self._spawn(who, src, cwd, env)
             return self.tasks.start(who.session, who.principal, src, run, background, effects)
+        finally:
+            with lock:
+                left = self._starting.pop(who.principal) - 1
+                if left:
+                    self._starting[who.principal] = left
 
     def _sandbox_for(self, who: Principal) -> SandboxSpec | None:
         """The OS sandbox spec ``who``'s processes run in (None: not confined); the spawn
@@ -316,7 +326,9 @@ class ExecService:
         self.tasks.detach(task)
 
     def _check_task_quota(self, who: Principal) -> None:
-        self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
+        """Caller holds the principal's max_tasks lock: running tasks plus spawns under way."""
+        current = self.tasks.running_count(who.principal) + self._starting.get(who.principal, 0)
+        self.guard.check_quota(who.principal, "max_tasks", current)
 
     # -- the reply ------------------------------------------------------------------------
 
