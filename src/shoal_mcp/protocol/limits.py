@@ -158,3 +158,5 @@ WARM_POOL_IDLE_S = 60.0
 """A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
 WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
+ZYGOTE_EXIT_WAIT_S = 5.0
+"""Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...protocol.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS
+from ...protocol.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS, ZYGOTE_EXIT_WAIT_S
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -167,4 +167,4 @@ class WarmPool:
             self._keys.clear()
             self._lock.notify_all()
         for zygote in zygotes:
-            zygote.close()
+            zygote.close(ZYGOTE_EXIT_WAIT_S)

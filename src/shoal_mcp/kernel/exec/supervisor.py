@@ -154,17 +154,21 @@ class Supervisor:
         job.close()
         raise SupervisorError(0, "exec supervisor did not start the command")
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """No more jobs: the zygote exits once its running jobs ended; reap it then.
 
-        Blocks until then: call it where waiting is fine (a job's end, a retire thread).
+        Blocks until then (or ``timeout``: then it is left to exit on its own): call it
+        where waiting is fine (a job's end, a retire thread, kernel exit).
         """
         self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
         self.sock.close()
 
 
