@@ -273,7 +273,7 @@ class ExecService:
             self._check_task_quota(who)
             self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
         try:
-            run = self._spawn(who, src, cwd, env)
+            run = self._launch(who, src, cwd, env)
             return self.tasks.start(who.session, who.principal, src, run, background, effects)
         finally:
             with lock:
@@ -292,7 +292,7 @@ class ExecService:
             spec = self._sandbox_for(who)
             self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
 
-    def _spawn(self, who: Principal, src: str, cwd: str, env: dict[str, str]) -> RunningCommand:
+    def _launch(self, who: Principal, src: str, cwd: str, env: dict[str, str]) -> RunningCommand:
         """Under the principal's warm zygote when there is one, else a cold supervisor."""
         sandbox = self._sandbox_for(who)
         spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
