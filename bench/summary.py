@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def load_baseline(name: str, quick: bool) -> dict | None:
     except FileNotFoundError:
         return None
     return data.get(name, {}).get("quick" if quick else "full")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` itself (all its threads, not its children), in
+    seconds: unlike latency, barely moved by other load on a shared machine."""
+    from tests.support.procfs import stat_fields
+
+    fields = stat_fields(pid)
+    if fields is None:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -36,7 +36,7 @@ from tests.support.kernel import running_kernel
 from tests.support.results import wire_text
 
 from .mcp_pipe import PipeClient
-from .summary import percentile, register_summary
+from .summary import cpu_seconds, load_baseline, percentile, register_summary
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "roundtrip.json"
@@ -122,14 +122,14 @@ def servers():
             [sys.executable, str(HERE / "fastmcp_exec_server.py")], dict(os.environ)
         )
         try:
-            yield shoal, fastmcp
+            yield shoal, fastmcp, kernel
         finally:
             shoal.close()
             fastmcp.close()
 
 
 def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
-    shoal, fastmcp = servers
+    shoal, fastmcp, kernel = servers
 
     def shoal_call() -> None:
         result = shoal.call_tool("shoal_exec", {"src": SRC})
@@ -144,6 +144,9 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
     blocks: list[dict] = []
     samples: dict[str, list[float]] = {n: [] for n in contenders}
 
+    server_pids = {"shoal": [kernel.pid, shoal.pid], "fastmcp": [fastmcp.pid]}
+    cpu_before = {n: [cpu_seconds(p) for p in pids] for n, pids in server_pids.items()}
+
     def run() -> None:
         for _ in range(BLOCKS):
             block = interleaved(contenders, ROUNDS_PER_BLOCK)
@@ -153,6 +156,11 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
 
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     figures = summarize(samples)
+    calls = BLOCKS * ROUNDS_PER_BLOCK + 0.0
+    figures["server_cpu_ms_per_call"] = {
+        n: sum(cpu_seconds(p) - c for p, c in zip(pids, cpu_before[n], strict=True)) / calls * 1e3
+        for n, pids in server_pids.items()
+    }
     figures.update(
         what=f'seconds per round trip of exec "{SRC}", interleaved, raw stdio pipes',
         quick=QUICK,
@@ -171,6 +179,18 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
         f"shoal/fastmcp {b['ratios']['shoal_p50_over_fastmcp_p50']:.2f}"
         for i, b in enumerate(blocks)
     ]
+    cpu = figures["server_cpu_ms_per_call"]
+    lines.append(
+        f"server CPU per call, bash excluded: shoal (kernel + facade) {cpu['shoal']:.3f} ms, "
+        f"fastmcp {cpu['fastmcp']:.3f} ms"
+    )
+    baseline = load_baseline("roundtrip", QUICK)
+    if baseline:
+        lines.append(
+            f"recorded baseline ({baseline['note']}): shoal {baseline['shoal_p50_ms']} ms = "
+            f"{baseline['shoal_p50_ms'] / baseline['bash_p50_ms']:.2f}x bash, "
+            f"{baseline['shoal_p50_ms'] / baseline['fastmcp_p50_ms']:.2f}x fastmcp"
+        )
     lines.append(f"saved to {RESULTS}")
     register_summary(
         request.config,

@@ -291,11 +291,15 @@ def test_doctor_checks_the_grammar_through_the_kernel(env):
     proc = shoal(quiet, "doctor", "--json")
     grammar = next(c for c in json.loads(proc.stdout) if c["check"] == "tree-sitter-bash")
     assert grammar["status"] == "warn" and "SHOAL_NO_AUTOSTART" in grammar["detail"], grammar
+    kernel = next(c for c in json.loads(proc.stdout) if c["check"] == "kernel")
+    assert kernel["status"] == "warn" and "not running" in kernel["detail"], kernel
     assert not os.path.exists(env["SHOAL_SOCKET"])
     # With autostart (the default) the doctor starts the kernel and asks it to parse.
     doctor = json.loads(shoal(env, "doctor", "--json").stdout)
     grammar = next(c for c in doctor if c["check"] == "tree-sitter-bash")
     assert grammar["status"] == "ok", doctor
+    kernel = next(c for c in doctor if c["check"] == "kernel")
+    assert kernel["status"] == "ok" and "pid" in kernel["detail"], doctor  # the one it started
     assert json.loads(shoal(env, "kernel", "status", "--json").stdout)["running"]
 
 
@@ -544,3 +548,28 @@ def test_exec_on_a_terminal_streams_output_while_the_command_runs(env, short_tmp
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def test_every_cli_command_and_flag_is_documented():
+    """docs/*.md and README.md name every `shoal` command and every long option."""
+    import click
+
+    from shoal_mcp.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    docs = "\n".join(p.read_text() for p in (root / "docs").glob("*.md"))
+    docs += (root / "README.md").read_text()
+    missing = []
+
+    def walk(group: click.Command, words: list[str]) -> None:
+        for param in group.params:
+            for opt in getattr(param, "opts", []) + getattr(param, "secondary_opts", []):
+                if opt.startswith("--") and opt not in docs:
+                    missing.append(f"{' '.join(words)} {opt}")
+        for name, sub in getattr(group, "commands", {}).items():
+            if f"shoal {' '.join([*words[1:], name])}" not in docs:
+                missing.append(" ".join([*words, name]))
+            walk(sub, [*words, name])
+
+    walk(main, ["shoal"])
+    assert not missing, f"undocumented: {missing}"

@@ -154,3 +154,109 @@ def test_also_read_opens_one_kernel_path_read_only(abi: int, tree: dict[str, Pat
     finally:
         for p in (run.out_path, run.err_path, run.state_path):
             p.unlink(missing_ok=True)
+
+
+def test_specs_are_reused_briefly_and_rebuilt_when_the_tmpdir_went(abi: int) -> None:
+    import shutil
+
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=())
+    try:
+        first = box.spec_for(pol)
+        assert first is not None and box.spec_for(pol) is first  # within the TTL
+        assert box.spec_for(pol, ttys=("/dev/null",)) is not first  # another key
+        shutil.rmtree(first.tmpdir)
+        again = box.spec_for(pol)
+        assert again is not None and again is not first and os.path.isdir(again.tmpdir)
+    finally:
+        box.close()
+
+
+def test_a_spec_that_cannot_be_built_refuses_with_a_clear_error(
+    abi: int, tree: dict[str, Path]
+) -> None:
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+    from shoal_mcp.protocol.errors import ErrorCode, RpcError
+
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=(str(tree["state"]),))
+    try:
+        with pytest.raises(RpcError) as exc:  # a read path that holds the state dir
+            box.spec_for(pol, also_read=(str(tree["state"].parent),))
+        assert exc.value.code == ErrorCode.DENIED
+        assert "contains a kernel directory" in exc.value.data["sandbox"]
+        assert exc.value.data["principal"] == "agent:x"
+    finally:
+        box.close()
+
+
+def test_without_user_namespaces_tcp_is_still_denied(abi: int, tree: dict[str, Path]) -> None:
+    """A machine where the probe could not make a network namespace: specs ask for none
+    (or every exec would fail), and Landlock's TCP rules still refuse connect."""
+    import socket
+
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+    from shoal_mcp.kernel.access.sandbox import SandboxSupport
+
+    no_netns = SandboxSupport(abi=abi, fs=True, tcp=abi >= 4, netns=None, unix=True)
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("required", forbidden=(str(tree["state"]),), support=no_netns)
+    if abi < 4:  # no TCP rules either: the network is open, and caps say so
+        spec = box.spec_for(pol)
+        assert spec is not None and not spec.private_net and spec.tcp_connect is None
+        assert box.enforced() == {"fs": f"landlock-v{abi}", "net": False}
+        box.close()
+        return
+    assert box.enforced() == {"fs": f"landlock-v{abi}", "net": "landlock-tcp"}
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        spec = box.spec_for(pol)
+        assert spec is not None and spec.private_net is False and spec.tcp_connect == ()
+        port = listener.getsockname()[1]
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+        run = spawn(
+            f"echo x > /dev/tcp/127.0.0.1/{port}",
+            str(tree["project"]),
+            env,
+            tree["state"] / "spool",
+            sandbox=spec,
+        )
+        assert run.wait(60) != 0
+        assert "Permission denied" in run.err_path.read_text()
+        for p in (run.out_path, run.err_path, run.state_path):
+            p.unlink(missing_ok=True)
+    finally:
+        listener.close()
+        box.close()
+
+
+def test_tmp_root_is_emptied_at_start_and_removed_at_close(abi: int, tmp_path: Path) -> None:
+    from shoal_mcp.kernel.access.confine import Confinement
+    from shoal_mcp.kernel.access.policy import Policy
+
+    root = tmp_path / "sandbox-root"
+    (root / "leftover-of-a-killed-kernel").mkdir(parents=True)
+    pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")
+    box = Confinement("auto", forbidden=(), tmp_root=str(root))
+    assert os.listdir(root) == []
+    spec = box.spec_for(pol)
+    assert spec is not None and os.path.dirname(spec.tmpdir) == str(root)
+    box.close()
+    assert not root.exists()
+    # Not a directory of ours (a symlink planted in a shared /tmp): not used, not followed.
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    root.symlink_to(target)
+    box = Confinement("auto", forbidden=(), tmp_root=str(root))
+    spec = box.spec_for(pol)
+    assert spec is not None and os.path.dirname(spec.tmpdir) != str(root)
+    box.close()
+    assert (target / "keep").exists()

@@ -183,3 +183,24 @@ def test_escape_is_unambiguous_and_bounded() -> None:
     shown = plan_display(long, limit=100)
     assert shown.startswith("x" * 100) and "more characters" in shown
     assert str(len(escape_controls(long)) - 100) in shown
+
+
+def test_cli_tables_escape_controls(env: Env) -> None:
+    """`shoal journal` (a table) shows a command's \\r and ESC escaped, not interpreted."""
+    c = env.kernel.client("journal-view")
+    try:
+        c.call("exec", {"src": "echo ok # \r\x1b[2Kinnocent", "position": "value"}, timeout=60)
+    finally:
+        c.close()
+    cli = subprocess.run(
+        [sys.executable, "-c", "from shoal_mcp.cli import run; run()", "journal"],
+        env=child_env(
+            {"SHOAL_SOCKET": str(env.kernel.socket), "SHOAL_STATE_DIR": str(env.kernel.state)}
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "\r" not in cli.stdout and "\x1b" not in cli.stdout
+    assert "echo ok # \\r\\e[2K" in cli.stdout

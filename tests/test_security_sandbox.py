@@ -153,25 +153,36 @@ __attribute__((constructor)) static void evil(void) { close(creat("%s/ld-preload
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that counts the connections it accepts."""
+    """A TCP listener on 127.0.0.1 that records the client port of each connection."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
-        self.count = 0
+        self.peers: list[int] = []
+        self._sentinels: set[int] = set()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            self.count += 1
+            self.peers.append(peer[1])
             conn.close()
+
+    def settled_count(self) -> int:
+        """Connections so far, not counting our own probes, once every connection made
+        before this call has been accepted: connect ourselves and wait for it (accept
+        order is arrival order)."""
+        with socket.create_connection(("127.0.0.1", self.port)) as probe:
+            mine = probe.getsockname()[1]
+        self._sentinels.add(mine)
+        wait_until(lambda: mine in self.peers, timeout=30, what="the listener to catch up")
+        return sum(1 for p in self.peers if p not in self._sentinels)
 
     def close(self) -> None:
         self.sock.close()
@@ -333,19 +344,19 @@ def test_same_corpus_writes_as_the_local_human(world: World) -> None:
 def test_kernel_socket_and_tcp(world: World, who: str) -> None:
     marker = world.proj / "kernel-socket"
     marker.unlink(missing_ok=True)
-    before = world.listener.count
+    before = world.listener.settled_count()
     session = f"net-{who.replace(':', '-')}"
     _run(world, who, session, world.fmt(SOCKET_CASE, who))
     _run(world, who, session, world.fmt(TCP_CASE, who))
     if who == "human":
-        assert marker.exists() and world.listener.count > before
+        assert marker.exists() and world.listener.settled_count() > before
     else:
         assert not marker.exists()
-        assert world.listener.count == before
+        assert world.listener.settled_count() == before
 
 
 def test_net_grant_opens_exactly_its_port(world: World) -> None:
-    before, other_before = world.listener.count, world.other.count
+    before, other_before = world.listener.settled_count(), world.other.settled_count()
     c = world.client("agent:net", "net-grant")
     try:
         c.call("exec", {"src": CONNECT.format(port=world.listener.port)}, timeout=60)
@@ -354,8 +365,8 @@ def test_net_grant_opens_exactly_its_port(world: World) -> None:
         assert "PermissionError" in exc.value.data["stderr_tail"]
     finally:
         c.close()
-    wait_until(lambda: world.listener.count > before, what="the granted connection")
-    assert world.other.count == other_before
+    assert world.listener.settled_count() == before + 1  # the granted connection
+    assert world.other.settled_count() == other_before
 
 
 @pytest.mark.parametrize("who", ["agent:all", "human"])
@@ -363,13 +374,17 @@ def test_pty_less_shell_escape_is_confined(world: World, who: str) -> None:
     tag = who.replace(":", "-")
     ran = world.proj / f"pty-ran-{tag}"
     c = world.client(who, f"pty-{tag}")
+    # less's `!cmd` where less exists; otherwise an interactive sh on the terminal (the
+    # point is the same: what a PTY program starts is confined with it).
+    pager = shutil.which("less") is not None
+    cmd = ["less", str(world.proj / "f.txt")] if pager else ["sh", "-i"]
     try:
-        pty = c.call("pty.open", {"cmd": "less", "args": [str(world.proj / "f.txt")]}, timeout=30)[
-            "pty_id"
-        ]
-        wait_until(lambda: "hello" in "\n".join(c.call("pty.read", {"pty_id": pty})["screen"]))
-        c.call("pty.send", {"pty_id": pty, "input": world.fmt(PTY_CASE, who)})
-        wait_until(ran.exists, what="less to run the command")
+        pty = c.call("pty.open", {"cmd": cmd[0], "args": cmd[1:]}, timeout=30)["pty_id"]
+        if pager:
+            wait_until(lambda: "hello" in "\n".join(c.call("pty.read", {"pty_id": pty})["screen"]))
+        case = world.fmt(PTY_CASE, who)
+        c.call("pty.send", {"pty_id": pty, "input": case if pager else case[1:]})
+        wait_until(ran.exists, timeout=30, what="the PTY program to run the command")
         c.call("pty.close", {"pty_id": pty})
     finally:
         c.close()
@@ -410,3 +425,103 @@ def test_reef_probes_run_confined(world: World) -> None:
     bash = next(t for t in got["tools"] if t["name"] == "bash")
     assert bash["path"] == str(fake / "bash") and bash["version"] == "fake 1"  # it did run
     assert not (world.outs["agent:all"] / "reef").exists()  # but confined
+
+
+DEFAULT_POLICY = """
+[principal."agent:d"]
+proc_spawn = ["touch", "eval"]
+[principal."agent:d".fs]
+read = ["{proj}/**"]
+write = ["{proj}/**"]
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
+    """Unset ``opaque``: confined opaque work runs without approval (and stays inside the
+    grants) under an enforcing sandbox; with ``--sandbox off`` it is denied, and caps say
+    nothing is enforced.  Plans keep showing the predicted (opaque) effect either way."""
+    _abi_or_skip()
+    with short_tmp("shsd") as tmp:
+        proj, out = tmp / "proj", tmp / "out"
+        proj.mkdir()
+        out.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(DEFAULT_POLICY.format(proj=proj))
+        kernel = KernelProcess(tmp, "--policy", str(policy), "--sandbox", mode)
+        token = TokenStore(kernel.state / "tokens.json").create("agent:d")[1]
+        kernel.start()
+        try:
+            c = KernelClient(kernel.socket)
+            attached = c.call("session.attach", {"session": "d", "token": token})
+            src = f"eval 'touch {proj}/inside'; eval 'touch {out}/outside'"
+            planned = c.call("exec", {"src": src, "mode": "plan"})
+            assert "opaque" in {e["kind"] for e in planned["effects"]}
+            if mode == "auto":
+                assert attached["caps"]["enforced"] == sandbox.probe().enforced()
+                assert planned["verdict"] == "allow"
+                c.call("exec", {"src": src, "position": "value"}, timeout=60)
+                assert (proj / "inside").exists() and not (out / "outside").exists()
+            else:
+                assert attached["caps"]["enforced"] is False
+                assert c.call("ping")["kernel"]["sandbox"]["reason"] == "--sandbox off"
+                with pytest.raises(RpcError) as exc:
+                    c.call("exec", {"src": src}, timeout=60)
+                assert exc.value.code == DENIED
+                assert not (proj / "inside").exists()
+            c.close()
+        finally:
+            kernel.stop()
+
+
+def test_local_human_is_confined_when_its_policy_says_so() -> None:
+    _abi_or_skip()
+    with short_tmp("shsh") as tmp:
+        proj, out = tmp / "proj", tmp / "out"
+        proj.mkdir()
+        out.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            f'[principal."uid:{os.geteuid()}"]\nproc_spawn = ["*"]\nopaque = "allow"\n'
+            f"sandbox = true\n"
+            f'[principal."uid:{os.geteuid()}".fs]\nread = ["{proj}/**"]\nwrite = ["{proj}/**"]\n'
+        )
+        kernel = KernelProcess(tmp, "--policy", str(policy)).start()
+        try:
+            c = kernel.client("me")
+            caps = c.call("session.attach", {"session": "me"})["caps"]
+            assert caps["enforced"] == sandbox.probe().enforced() and caps["approver"] is True
+            c.call("exec", {"src": f"eval 'touch {proj}/in {out}/x'", "position": "value"})
+            assert (proj / "in").exists() and not (out / "x").exists()
+            c.close()
+        finally:
+            kernel.stop()
+
+
+def test_reef_does_not_probe_when_the_sandbox_cannot_hold() -> None:
+    """A token principal on a ``--sandbox off`` kernel: reef names the planted ``bash``
+    but never runs it (no version), since nothing would confine it."""
+    with short_tmp("shsr") as tmp:
+        fake = tmp / "proj" / "bin"
+        fake.mkdir(parents=True)
+        (fake / "bash").write_text(f"#!/bin/sh\ntouch {tmp}/planted-ran\necho fake 1\n")
+        (fake / "bash").chmod(0o755)
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            '[principal."agent:r"]\nproc_spawn = ["true"]\nenv_write = ["PATH"]\n'
+            'env_read = ["PATH"]\n'
+        )
+        kernel = KernelProcess(tmp, "--policy", str(policy), "--sandbox", "off")
+        token = TokenStore(kernel.state / "tokens.json").create("agent:r")[1]
+        kernel.start()
+        try:
+            c = kernel.client("r", token=token)
+            c.call("exec", {"src": f"export PATH={fake}:$PATH"}, timeout=60)
+            got = c.call("session.reef", timeout=60)
+            c.close()
+        finally:
+            kernel.stop()
+        bash = next(t for t in got["tools"] if t["name"] == "bash")
+        assert bash["path"] == str(fake / "bash") and "version" not in bash
+        assert "not probed" in got["versions"]
+        assert not (tmp / "planted-ran").exists()

@@ -14,6 +14,7 @@ from ..protocol.framing import BACKEND
 from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
+from .gc_cmd import gc_cmd
 from .kernel_cmds import kernel_group
 from .work import (
     approve_cmd,
@@ -59,6 +60,7 @@ for command in (
     kernel_group,
     doctor,
     mcp_config,
+    gc_cmd,
 ):
     main.add_command(command)
 

@@ -107,11 +107,14 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
     """Check what shoal needs: the kernel (running, responsive, same version), bash, the
     bash grammar, pyte, permissions, backend."""
     found = probe(ctx)
+    grammar = _check("tree-sitter-bash", lambda: _grammar(ctx, found))
+    if not found.running:
+        found = probe(ctx)  # the grammar check may have started one
     checks = [
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
         _check("kernel", lambda: _kernel(found)),
         _check("kernel version", lambda: _kernel_version(found)),
-        _check("tree-sitter-bash", lambda: _grammar(ctx, found)),
+        grammar,
         _check("pyte", _pyte),
         _check("sandbox", lambda: _sandbox(ctx, found)),
         _check(

@@ -8,6 +8,7 @@ import threading
 
 import click
 
+from ..protocol.display import escape_controls
 from ..protocol.errors import RpcError
 from ..protocol.plain import dumps, to_plain
 from .common import EXIT_SHOAL_ERROR, EXIT_STILL_RUNNING, Ctx, command_exit_codes, fail, pass_ctx
@@ -110,10 +111,17 @@ def tasks_group(click_ctx: click.Context, as_json: bool) -> None:
         return
     table(
         [
-            [t["task"], state_colour(t["state"]), when(t["started"]), t.get("out_bytes"), t["src"]]
+            [
+                t["task"],
+                state_colour(t["state"]),
+                when(t["started"]),
+                t.get("out_bytes"),
+                t.get("result_ref"),
+                t["src"],
+            ]
             for t in tasks
         ],
-        ["TASK", "STATE", "STARTED", "OUT", "SRC"],
+        ["TASK", "STATE", "STARTED", "OUT", "RESULT", "SRC"],
     )
 
 
@@ -235,7 +243,7 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         table(table_rows, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
     else:
         for cells in table_rows:
-            click.echo("  ".join("-" if v is None else str(v) for v in cells))
+            click.echo("  ".join("-" if v is None else escape_controls(str(v)) for v in cells))
 
 
 @click.group("events")
@@ -294,12 +302,10 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     # characters escaped by the kernel (src_display), and every effect with its target.
     for p in plans:
         click.echo(f"{p['plan_ref']}  {state_colour(p['state'])}  {p['principal']}  {p['verdict']}")
-        click.echo(f"  cwd: {p['cwd']}  env: {p.get('env_hash', '?')}")
-        click.echo(f"  src: {p.get('src_display', p['src'])}")
+        click.echo(f"  cwd: {escape_controls(p['cwd'])}  env: {p.get('env_hash', '?')}")
+        click.echo(f"  src: {p.get('src_display') or escape_controls(p['src'])}")
         for e in p["effects"]:
-            click.echo(
-                f"    {e['kind']} {str(e.get('target', '')).encode('unicode_escape').decode()}"
-            )
+            click.echo(f"    {e['kind']} {escape_controls(str(e.get('target', '')))}")
 
 
 @click.command("approve")

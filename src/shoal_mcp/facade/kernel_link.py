@@ -72,6 +72,11 @@ class KernelLink:
                 self._events = self._open(self.on_event)
             return self._events
 
+    def connected_calls(self) -> KernelClient | None:
+        """The call link if it is open now, else None (never connects: no waiting)."""
+        client = self._calls
+        return client if client is not None and not client.closed.is_set() else None
+
     def events_alive(self) -> bool:
         return self._events is not None and not self._events.closed.is_set()
 

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
-from .access.confine import Confinement, kernel_forbidden
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -70,7 +71,9 @@ class Kernel:
         self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
         self.confinement = Confinement(
-            config.sandbox, forbidden=kernel_forbidden(state, config.socket)
+            config.sandbox,
+            forbidden=kernel_forbidden(state, config.socket),
+            tmp_root=sandbox_tmp_root(state, config.socket),
         )  # --sandbox required without enforcement raises SandboxUnavailable: no start
         self.guard = Guard(
             state,
@@ -107,11 +110,21 @@ class Kernel:
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
+
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
 
     def info(self) -> dict[str, Any]:
         return {

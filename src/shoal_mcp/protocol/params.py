@@ -228,6 +228,22 @@ PTY_RESIZE = closed(
 )
 PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
 
+STORE_GC = closed(
+    {
+        "max_age_s": {
+            "type": "number",
+            "minimum": 0,
+            "description": "prune values older than this",
+        },
+        "max_bytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "then prune the oldest until the blobs kept fit this size",
+        },
+        "dry_run": {"type": "boolean", "description": "report only (default true)"},
+    }
+)
+
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
     "ping": NONE,
@@ -262,5 +278,6 @@ PARAMS: dict[str, dict] = {
     "pty.resize": PTY_RESIZE,
     "pty.close": PTY_CLOSE,
     "pty.list": NONE,
+    "store.gc": STORE_GC,
 }
 """Every kernel method's params schema, by method name."""

@@ -37,10 +37,6 @@ class Guard:
     def for_principal(self, principal: str) -> PrincipalPolicy:
         return self.policy.for_principal(principal, self.local_principal)
 
-    def confined(self, principal: str) -> bool:
-        """Whether ``principal``'s processes run in the OS sandbox."""
-        return self.confinement.applies_to(self.for_principal(principal))
-
     def evaluate(self, principal: str, effects: list[dict], reversibility: str) -> Verdict:
         """The policy's verdict; ``opaque`` means "run sandboxed" where the sandbox holds."""
         return self.for_principal(principal).evaluate(

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from ...protocol import uri
+from ...protocol.display import escape_controls
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 
@@ -108,32 +109,6 @@ def _ref_of(plan: Plan, generation: int) -> str:
     return plan_ref(
         plan.session, plan.principal, plan.src, plan.effects, plan.cwd, plan.env_hash, generation
     )
-
-
-# Shown as \xNN: C0 controls, DEL, C1 controls.  Shown as \u{NNNN}: characters that
-# reorder or hide text on a terminal (bidi overrides and isolates, zero-width marks).
-_NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
-_INVISIBLE = frozenset(
-    [*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0xFEFF]
-)
-
-
-def escape_controls(text: str) -> str:
-    r"""``text`` on one line with every control character visible: ``\\`` for a
-    backslash, ``\n \r \t \e``, ``\xNN`` for other C0/DEL/C1, ``\u{NNNN}`` for bidi
-    and zero-width characters.  Unambiguous: distinct texts stay distinct."""
-    out: list[str] = []
-    for ch in text:
-        code = ord(ch)
-        if ch in _NAMED:
-            out.append(_NAMED[ch])
-        elif code < 0x20 or 0x7F <= code < 0xA0:
-            out.append(f"\\x{code:02x}")
-        elif code in _INVISIBLE or 0xD800 <= code < 0xE000:
-            out.append(f"\\u{{{code:04x}}}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 class PlanStore:

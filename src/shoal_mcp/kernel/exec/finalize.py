@@ -127,6 +127,7 @@ class Finalizer:
             "status": outcome["status"],
             "stored": {"out_len": out_info.size, "err_len": err_info.size},
             "output_capped": run.output_capped,
+            "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 
     def _spool_full(self, run: RunningCommand) -> str | None:

@@ -27,6 +27,7 @@ from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
+from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
 from .pool import WarmPool
@@ -101,9 +102,9 @@ class ExecService:
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd, env_digest = self.analyze(who, src)
+        analysis, cwd, env_now = self.analyze(who, src)
         verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
-        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_digest)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_now)
         plan = Plan(
             ref,
             who.session,
@@ -114,7 +115,7 @@ class ExecService:
             analysis.reversibility,
             verdict.verdict,
             list(verdict.reasons),
-            env_hash=env_digest,
+            env_hash=env_now,
         )
         return plan, verdict
 
@@ -208,8 +209,8 @@ class ExecService:
             return
         # The approval covers the plan's cwd and env (its hash): if the session moved since
         # (cd, export PATH=..., HOME), the same source would run other things.
-        analysis, cwd, env_digest = self.analyze(who, plan.src)
-        if cwd != plan.cwd or env_digest != plan.env_hash or analysis.effects != plan.effects:
+        analysis, cwd, env_now = self.analyze(who, plan.src)
+        if cwd != plan.cwd or env_now != plan.env_hash or analysis.effects != plan.effects:
             raise RpcError(
                 ErrorCode.APPROVAL_REQUIRED,
                 "the session's cwd or environment changed since this plan was approved; "
@@ -220,7 +221,7 @@ class ExecService:
                     "effects": analysis.effects,
                     "cwd": cwd,
                     "plan_cwd": plan.cwd,
-                    "env_hash": env_digest,
+                    "env_hash": env_now,
                     "plan_env_hash": plan.env_hash,
                     "state": plan.state,
                 },
@@ -265,6 +266,10 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
+        # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
+        # readable inside the sandbox too.
+        outputs = str(self.values.outputs.sync(who.principal, who.session))
+        env = {**env, SHOAL_OUT_ENV: outputs}
         # Every exec, foreground or background, is a running task within max_tasks. The
         # check takes a slot under the principal's lock, so parallel calls cannot
         # overshoot; the spawn itself runs outside it, so they do not queue behind it.
@@ -273,7 +278,7 @@ class ExecService:
             self._check_task_quota(who)
             self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
         try:
-            run = self._launch(who, src, cwd, env)
+            run = self._launch(who, src, cwd, env, outputs)
             return self.tasks.start(who.session, who.principal, src, run, background, effects)
         finally:
             with lock:
@@ -281,21 +286,30 @@ class ExecService:
                 if left:
                     self._starting[who.principal] = left
 
-    def _sandbox_for(self, who: Principal) -> SandboxSpec | None:
-        """The OS sandbox spec ``who``'s processes run in (None: not confined); the spawn
-        and the warm zygote's key both follow it, so a grant change is a new zygote."""
-        return self.guard.sandbox_spec(who.principal)
+    def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
+        """The OS sandbox spec ``who``'s processes run in (None: not confined), with
+        read access to ``outputs`` ($SHOAL_OUT); the spawn and the warm zygote's key both
+        follow it, so a grant change (or another session's outputs) is another zygote."""
+        return self.guard.sandbox_spec(who.principal, also_read=(outputs,))
 
     def warm_up(self, who: Principal) -> None:
         """Start ``who``'s warm supervisor in the background (session.attach calls this)."""
         if self.pool is not None:
-            spec = self._sandbox_for(who)
+            outputs = str(self.values.outputs.session_dir(who.principal, who.session))
+            spec = self._sandbox_for(who, outputs)
             self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
 
-    def _launch(self, who: Principal, src: str, cwd: str, env: dict[str, str]) -> RunningCommand:
+    def _launch(
+        self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
+    ) -> RunningCommand:
         """Under the principal's warm zygote when there is one, else a cold supervisor."""
-        sandbox = self._sandbox_for(who)
-        spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
+        sandbox = self._sandbox_for(who, outputs)
+        spec_bytes = b""
+        if sandbox is not None:
+            spec_bytes = sandbox.to_bytes()
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **sandbox.environ()}
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         return spawn(
             src,
@@ -340,7 +354,13 @@ class ExecService:
                 "message": "task ended without a result",
             }
             raise RpcError(err["code"], err["message"], err.get("data"))
-        sel = self.values.select(who, task.result["ref"], "", None)
+        stored = task.result.get("value")
+        if stored is not None:
+            # The outcome this exec just stored, straight from memory: no transcript read
+            # and JSON decode between finalize and the reply.
+            sel = self.values.stored(task.result["ref"], task.result["uri"], stored)
+        else:
+            sel = self.values.select(who, task.result["ref"], "", None)
         result = {
             "ref": sel.ref,
             "uri": sel.base_uri,

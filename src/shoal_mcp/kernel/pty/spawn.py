@@ -14,6 +14,10 @@ request, calls `spawn` and owns the process and master fd afterwards.
   `preexec_fn`; CPython's C fork/exec path, vfork-capable, is used). Exec failures come
   back through a close-on-exec status pipe and raise `-32023`. The trampoline costs ~15 ms
   per `open`.
+* **Sandbox.** For a confined principal the kernel passes a `SandboxSpec`; the trampoline
+  applies it (plus this terminal's own slave device) after the signal reset and before
+  the exec, so the program and everything it starts (`less`'s `!cmd`, a shell) are
+  confined (docs/security.md). A spec that cannot be applied is a `-32023`.
 * **Environment.** The caller passes the complete environment (session env + overrides);
   `TERM=xterm-256color` is always set, because the emulator is what it is. `COLUMNS` and
   `LINES` are *removed*, not set: ncurses lets them override the window size ioctl, so a

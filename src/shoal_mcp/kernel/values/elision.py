@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
@@ -41,18 +41,22 @@ class ElideOptions:
     preview_items: int = ELIDE_PREVIEW_ITEMS
     preview_chars: int = ELIDE_PREVIEW_CHARS
     render_head: int = ELIDE_RENDER_HEAD
+    page_bytes: int = VALUE_HARD_CAP
+    """A rendered line range's page size: the hard cap unless the caller set max_bytes."""
 
     @classmethod
     def from_params(cls, params: dict | None) -> ElideOptions:
         """Caller overrides on top of the defaults; already schema-validated."""
         if not params:
             return cls()
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"page_bytes"}
         opts = cls(**{k: v for k, v in params.items() if k in known})
+        if "max_bytes" in params:
+            opts = replace(opts, page_bytes=params["max_bytes"])
         return opts
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "page_bytes"}
 
 
 def encoded_size(wire: Any) -> int:

@@ -14,6 +14,7 @@ kernel thread (and the GIL) forever.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -25,11 +26,13 @@ import regex
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import (
     MATCH_BLOCK,
+    MATCH_DEADLINE_BYTES_PER_S,
     MATCH_DEADLINE_S,
     MATCH_DEFAULT_MAX,
     MATCH_LINE_MAX,
     MATCH_TEXT_MAX,
 )
+from ..store.cas import FileSource
 
 REGEX_SYNTAX = frozenset(b".^$*+?{}[]\\|()\n")
 """Bytes that make a pattern more than a literal (a newline can never match in a line)."""
@@ -79,7 +82,6 @@ class Hit:
 class Found:
     hits: list[Hit] = field(default_factory=list)
     total: int = 0  # matching lines (non-matching with invert), counted to the end
-    lines: int = 0  # lines searched
     cut_lines: int = 0  # lines longer than MATCH_LINE_MAX (searched in their head)
     more: bool = False  # qualifying lines exist past the last hit returned
 
@@ -106,22 +108,41 @@ def compile_matcher(spec: MatchSpec) -> Matcher:
 
 
 class Matcher:
-    """Finds candidate lines in a buffer and confirms them line by line."""
+    """Finds candidate lines in a buffer, confirms them line by line, counts fast.
+
+    ``counter`` (when the pattern allows it) is ``(?:P)[^\n]*()``: each match ends at its
+    line's end, so ``findall`` yields one empty group per matching line, counted in C.
+    It needs a pattern that can match neither a newline nor the empty string.
+    """
 
     def __init__(self, pattern: bytes, ignore_case: bool) -> None:
         self.literal: bytes | None = None
         self.compiled: Any = None
-        if not REGEX_SYNTAX.intersection(pattern):
-            if ignore_case:  # an escaped literal has no backtracking: re is linear here
-                self.compiled = re.compile(re.escape(pattern), re.IGNORECASE)
-            else:
-                self.literal = pattern
+        self.counter: Any = None
+        literal = not REGEX_SYNTAX.intersection(pattern)
+        if literal and not ignore_case:
+            self.literal = pattern
+            if pattern:  # re finds a literal prefix at memchr speed and cannot backtrack
+                self.counter = re.compile(re.escape(pattern) + rb"[^\n]*()")
             return
+        source = regex.escape(pattern) if literal else pattern
         flags = regex.MULTILINE | regex.VERSION0 | (regex.IGNORECASE if ignore_case else 0)
         try:
-            self.compiled = regex.compile(pattern, flags)
+            self.compiled = regex.compile(source, flags)
+            if (literal or _newline_safe(pattern)) and not self.compiled.fullmatch(b""):
+                self.counter = regex.compile(b"(?:" + source + b")[^\n]*()", flags)
         except (regex.error, OverflowError, RecursionError) as exc:
             raise invalid_params("match.regex", f"not a valid regex: {exc}") from None
+
+    def count(self, buf: bytes, pos: int, end: int, deadline: float) -> int:
+        """Matching lines in the complete lines ``buf[pos:end]`` (``counter`` required)."""
+        if isinstance(self.counter, re.Pattern):
+            return len(self.counter.findall(buf, pos, end))
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            return len(self.counter.findall(buf, pos, end, concurrent=True, timeout=left))
+        except TimeoutError:
+            raise _too_slow() from None
 
     def first(self, buf: bytes, pos: int, end: int, deadline: float) -> tuple[int, int]:
         """(start, end) of the leftmost candidate in ``buf[pos:end]``, or (-1, -1)."""
@@ -149,10 +170,36 @@ class Matcher:
             raise _too_slow() from None
 
 
+SAFE_ESCAPES = frozenset(b"dwbBAZ") | frozenset(b".*+?()[]{}|^$\\/-:=!<>'\"#@%&,;~`_ ")
+SAFE_GROUPS = (b"(?:", b"(?=", b"(?!", b"(?<=", b"(?<!", b"(?P<")
+
+
+def _newline_safe(pattern: bytes) -> bool:
+    """True when the pattern surely cannot match a newline (no classes, \\s, flags…).
+
+    Conservative: anything unsure (any ``[``, escapes other than \\d \\w \\b and
+    punctuation, inline flags such as ``(?s)``) takes the line-by-line path instead.
+    """
+    if b"[" in pattern:
+        return False
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == 0x5C:  # a backslash: the escaped byte must be a safe one
+            if i + 1 >= len(pattern) or pattern[i + 1] not in SAFE_ESCAPES:
+                return False
+            i += 2
+            continue
+        if pattern.startswith(b"(?", i) and not pattern.startswith(SAFE_GROUPS, i):
+            return False
+        i += 1
+    return True
+
+
 def _too_slow() -> RpcError:
     return RpcError(
         ErrorCode.BAD_SELECTION,
-        f"match: the regex ran past the {MATCH_DEADLINE_S:g} s search deadline; "
+        "match: the regex ran past the search deadline "
+        f"({MATCH_DEADLINE_S:g} s + 1 s per {MATCH_DEADLINE_BYTES_PER_S >> 20} MiB); "
         "use a simpler pattern (a plain word is searched at disk speed)",
         {"deadline_s": MATCH_DEADLINE_S},
     )
@@ -160,7 +207,8 @@ def _too_slow() -> RpcError:
 
 def search(reader: Reader, start: int, end: int, first_line: int, spec: MatchSpec) -> Found:
     """Search bytes ``[start, end)`` (whose first line is line ``first_line``, 0-based)."""
-    scan = _Scan(compile_matcher(spec), spec, time.monotonic() + MATCH_DEADLINE_S)
+    allowed = MATCH_DEADLINE_S + (end - start) / MATCH_DEADLINE_BYTES_PER_S
+    scan = _Scan(compile_matcher(spec), spec, time.monotonic() + allowed)
     scan.run(reader, start, end, first_line)
     if spec.context:
         for hit in scan.found.hits:
@@ -179,27 +227,34 @@ class _Scan:
     # -- blocks -----------------------------------------------------------------------
 
     def run(self, reader: Reader, start: int, end: int, line: int) -> None:
+        # A block's complete lines are searched in place; only the line that straddles
+        # two blocks is copied (carry + the next block's first line).
         carry = b""
         carry_off = start
         long_head: bytes | None = None  # head of a line longer than MATCH_LINE_MAX
         for off, block in _blocks(reader, start, end):
             if time.monotonic() > self.deadline:
                 raise _too_slow()
+            first = block.find(b"\n")
+            if first < 0:  # no line ends in this block
+                if long_head is None:
+                    carry += block
+                if len(carry) > MATCH_LINE_MAX:
+                    long_head, carry = carry[:MATCH_LINE_MAX], b""
+                    self.found.cut_lines += 1
+                continue
             if long_head is not None:
-                nl = block.find(b"\n")
-                if nl < 0:
-                    continue
-                self._long_line(long_head, carry_off, off + nl, line)
+                self._long_line(long_head, carry_off, off + first, line)
                 line += 1
-                block, off = block[nl + 1 :], off + nl + 1
-                long_head, carry, carry_off = None, b"", off
-            buf = carry + block if carry else block
-            last = buf.rfind(b"\n")
-            if last >= 0:
-                line = self._chunk(buf, carry_off, line, last + 1)
-                carry, carry_off = buf[last + 1 :], carry_off + last + 1
+                long_head = None
+            elif carry:
+                line = self._chunk(carry + block[: first + 1], carry_off, line)
             else:
-                carry = buf
+                first = -1  # the block starts a line: search it whole
+            last = block.rfind(b"\n")
+            if last > first:
+                line = self._chunk(block, off, line, first + 1, last + 1)
+            carry, carry_off = block[last + 1 :], off + last + 1
             if len(carry) > MATCH_LINE_MAX:
                 long_head, carry = carry[:MATCH_LINE_MAX], b""
                 self.found.cut_lines += 1
@@ -217,16 +272,31 @@ class _Scan:
 
     # -- lines ------------------------------------------------------------------------
 
-    def _chunk(self, buf: bytes, base: int, line: int, stop: int | None = None) -> int:
-        """Search the complete lines of ``buf[:stop]`` (at absolute ``base``); next line no."""
+    def _chunk(self, buf: bytes, base: int, line: int, lo: int = 0, stop: int | None = None) -> int:
+        """Search the complete lines of ``buf[lo:stop]`` (``buf`` at absolute ``base``).
+
+        Returns the number of the line after them.
+
+        Once the reply is full (``found.more``) only the count matters: the rest is
+        counted by ``Matcher.count`` where the pattern allows, without line numbers.
+        """
         stop = len(buf) if stop is None else stop
-        found, m = self.found, self.m
-        nlines = buf.count(b"\n", 0, stop)
-        found.lines += nlines
-        found.cut_lines += _long_lines(buf, stop)
-        pos, counted, cur = 0, 0, line
+        found, m, invert = self.found, self.m, self.spec.invert
+        long_lines = _long_lines(buf, lo, stop)
+        found.cut_lines += long_lines
+        fast = m.counter is not None and not long_lines
+        if found.more and fast and not invert:
+            found.total += m.count(buf, lo, stop, self.deadline)
+            return line  # line numbers are no longer needed
+        pos, counted, cur = lo, lo, line
         matched = 0
         while pos < stop:
+            if found.more and fast:
+                rest = m.count(buf, pos, stop, self.deadline)
+                matched += rest
+                cur += buf.count(b"\n", counted, stop) if invert else 0
+                pos = stop
+                break
             cand, _ = m.first(buf, pos, stop, self.deadline)
             if not 0 <= cand < stop:  # (an empty match at the very end is past the last line)
                 break
@@ -237,22 +307,19 @@ class _Scan:
             at = m.in_line(buf, ls, min(le, ls + MATCH_LINE_MAX), self.deadline)
             if at >= 0:
                 matched += 1
-                if self.spec.invert:
+                if invert:
                     self._gap(buf, base, pos, ls, cur - buf.count(b"\n", pos, ls))
                 else:
                     self._hit(buf, base, cur, ls, le, at)
-                pos_line_after = cur + 1
-                pos = le + 1
-                counted, cur = pos, pos_line_after
-            else:
-                pos = le + 1
-                counted, cur = pos, cur + 1
-        if self.spec.invert:
+            pos = le + 1
+            counted, cur = pos, cur + 1
+        if invert:
+            nlines = buf.count(b"\n", lo, stop)
             self._gap(buf, base, pos, stop, cur)
             found.total += nlines - matched
-        else:
-            found.total += matched
-        return line + nlines
+            return line + nlines
+        found.total += matched
+        return cur + buf.count(b"\n", counted, stop)
 
     def _gap(self, buf: bytes, base: int, pos: int, stop: int, line: int) -> None:
         """Lines ``buf[pos:stop]`` (starting at line ``line``) are non-matching: hits for invert."""
@@ -278,9 +345,9 @@ class _Scan:
         found.hits.append(Hit(line, base + ls, base + le, text, col))
 
 
-def _long_lines(buf: bytes, stop: int) -> int:
-    """Complete lines in ``buf[:stop]`` longer than MATCH_LINE_MAX (a few rfinds per MiB)."""
-    count, pos = 0, 0
+def _long_lines(buf: bytes, pos: int, stop: int) -> int:
+    """Complete lines in ``buf[pos:stop]`` longer than MATCH_LINE_MAX (few rfinds a MiB)."""
+    count = 0
     while stop - pos > MATCH_LINE_MAX:
         last = buf.rfind(b"\n", pos, pos + MATCH_LINE_MAX + 1)
         if last >= 0:
@@ -292,9 +359,24 @@ def _long_lines(buf: bytes, stop: int) -> int:
 
 
 def _blocks(reader: Reader, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """``MATCH_BLOCK`` blocks of ``[start, end)``; a file is read with one pread each."""
+    if isinstance(reader, FileSource):
+        with reader.open_fd() as fd:
+            yield from _file_blocks(fd, start, end)
+        return
     pos = start
     while pos < end:
         data = reader.read_range(pos, min(end, pos + MATCH_BLOCK))
+        if not data:
+            return
+        yield pos, data
+        pos += len(data)
+
+
+def _file_blocks(fd: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    pos = start
+    while pos < end:
+        data = os.pread(fd, min(MATCH_BLOCK, end - pos), pos)
         if not data:
             return
         yield pos, data

@@ -9,7 +9,10 @@ views that read only the byte ranges they need (via mmap and the framing slicers
 from __future__ import annotations
 
 import base64
+import ctypes
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +21,7 @@ import orjson
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
-from ...protocol.limits import JSON_SELECTOR_MAX
+from ...protocol.limits import JSON_PARSE_SLOTS, JSON_PARSE_WAIT_S, JSON_SELECTOR_MAX
 from ..store.cas import BlobInfo, BlobSource, ContentStore, FileSource, count_newlines
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
@@ -203,6 +206,51 @@ def split_lines(text: str) -> list[str]:
     return parts[:-1] if text.endswith("\n") else parts
 
 
+_JSON_SLOTS = threading.BoundedSemaphore(JSON_PARSE_SLOTS)
+_JSON_PARSER = ThreadPoolExecutor(JSON_PARSE_SLOTS, thread_name_prefix="json-parse")
+"""Parses run on these threads only: the parsed objects come from their malloc arenas,
+which the next parse reuses, instead of one arena per connection thread."""
+
+
+@contextmanager
+def json_slot(wait: bool) -> Iterator[bool]:
+    """A `.json` parse slot: yields True when held (False only when ``wait`` is False).
+
+    Bounds the memory of parses across all connections: each holds its input and the
+    parsed objects. A waiting selection gives up after JSON_PARSE_WAIT_S with -32031.
+    """
+    got = _JSON_SLOTS.acquire(timeout=JSON_PARSE_WAIT_S) if wait else _JSON_SLOTS.acquire(False)
+    if wait and not got:
+        raise RpcError(
+            ErrorCode.QUOTA,
+            f".json: {JSON_PARSE_SLOTS} parse(s) already running; retry",
+            {"limit": "json_parse_slots", "slots": JSON_PARSE_SLOTS},
+        )
+    try:
+        yield got
+    finally:
+        if got:
+            _return_freed_memory()  # before the next parse starts: peaks never overlap
+            _JSON_SLOTS.release()
+
+
+def _return_freed_memory() -> None:
+    """Give the parse's freed heap back to the OS (glibc keeps it per thread arena,
+    so parses on different connection threads would otherwise each keep their own)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent elsewhere (musl, macOS)
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
+
+
 class Node(dict):
     """A tagged node the kernel made (outcome, blob, spool…), never one parsed from output.
 
@@ -293,17 +341,20 @@ class Resolver:
         raise bad_selection(f"{_kind(node)} has no field {name!r} ({where})", path=where)
 
     def _json(self, node: Any, where: str) -> Any:
-        if isinstance(node, TextBlob):
-            if node.size > JSON_SELECTOR_MAX:
-                raise bad_selection(
-                    f".json: {node.size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit",
-                    path=where,
-                )
-            raw: bytes | str = node.read()
-        else:
-            raw = node
+        size = node.size if isinstance(node, TextBlob) else len(node)
+        if size > JSON_SELECTOR_MAX:
+            raise bad_selection(
+                f".json: {size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit; "
+                "search it with match, or select a part (.lines[K].json for JSON lines)",
+                path=where,
+                limit=JSON_SELECTOR_MAX,
+            )
+        # The caller holds a parse slot for the whole call (json_slot in value.get).
         try:
-            return orjson.loads(raw)
+            if isinstance(node, TextBlob):
+                with node._view() as part:  # parsed from the mapping: no heap copy
+                    return _JSON_PARSER.submit(orjson.loads, part).result()
+            return _JSON_PARSER.submit(orjson.loads, node).result()
         except orjson.JSONDecodeError as exc:
             raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
 

@@ -13,7 +13,7 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.limits import VALUE_HARD_CAP
-from .match import BytesReader, Found, Hit, MatchSpec, Reader, search
+from .match import BytesReader, Hit, MatchSpec, Reader, search
 from .resolver import LinesView, TextBlob, is_node
 from .selectors import Field, Segment, bad_selection, format_path
 
@@ -25,18 +25,23 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def region(node: Any, path: list[Segment], hydrate: Any) -> tuple[Reader, int, int, int, list]:
-    """(reader, start, end, first line, path) of the bytes a selection stands for."""
+Region = tuple[Reader, int, int, int, int, list]
+"""(reader, start, end, first line, line count, path) of the bytes a selection stands for."""
+
+
+def region(node: Any, path: list[Segment], hydrate: Any) -> Region:
     if is_node(node, "outcome"):
         return region(hydrate(node.get("out", "")), [*path, Field("out")], hydrate)
     if isinstance(node, TextBlob):
-        return node.source, node.start, node.end, 0, path
+        return node.source, node.start, node.end, 0, node.line_count(), path
     if isinstance(node, LinesView):
         s, e = node.blob.line_span(node.first, node.stop)
-        return node.blob.source, node.blob.start + s, node.blob.start + e, node.first, path
+        start = node.blob.start
+        return node.blob.source, start + s, start + e, node.first, len(node), path
     if isinstance(node, (str, bytes)):
         data = node.encode("utf-8", "surrogatepass") if isinstance(node, str) else node
-        return BytesReader(data), 0, len(data), 0, path
+        lines = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        return BytesReader(data), 0, len(data), 0, lines, path
     raise bad_selection(
         "match searches text: select a string, bytes or .lines (e.g. path .out or .err)",
         path=format_path(path),
@@ -58,7 +63,7 @@ def match_reply(
     ref: str, base_uri: str, node: Any, path: list, spec: MatchSpec, hydrate: Any
 ) -> dict:
     """``{ref, uri, path, matches, total, truncated, lines, next?, render}``."""
-    reader, start, end, first_line, path = region(node, path, hydrate)
+    reader, start, end, first_line, nlines, path = region(node, path, hydrate)
     found = search(reader, start, end, first_line, spec)
     matches: list[dict] = []
     size = 0
@@ -78,7 +83,7 @@ def match_reply(
         "matches": matches,
         "total": found.total,
         "truncated": found.more,
-        "lines": found.lines,
+        "lines": nlines,
     }
     if found.cut_lines:
         out["cut_lines"] = found.cut_lines
@@ -86,16 +91,16 @@ def match_reply(
         nxt = spec.param(from_line=matches[-1]["line"] + 1)
         out["next"] = uri.with_query(base_uri, path=where, **uri.match_query(nxt))
         out["next_call"] = {"ref": ref, "path": where, "match": nxt}
-    out["render"] = _render(out, spec, found)
+    out["render"] = _render(out, spec)
     return out
 
 
-def _render(reply: dict, spec: MatchSpec, found: Found) -> str:
+def _render(reply: dict, spec: MatchSpec) -> str:
     """grep-like lines (``N:`` a match, ``N-`` context), a summary, the next call."""
     what = "lines do not match" if spec.invert else "lines match"
     head = (
         f"{reply['total']} {what} /{spec.regex}/ in {reply['ref']} {reply['path']} "
-        f"({found.lines} lines searched)"
+        f"({reply['lines']} lines searched)"
     )
     lines = [head]
     width = len(str(reply["matches"][-1]["line"] + spec.context)) if reply["matches"] else 1

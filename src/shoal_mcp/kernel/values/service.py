@@ -22,8 +22,9 @@ from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
 from .match import MatchSpec
+from .outputs import SharedOutputs
 from .render import Renderer, raw_page
-from .resolver import Node, Resolver, blob_hashes, trusted
+from .resolver import LinesView, Node, Resolver, blob_hashes, trusted
 from .search import match_reply
 from .selectors import Segment, format_path, parse_path, parse_slice
 
@@ -54,6 +55,15 @@ class ValueService:
         self.tasks = tasks
         self.resolver = resolver
         self.reads_all = reads_all  # policy journal_read = all: sees others' values
+        state = resolver.cas.root.parent
+        self.outputs = SharedOutputs(state / "outputs", resolver.cas, transcript.db)
+
+    def stored(self, ref: str, base_uri: str, value: Any) -> Selected:
+        """A value an exec of this caller just stored, selected whole without reading the
+        transcript back (its blob reads limited to the blobs it names, as in select)."""
+        node = trusted(value)
+        resolver = self.resolver.for_caller(blob_hashes(node).__contains__)
+        return Selected(ref, base_uri, [], resolver.select(node, []), resolver)
 
     def select(self, who: Principal, ref: str, path: str | None, slice_: Any) -> Selected:
         base_ref, base_uri, uri_path, node = self._resolve_ref(who, ref)
@@ -83,6 +93,8 @@ class ValueService:
         return {"$": "ref", "uri": uri.with_query(sel.base_uri, path=path)}
 
     def render(self, sel: Selected, elide: ElideOptions) -> str:
+        if isinstance(sel.node, LinesView):  # a page: bounded in UTF-8 bytes (paging.py)
+            return Renderer(elide, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
         # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
         for opts in _shrinking(elide):
             text = Renderer(opts, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
@@ -96,9 +108,10 @@ class ValueService:
         length = max(1, min(length, VALUE_HARD_CAP * 3 // 4))
         page_uri = uri.with_query(sel.base_uri, path=format_path(sel.path))
         page = raw_page(sel.node, offset, length, page_uri)
-        # JSON escapes can grow text up to 6x (control characters): measure, then shrink.
-        while len(orjson.dumps(page)) > VALUE_HARD_CAP - RAW_PAGE_RESERVE and length > 1:
-            length //= 2
+        # base64 and JSON escapes (up to 6x) grow a page: measure, then shrink in proportion.
+        limit = VALUE_HARD_CAP - RAW_PAGE_RESERVE
+        while (size := len(orjson.dumps(page))) > limit and length > 1:
+            length = max(1, min(length - 1, length * limit // size - 64))
             page = raw_page(sel.node, offset, length, page_uri)
         return page
 
@@ -197,5 +210,8 @@ def _shrinking(elide: ElideOptions):
         max_rows=min(elide.max_rows, ELIDE_MAX_ROWS),
     )
     for max_bytes in (elide.max_bytes, VALUE_HARD_CAP // 4, VALUE_HARD_CAP // 16):
-        yield replace(opts, max_bytes=max(256, min(max_bytes, elide.max_bytes)))
-    yield replace(opts, max_bytes=256, preview_items=0, preview_chars=0, render_head=0)
+        size = max(256, min(max_bytes, elide.max_bytes))
+        yield replace(opts, max_bytes=size, page_bytes=min(elide.page_bytes, max(size, max_bytes)))
+    yield replace(
+        opts, max_bytes=256, page_bytes=256, preview_items=0, preview_chars=0, render_head=0
+    )

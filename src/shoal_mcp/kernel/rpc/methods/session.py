@@ -34,6 +34,7 @@ def attach(call: Call, params: dict) -> dict:
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
     call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
+    kernel.attached.add(call.conn)
     kernel.exec.warm_up(call.conn.who)  # the first exec finds its supervisor started
     cwd, _ = session.snapshot()
     return {

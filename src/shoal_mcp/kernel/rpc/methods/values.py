@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from ....protocol import uri
@@ -12,6 +13,7 @@ from ....protocol.params import BLOB_GET, VALUE_GET
 from ....protocol.schema import validate
 from ...values.elision import ElideOptions
 from ...values.match import MatchSpec
+from ...values.resolver import LinesView, json_slot
 from ...values.selectors import format_path
 from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
@@ -47,15 +49,25 @@ def with_uri_query(params: dict) -> dict:
     return merged
 
 
-@method("value.get", VALUE_GET)
+@method("value.get", VALUE_GET, blocking=True)
 def value_get(call: Call, params: dict) -> dict:
-    kernel = call.kernel
     params = with_uri_query(params)
+    # A `.json` selection holds a parse slot until its reply is built: the parsed tree
+    # lives that long, and the slots bound how many such trees exist at once.
+    parses = ".json" in params["ref"] + (params.get("path") or "")
+    with json_slot(wait=True) if parses else nullcontext():
+        return _value_get(call, params)
+
+
+def _value_get(call: Call, params: dict) -> dict:
+    kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
     sel = kernel.values.select(call.who, params["ref"], params.get("path"), params.get("slice"))
     if "match" in params:
         return kernel.values.match(sel, MatchSpec.from_param(params["match"]))
     fmt = params.get("format", "json")
+    if fmt == "json" and params.get("with_render") and isinstance(sel.node, LinesView):
+        fmt = "render"  # shoal_get's default for a line range: a page of text, not a ref
     out: dict[str, Any] = {"ref": sel.ref, "uri": sel.base_uri}
     if sel.path:
         out["path"] = format_path(sel.path)
