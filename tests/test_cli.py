@@ -85,12 +85,17 @@ def test_exec_autostarts_the_kernel_and_prints_render_and_ref(env):
     lines = proc.stdout.splitlines()
     assert lines[0] == "1" and lines[-1] == "100000"
     # The elision hint is the command a person types, not an MCP call.
-    assert "lines elided" in proc.stdout and "see: shoal get out:1 --lines 10..-10" in proc.stdout
+    assert "lines elided" in proc.stdout and "see: shoal get out:1 --lines 10..99990" in proc.stdout
+    assert "shoal get out:1 --match REGEX" in proc.stdout
     assert "shoal_get" not in proc.stdout and "{" not in proc.stdout
     assert proc.stderr == ""  # the command wrote nothing there; no footer off a terminal
     assert len(proc.stdout) < 8192
     page = shoal(env, "get", "out:1", "--lines", "10..-10").stdout.splitlines()
     assert page[0] == "11"
+    # The hint's search, as a person types it: numbered matching lines and an exact total.
+    found = shoal(env, "get", "out:1", "--match", "^9999[0-3]$").stdout
+    assert "4 lines match" in found
+    assert "99990:99990" in found.replace(" ", "") and "99993:99993" in found.replace(" ", "")
     # the socket and state dir were created privately
     assert oct(os.stat(env["SHOAL_SOCKET"]).st_mode & 0o777) == "0o600"
     assert oct(os.stat(env["SHOAL_STATE_DIR"]).st_mode & 0o777) == "0o700"

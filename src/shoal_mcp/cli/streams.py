@@ -23,6 +23,7 @@ RAW_PAGE_BYTES = VALUE_HARD_CAP * 3 // 4
 """What the CLI asks per raw page (the kernel clamps a page to what encodes in 64 KiB)."""
 
 _MCP_HINT = re.compile(r"fetch with shoal_get (\{[^{}\n]*\}) or read (\S+)")
+_MATCH_HINT = re.compile(r'shoal_get \{"ref": "([^"\s]+)", "match": "REGEX"\}')
 _OUT_LINES = re.compile(r"^\.out\.lines\[(-?\d*\.\.-?\d*)\]$")
 
 Call = Callable[[str, dict], Any]
@@ -57,7 +58,8 @@ def cli_hints(text: str) -> str:
             return match.group(0)
         return "see: " + get_command(args["ref"], args.get("path"), match.group(2))
 
-    return _MCP_HINT.sub(rewrite, text)
+    text = _MCP_HINT.sub(rewrite, text)
+    return _MATCH_HINT.sub(lambda m: f"shoal get {shlex.quote(m.group(1))} --match REGEX", text)
 
 
 def page_bytes(page: dict) -> bytes:

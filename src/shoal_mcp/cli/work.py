@@ -35,6 +35,12 @@ from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
     help="render: text for people; json: plain JSON; raw: the bytes themselves",
 )
 @click.option("--wire", is_flag=True, help="json: the kernel's tagged wire form, not plain JSON")
+@click.option(
+    "--match", "regex", default=None, help="REGEX: the matching lines, numbered (grep-like)"
+)
+@click.option("-i", "--ignore-case", is_flag=True, help="match: ignore case")
+@click.option("-v", "--invert", is_flag=True, help="match: the lines that do not match")
+@click.option("-C", "--context", type=int, default=0, help="match: lines of context around each")
 @click.option("--offset", type=int, default=None, help="raw: byte offset")
 @click.option(
     "--length", type=int, default=None, help="raw: bytes to write (default: one page, 48 KiB)"
@@ -47,6 +53,10 @@ def get_cmd(
     line_range: str | None,
     fmt: str,
     wire: bool,
+    regex: str | None,
+    ignore_case: bool,
+    invert: bool,
+    context: int,
     offset: int | None,
     length: int | None,
 ) -> None:
@@ -64,12 +74,19 @@ def get_cmd(
     params: dict = {"ref": ref, "format": fmt}
     if path:
         params["path"] = path
+    if regex is not None:
+        params["match"] = {
+            "regex": regex,
+            "ignore_case": ignore_case,
+            "invert": invert,
+            "context": context,
+        }
     if offset is not None:
         params["offset"] = offset
     if length is not None:
         params["length"] = length
     result = ctx.call("value.get", params)
-    if fmt == "render":
+    if fmt == "render" or regex is not None:
         text = cli_hints(result["render"])
         click.echo(text, nl=not text.endswith("\n"))
     elif fmt == "raw":

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ...protocol.errors import is_disk_full, state_dir_full
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
@@ -63,7 +64,12 @@ class SharedOutputs:
                 (session, principal, last),
             )
             if rows or not target.exists():
-                self._writable(target, lambda: self._link_rows(target, rows))
+                try:
+                    self._writable(target, lambda: self._link_rows(target, rows))
+                except OSError as exc:
+                    if is_disk_full(exc):
+                        raise state_dir_full(f"cannot fill $SHOAL_OUT: {exc.strerror}") from exc
+                    raise
             if rows:
                 last = int(rows[-1]["n"])
             self._synced[(principal, session)] = last
@@ -112,7 +118,14 @@ class SharedOutputs:
                 pass  # another file system or no hard links: a copy
         # root ignores file modes: a hard link would let `>>` rewrite the CAS blob itself,
         # so a root kernel exposes copies (a sandbox makes them read-only too).
-        with open(blob, "rb") as src, open(name, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        os.chmod(name, FILE_MODE)
+        # Copied under a temporary name, then renamed: a copy cut short (a full disk) is
+        # never left where the next sync would take it for complete.
+        part = name.with_name(name.name + ".part")
+        try:
+            with open(blob, "rb") as src, open(part, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            os.chmod(part, FILE_MODE)
+            os.replace(part, name)
+        finally:
+            part.unlink(missing_ok=True)
