@@ -153,7 +153,7 @@ class WireEncoder:
 
     def _outcome(self, node: dict, rel: list[Segment], budget: int) -> dict:
         wire: dict[str, Any] = {"$": "outcome"}
-        for key in ("status", "signal", "ok", "dur_ns", "pid", "cwd"):
+        for key in ("status", "signal", "ok", "output_capped", "dur_ns", "pid", "cwd"):
             if node.get(key) is not None:
                 wire[key] = node[key]
         children = {
