@@ -230,11 +230,16 @@ def test_store_api_and_table(tmp_path):
 # --- subscriptions ------------------------------------------------------------------------
 
 
-def _publisher(bus, channel, count, started_at, started):
+def _publisher(bus, channel, count, started_at, started, subscribing=None):
     for i in range(count):
         bus.publish(channel, {"i": i})
         if i == started_at:
             started.set()
+            if subscribing is not None:
+                # Go on only once the subscriber is about to subscribe: publishing runs
+                # across the seam, but cannot outrun the ring before the replay starts
+                # on a loaded machine (which would make the replay lossy, not the seam).
+                subscribing.wait(WAIT_S)
         if i % 64 == 0:
             time.sleep(0)  # let the subscriber threads breathe
 
@@ -244,11 +249,14 @@ def test_subscribe_replay_live_seam_is_exact(queue_size):
     bus = EventBus(queue_size=queue_size)
     try:
         total, since = 20_000, 500
-        started = threading.Event()
-        t = threading.Thread(target=_publisher, args=(bus, "user.seam", total, 1000, started))
+        started, subscribing = threading.Event(), threading.Event()
+        t = threading.Thread(
+            target=_publisher, args=(bus, "user.seam", total, 1000, started, subscribing)
+        )
         t.start()
         started.wait(WAIT_S)
         got = Collector()
+        subscribing.set()
         sub = bus.subscribe("user.seam", since, got)
         t.join()
         assert delivered(lambda: (got.snapshot() or [{"seq": -1}])[-1]["seq"] == total - 1)
