@@ -14,9 +14,10 @@ def test_render_then_one_blank_line_then_the_ref():
         "type": "resource_link",
         "uri": "shoal://out/1",
         "name": "out:1",
-        "mimeType": "text/plain",
+        "mimeType": "application/json",  # what reading shoal://out/1 returns
     }
     assert result["isError"] is False and result["structuredContent"]["ref"] == "out:1"
+    assert "render" not in result["structuredContent"]  # the text carries it
 
 
 def test_empty_render_is_just_the_ref():

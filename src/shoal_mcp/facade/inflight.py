@@ -32,12 +32,17 @@ Progress = Callable[[int | None], None]
 """Called about once a second while a tool waits, with the output bytes so far if known."""
 
 
+class CallCancelled(Exception):
+    """Raised on a worker whose request was cancelled: it stops waiting at once."""
+
+
 @dataclass
 class InFlight:
     request_id: Any
     cancelled: bool = False
     kernel: KernelCall | None = None  # set once a task-owning call has started
     lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)  # cancelled or answered
 
     def own_kernel_call(self, client: Any, kernel_id: int, fut: Any) -> None:
         """Record the kernel call behind this request; cancel it if we already were."""
@@ -76,6 +81,7 @@ class InFlightCalls:
         with flight.lock:
             flight.cancelled = True
             target = flight.kernel
+        flight.wake.set()
         if target is not None:
             start_kernel_cancel(*target)
 
