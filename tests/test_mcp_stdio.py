@@ -164,11 +164,11 @@ def test_unknown_methods_fail_fast_before_and_after_initialize(kernel, open_faca
 @pytest.mark.parametrize(
     ("asked", "answered"),
     [
+        ("2025-11-25", "2025-11-25"),
         ("2025-06-18", "2025-06-18"),
         ("2025-03-26", "2025-03-26"),
         ("2024-11-05", "2024-11-05"),
-        ("2025-11-25", "2025-06-18"),
-        ("2099-01-01", "2025-06-18"),
+        ("2099-01-01", "2025-11-25"),
     ],
 )
 def test_protocol_version_negotiation(kernel, open_facade, asked, answered):

@@ -27,6 +27,9 @@ from .mime import BINARY, JSON, TEXT, mime_for
 from .paging import page
 from .versions import LATEST, Revision
 
+PAGE_META = "shoal.dev/page"
+"""``_meta`` key of a text or blob read: what describes the page (next, total...)."""
+
 KernelRead = tuple[str, dict[str, Any]]
 """(kernel method, params) that reads a resource."""
 
@@ -263,8 +266,8 @@ def subscription_channel(text: str) -> str:
 def read_contents(text_uri: str, result: dict, mime: str, rev: Revision = LATEST) -> dict:
     """``resources/read``'s answer: JSON as text, text pages as text, bytes as ``blob``.
 
-    A text or blob read carries what describes the page (offsets, total, next) as
-    ``structuredContent`` (2025-06-18 and later); a JSON read's text is the whole result.
+    A text or blob read carries what describes the page (ref, offsets, total, next) in
+    the result's ``_meta`` under ``PAGE_META``; a JSON read's text is the whole result.
     """
     meta: dict | None = None
     if mime == JSON or not any(k in result for k in ("render", "raw", "raw_base64", "base64")):
@@ -287,8 +290,8 @@ def read_contents(text_uri: str, result: dict, mime: str, rev: Revision = LATEST
         item = {"uri": text_uri, "mimeType": TEXT, "text": bound_text(text, TEXT_LIMIT, text_uri)}
         meta = {k: v for k, v in result.items() if k not in ("render", "raw")}
     out: dict = {"contents": [item]}
-    if meta is not None and rev.structured_content:
-        out["structuredContent"] = meta
+    if meta is not None:
+        out["_meta"] = {PAGE_META: meta}
     return out
 
 

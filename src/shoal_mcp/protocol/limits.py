@@ -121,6 +121,6 @@ MCP_TASKS_KEPT = 256
 """2025-11-25 tasks remembered per facade (oldest finished ones are forgotten first)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
-MCP_PROTOCOL_VERSION = "2025-06-18"
+MCP_PROTOCOL_VERSION = "2025-11-25"
 """Our latest MCP revision: answered to a client asking for one we do not speak."""
-MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+MCP_SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
