@@ -112,13 +112,17 @@ def test_set_level_needs_an_mcp_level(session, sent, bad):
 
 
 def test_log_messages_respect_the_set_level(session, sent):
-    session.log("info", "before initialize")  # nothing negotiated: nothing sent
+    session.log("info", "before initialize")  # kept until initialize is answered
+    session.log("debug", "below the default level")
+    assert sent == []
     session.receive(_req(1, "initialize", {"protocolVersion": "2025-06-18"}))
+    assert sent[0]["id"] == 1  # the answer first, then the kept line
+    assert sent[1]["params"] == {"level": "info", "logger": "shoal", "data": "before initialize"}
     session.receive(_req(2, "logging/setLevel", {"level": "warning"}))
     session.log("info", "too low")
     session.log("warning", "kept")
     session.log("error", "kept too")
-    notes = [m for m in sent if m.get("method") == "notifications/message"]
+    notes = [m for m in sent[2:] if m.get("method") == "notifications/message"]
     assert [n["params"]["data"] for n in notes] == ["kept", "kept too"]
     assert notes[0]["params"] == {"level": "warning", "logger": "shoal", "data": "kept"}
 

@@ -58,6 +58,8 @@ KERNEL_LOST_HINT = (
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP logging levels (RFC 5424 severities), least severe first."""
 DEFAULT_LOG_LEVEL = "info"
+EARLY_LOG_LINES = 16
+"""Log lines kept from before ``initialize`` was answered (the background connect's)."""
 
 Handler = Callable[[dict, InFlight | None], Any]
 Reply = Callable[[dict | None], None]
@@ -117,6 +119,9 @@ class McpSession:
         self.resources = ResourceApi(self.link)
         self.client_info: dict = {}
         self.log_level = DEFAULT_LOG_LEVEL
+        self._log_lock = threading.Lock()
+        self._initialized = False  # initialize answered: log lines may go out
+        self._early_logs: list[tuple[str, str, str]] = []
         self.methods: dict[str, Method] = {
             "initialize": Method(_plain(self._initialize), False),
             "ping": Method(_plain(lambda p: {}), False),
@@ -151,12 +156,26 @@ class McpSession:
         self.send(notification(method, params))
 
     def log(self, level: str, message: str, logger: str = "shoal") -> None:
-        """``notifications/message`` at ``level``, when the client's level lets it through."""
-        if self.revision is None:
-            return  # nothing negotiated yet: no notifications before initialize
+        """``notifications/message`` at ``level``, when the client's level lets it through.
+
+        Before ``initialize`` has been answered (the background connect may autostart the
+        kernel by then) lines are kept, up to ``EARLY_LOG_LINES``, and sent right after.
+        """
+        with self._log_lock:
+            if not self._initialized:
+                if len(self._early_logs) < EARLY_LOG_LINES:
+                    self._early_logs.append((level, message, logger))
+                return
         if LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
             return
         self.notify("notifications/message", {"level": level, "logger": logger, "data": message})
+
+    def _initialize_answered(self) -> None:
+        with self._log_lock:
+            self._initialized = True
+            early, self._early_logs = self._early_logs, []
+        for level, message, logger in early:
+            self.log(level, message, logger)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -237,6 +256,8 @@ class McpSession:
                 self.slots.release()
         else:
             reply(self._answer(entry.handler, msg, None))
+            if msg.method == "initialize":
+                self._initialize_answered()
 
     def _serve(self, handler: Handler, msg: Request, flight: InFlight, reply: Reply) -> None:
         try:
