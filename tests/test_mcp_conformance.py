@@ -259,3 +259,46 @@ def test_the_checker_rejects_what_older_revisions_lack(revision):
     batch = [{"jsonrpc": "2.0", "id": 1, "result": {}}]
     method_of = {1: "ping"}
     assert bool(schema.server_message_errors(batch, method_of)) is (revision != "2025-03-26")
+
+
+@pytest.mark.parametrize("revision", ["2024-11-05", "2025-06-18", "2025-11-25"])
+def test_revisions_without_batches_or_tasks_refuse_them(kernel, revision):
+    f = RawFacade(facade_env(kernel, f"refuse-{revision}"))
+    try:
+        f.initialize(revision)
+        f.send([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}])
+        refused = f.next_message()
+        assert refused["error"]["code"] == -32600 and "2025-03-26" in refused["error"]["message"]
+        assert "id" not in refused
+        if revision != "2025-11-25":
+            assert f.call("tasks/list")["error"]["code"] == -32601
+            # A task field from a client that ignored our capabilities: served normally.
+            plain = f.call(
+                "tools/call",
+                {"name": "shoal_exec", "arguments": {"command": "echo plain"}, "task": {}},
+            )
+            assert plain["result"]["content"][0]["text"].startswith("plain\n")
+    finally:
+        f.close()
+
+
+def test_tasks_past_their_ttl_are_forgotten():
+    from shoal_mcp.facade.mcp_tasks import McpTask, McpTasks
+    from shoal_mcp.protocol.errors import RpcError
+    from shoal_mcp.protocol.limits import MCP_TASKS_KEPT
+
+    tasks = McpTasks(link=None, notify=lambda m, p: None, revision=lambda: None)  # type: ignore[arg-type]
+    now = time.time()
+    tasks._tasks["task:1"] = McpTask("task:1", now - 10, ttl_ms=5000)
+    tasks._tasks["task:2"] = McpTask("task:2", now, ttl_ms=60000)
+    assert [t["taskId"] for t in tasks.list({})["tasks"]] == ["task:2"]
+    with pytest.raises(RpcError) as info:
+        tasks.get({"taskId": "task:1"})
+    assert info.value.code == -32602
+    # Beyond MCP_TASKS_KEPT, the oldest finished ones go first; running ones stay.
+    for n in range(3, MCP_TASKS_KEPT + 10):
+        task = McpTask(f"task:{n}", now, ttl_ms=60000)
+        task.done.set()
+        tasks._tasks[task.task_id] = task
+    tasks.list({})
+    assert len(tasks._tasks) == MCP_TASKS_KEPT and "task:2" in tasks._tasks

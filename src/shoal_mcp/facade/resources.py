@@ -318,8 +318,10 @@ def _recent_tasks(tasks: list[dict]) -> list[dict]:
 
 
 def _pending_plans(plans: list[dict]) -> list[dict]:
+    """Plans awaiting apply or approval, newest first (older ones stay readable by URI)."""
     pending = [p for p in plans if p.get("state") in ("pending", "requested", "approved")]
-    return list(reversed(pending))[:MCP_LIST_PENDING_PLANS]
+    pending.sort(key=lambda p: p.get("created") or 0, reverse=True)
+    return pending[:MCP_LIST_PENDING_PLANS]
 
 
 class ResourceApi:
