@@ -286,7 +286,7 @@ def read_contents(text_uri: str, result: dict, mime: str, rev: Revision = LATEST
         }
         meta = {k: v for k, v in result.items() if k not in ("raw_base64", "base64")}
     else:
-        text = result["render"] if "render" in result else result["raw"]
+        text = (result["render"] if "render" in result else result["raw"]) or ""
         item = {"uri": text_uri, "mimeType": TEXT, "text": bound_text(text, TEXT_LIMIT, text_uri)}
         meta = {k: v for k, v in result.items() if k not in ("render", "raw")}
     out: dict = {"contents": [item]}
