@@ -179,8 +179,9 @@ def test_no_progress_from_a_stopped_kernel(own_kernel):
 
 
 def test_cancelled_calls_free_the_facade_at_once(own_kernel):
-    """Fill every worker with a call to a stopped kernel, cancel them all: a call that needs
-    no kernel is answered at once (before, it queued behind the stuck workers)."""
+    """Fill every worker with calls to a stopped kernel (execs, shoal_get, resource reads),
+    cancel them all: a call that needs no kernel is answered at once (before, it queued
+    behind the stuck workers)."""
     f = RawFacade(facade_env(own_kernel, "cancel-frees"))
     try:
         f.initialize()
@@ -188,8 +189,13 @@ def test_cancelled_calls_free_the_facade_at_once(own_kernel):
         os.kill(own_kernel.pid, signal.SIGSTOP)
         stuck = [
             f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
-            for _ in range(80)
+            for _ in range(40)
         ]
+        stuck += [
+            f.request("tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1"}})
+            for _ in range(20)
+        ]
+        stuck += [f.request("resources/read", {"uri": "shoal://out/1"}) for _ in range(20)]
         time.sleep(0.5)
         for msg_id in stuck:
             f.notify("notifications/cancelled", {"requestId": msg_id})

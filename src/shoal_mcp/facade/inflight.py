@@ -53,6 +53,48 @@ class InFlight:
             start_kernel_cancel(client, kernel_id, fut)
 
 
+_serving = threading.local()
+
+
+def current_flight() -> InFlight | None:
+    """The request this worker thread is serving (None outside ``serving``)."""
+    return getattr(_serving, "flight", None)
+
+
+class serving:  # noqa: N801 - used as a context manager, like a function
+    """``with serving(flight):`` marks this thread as serving ``flight``, so a kernel call
+    made anywhere below stops waiting as soon as the request is cancelled."""
+
+    def __init__(self, flight: InFlight) -> None:
+        self.flight = flight
+
+    def __enter__(self) -> InFlight:
+        _serving.flight = self.flight
+        return self.flight
+
+    def __exit__(self, *exc: object) -> None:
+        _serving.flight = None
+
+
+def wait_cancellable(fut: Any, timeout: float | None = None) -> Any:
+    """``fut.result(timeout)``, except that a cancelled request stops waiting at once
+    (CallCancelled): its worker is free even when the kernel never answers."""
+    flight = current_flight()
+    if flight is None:
+        return fut.result(timeout)
+    flight.wake.clear()
+    fut.add_done_callback(lambda _f: flight.wake.set())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not fut.done():
+        if flight.cancelled:
+            raise CallCancelled(flight.request_id)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError(f"no kernel answer within {timeout} s")
+        flight.wake.wait(left)
+    return fut.result()
+
+
 class InFlightCalls:
     """The table of requests being served on worker threads, keyed by request id."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..client import KernelClient, KernelLost, connect
 from ..protocol.limits import DEFAULT_SESSION
+from .inflight import current_flight, wait_cancellable
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,11 @@ class KernelLink:
         return client, msg_id, fut
 
     def call(self, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
-        return self.calls().call(method, params or {}, timeout)
+        """A kernel call; on a worker serving a request, cancelling it stops the wait."""
+        if current_flight() is None:
+            return self.calls().call(method, params or {}, timeout)
+        _, _, fut = self.start_call(method, params or {})
+        return wait_cancellable(fut, timeout)
 
     def close(self) -> None:
         with self._lock:

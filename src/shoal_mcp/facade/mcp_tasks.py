@@ -28,6 +28,7 @@ from ..protocol.limits import (
     MCP_TASKS_KEPT,
     WAIT_MAX_MS,
 )
+from .inflight import CallCancelled, current_flight
 from .kernel_link import KernelLink
 from .paging import page
 from .results import error_result, tool_result
@@ -47,6 +48,8 @@ STATUS = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
+RESULT_WAIT_SLICE_S = 0.25
+"""How often a waiting ``tasks/result`` checks whether it was cancelled."""
 AWAIT_SLICE_MS = 60_000
 """One kernel ``task.await`` of a watcher; it loops, so a lost kernel is noticed."""
 
@@ -138,7 +141,10 @@ class McpTasks:
 
     def result(self, params: dict) -> dict:
         task = self._find(params)
-        task.done.wait()
+        flight = current_flight()
+        while not task.done.wait(RESULT_WAIT_SLICE_S):
+            if flight is not None and flight.cancelled:
+                raise CallCancelled(flight.request_id)
         assert task.result is not None
         return {**task.result, "_meta": {RELATED_TASK: {"taskId": task.task_id}}}
 

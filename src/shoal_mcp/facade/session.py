@@ -32,7 +32,7 @@ from ..protocol.jsonrpc import (
     response,
 )
 from ..protocol.limits import MCP_INPUT_QUEUE
-from .inflight import CallCancelled, InFlight, InFlightCalls
+from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
 from .mcp_tasks import McpTasks
 from .paging import page
@@ -261,7 +261,8 @@ class McpSession:
 
     def _serve(self, handler: Handler, msg: Request, flight: InFlight, reply: Reply) -> None:
         try:
-            answer = self._answer(handler, msg, flight)
+            with serving(flight):
+                answer = self._answer(handler, msg, flight)
         finally:
             self.slots.release()
         if not self.inflight.finish(flight):

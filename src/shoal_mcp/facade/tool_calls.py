@@ -109,10 +109,12 @@ class ToolRunner:
         if flight is not None:
             if tool.cancels_task:
                 flight.own_kernel_call(client, kernel_id, fut)
+            flight.wake.clear()
             fut.add_done_callback(lambda _f: flight.wake.set())
         while True:
             if flight is not None:
-                flight.wake.wait(PROGRESS_INTERVAL_S)
+                if not flight.cancelled:
+                    flight.wake.wait(PROGRESS_INTERVAL_S)
                 if flight.cancelled and not fut.done():
                     raise CallCancelled(flight.request_id)
             if fut.done() or flight is None:
