@@ -223,7 +223,12 @@ def _tasks(r: Recorder) -> None:
     support = {t["name"]: t["execution"]["taskSupport"] for t in tools}
     assert support["shoal_exec"] == "optional" and support["shoal_journal"] == "forbidden"
 
-    created = r.tool("shoal_exec", {"command": "sleep 0.3; echo tasked"}, task={"ttl": 60000})
+    created = r.tool(
+        "shoal_exec",
+        {"command": "sleep 1.6; echo tasked"},
+        task={"ttl": 60000},
+        _meta={"progressToken": "task-progress"},
+    )
     task = created["result"]["task"]
     assert task["status"] == "working" and task["ttl"] == 60000
     got = r.call("tasks/get", {"taskId": task["taskId"]})["result"]
@@ -232,6 +237,10 @@ def _tasks(r: Recorder) -> None:
     assert result["content"][0]["text"].startswith("tasked\n")
     assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
     r.wait_note("notifications/tasks/status", taskId=task["taskId"], status="completed")
+    # The request's progressToken stays valid for the task's life.
+    assert r.notes("notifications/progress") and any(
+        n["params"]["progressToken"] == "task-progress" for n in r.notes("notifications/progress")
+    )
     listed = r.call("tasks/list")["result"]["tasks"]
     assert task["taskId"] in [t["taskId"] for t in listed]
 

@@ -26,9 +26,10 @@ from ..protocol.limits import (
     MCP_TASK_POLL_MS,
     MCP_TASK_TTL_MS,
     MCP_TASKS_KEPT,
+    PROGRESS_INTERVAL_S,
     WAIT_MAX_MS,
 )
-from .inflight import CallCancelled, current_flight
+from .inflight import CallCancelled, Progress, current_flight
 from .kernel_link import KernelLink
 from .paging import page
 from .results import error_result, tool_result
@@ -109,8 +110,15 @@ class McpTasks:
 
     # -- creating -------------------------------------------------------------------------
 
-    def start(self, kernel_params: dict, requested: object) -> dict:
-        """Start ``exec`` params as a kernel task; the ``CreateTaskResult``."""
+    def start(
+        self, kernel_params: dict, requested: object, progress: Progress | None = None
+    ) -> dict:
+        """Start ``exec`` params as a kernel task; the ``CreateTaskResult``.
+
+        With ``progress`` (the request had a progressToken, which stays valid for the
+        task's life) the watcher reports about once per ``PROGRESS_INTERVAL_S``, each time
+        after the kernel answered.
+        """
         ttl = MCP_TASK_TTL_MS
         if isinstance(requested, dict) and "ttl" in requested:
             asked = requested["ttl"]
@@ -124,7 +132,10 @@ class McpTasks:
             self._purge(now)
             self._tasks[task.task_id] = task
         threading.Thread(
-            target=self._watch, args=(task,), name=f"mcp-task-{task.task_id}", daemon=True
+            target=self._watch,
+            args=(task, progress),
+            name=f"mcp-task-{task.task_id}",
+            daemon=True,
         ).start()
         return {
             "task": task.wire(),
@@ -191,17 +202,20 @@ class McpTasks:
         for task_id in [t for t, task in self._tasks.items() if task.done.is_set()][:extra]:
             del self._tasks[task_id]
 
-    def _watch(self, task: McpTask) -> None:
+    def _watch(self, task: McpTask, progress: Progress | None) -> None:
         """Wait for the kernel task to end; record its result and announce its status."""
         waited_ms = 0
+        slice_ms = int(PROGRESS_INTERVAL_S * 1000) if progress is not None else AWAIT_SLICE_MS
         try:
             while True:
                 record = self.link.call(
-                    "task.await", {"task": task.task_id, "timeout_ms": AWAIT_SLICE_MS}
+                    "task.await", {"task": task.task_id, "timeout_ms": slice_ms}
                 )
                 if record.get("done") or STATUS.get(record.get("state", "")) in TERMINAL:
                     break
-                waited_ms += AWAIT_SLICE_MS
+                if progress is not None:
+                    progress(record.get("out_bytes"))  # the kernel just answered: alive
+                waited_ms += slice_ms
                 if waited_ms > WAIT_MAX_MS or task.done.is_set():
                     return
             status = STATUS.get(record.get("state", ""), "failed")

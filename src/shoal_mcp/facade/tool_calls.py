@@ -76,7 +76,8 @@ class ToolRunner:
             )
         assert self.tasks is not None
         _, kernel_params = tool.to_kernel(args)
-        return self.tasks.start(kernel_params, params["task"])
+        progress = progress_reporter(progress_token(params), self.notify)
+        return self.tasks.start(kernel_params, params["task"], progress)
 
     @staticmethod
     def _tool(name: str) -> Any:
