@@ -88,9 +88,10 @@ def _page_uri(structured: dict, link: str | None) -> str:
     """The URI that reads exactly this raw page back."""
     if link is None:
         return uri.SCHEME
-    query: dict[str, object] = {"format": "raw", "offset": structured.get("offset", 0)}
+    query: dict[str, object] = {}
     if isinstance(structured.get("path"), str):
         query["path"] = structured["path"]
+    query.update(format="raw", offset=structured.get("offset", 0))
     if isinstance(structured.get("length"), int):
         query["length"] = structured["length"]
     try:
