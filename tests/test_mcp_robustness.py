@@ -259,6 +259,14 @@ def test_integer_ids_of_any_size_are_parsed_and_echoed_exactly(big):
     assert encode_frame(response(msg.id, {})) == b'{"jsonrpc":"2.0","id":%d,"result":{}}\n' % big
 
 
+def test_huge_ids_inside_a_batch_stay_exact():
+    frame = (
+        b'[{"jsonrpc":"2.0","id":%d,"method":"ping"},{"jsonrpc":"2.0","id":1.5,"method":"ping"}]'
+    )
+    batch = parse_message(frame % HUGE_IDS[0], allow_batch=True)
+    assert [m.id for m in batch.messages] == [HUGE_IDS[0], 1.5]
+
+
 @pytest.mark.parametrize("backend", sorted(backends()))
 def test_too_deep_nesting_is_answered_to_its_id_on_both_backends(backend):
     depth = JSON_MAX_DEPTH + 10

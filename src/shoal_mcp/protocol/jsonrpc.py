@@ -6,6 +6,7 @@ all share this layer and add their own I/O around it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,12 @@ def parse_message(
                 error_response(NO_ID, ErrorCode.INVALID_REQUEST, "invalid request: empty batch"),
                 "shape",
             )
+        if any(isinstance(item, dict) and isinstance(item.get("id"), float) for item in msg):
+            # orjson read some id as a float: the stdlib parser keeps big integers exact.
+            exact = json.loads(frame)
+            for item, same in zip(msg, exact, strict=True):
+                if isinstance(item, dict) and isinstance(same, dict) and "id" in same:
+                    item["id"] = same["id"]
         return Batch([_parse_object(item, None) for item in msg])
     return _parse_object(msg, frame)
 
