@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import KernelLost
-from ..protocol.errors import RpcError
+from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.limits import CANCEL_RETRY_S
 
 log = logging.getLogger("shoal.mcp")
 
@@ -149,13 +150,24 @@ def start_kernel_cancel(client: Any, kernel_id: int, fut: Any) -> None:
 
 
 def _cancel_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
-    """Cancel the kernel task behind an in-flight exec (the kernel keeps early cancels)."""
-    if fut.done():
-        return
-    try:
-        client.call("task.cancel", {"call": kernel_id}, timeout=CANCEL_TIMEOUT_S)
-    except (RpcError, KernelLost, TimeoutError) as exc:
-        log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+    """Cancel the kernel task behind an in-flight exec (the kernel keeps early cancels).
+
+    Under load the kernel may not have registered the exec yet when the cancel arrives
+    ("no exec in flight", -32021): retried until the exec is known or has answered.
+    """
+    deadline = time.monotonic() + CANCEL_TIMEOUT_S
+    while not fut.done():
+        try:
+            client.call("task.cancel", {"call": kernel_id}, timeout=CANCEL_TIMEOUT_S)
+            return
+        except RpcError as exc:
+            if exc.code != ErrorCode.UNKNOWN_TASK or time.monotonic() > deadline:
+                log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+                return
+            time.sleep(CANCEL_RETRY_S)
+        except (KernelLost, TimeoutError) as exc:
+            log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+            return
 
 
 def progress_token(params: dict) -> Any:

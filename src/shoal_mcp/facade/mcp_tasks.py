@@ -23,7 +23,9 @@ from typing import Any
 from ..client import KernelLost
 from ..protocol.errors import ErrorCode, RpcError, invalid_params
 from ..protocol.limits import (
+    MCP_TASK_AWAIT_SLICE_MS,
     MCP_TASK_POLL_MS,
+    MCP_TASK_RESULT_POLL_S,
     MCP_TASK_TTL_MS,
     MCP_TASKS_KEPT,
     PROGRESS_INTERVAL_S,
@@ -49,10 +51,6 @@ STATUS = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
-RESULT_WAIT_SLICE_S = 0.25
-"""How often a waiting ``tasks/result`` checks whether it was cancelled."""
-AWAIT_SLICE_MS = 60_000
-"""One kernel ``task.await`` of a watcher; it loops, so a lost kernel is noticed."""
 
 
 def _iso(ts: float) -> str:
@@ -153,7 +151,7 @@ class McpTasks:
     def result(self, params: dict) -> dict:
         task = self._find(params)
         flight = current_flight()
-        while not task.done.wait(RESULT_WAIT_SLICE_S):
+        while not task.done.wait(MCP_TASK_RESULT_POLL_S):
             if flight is not None and flight.cancelled:
                 raise CallCancelled(flight.request_id)
         assert task.result is not None
@@ -205,7 +203,9 @@ class McpTasks:
     def _watch(self, task: McpTask, progress: Progress | None) -> None:
         """Wait for the kernel task to end; record its result and announce its status."""
         waited_ms = 0
-        slice_ms = int(PROGRESS_INTERVAL_S * 1000) if progress is not None else AWAIT_SLICE_MS
+        slice_ms = (
+            int(PROGRESS_INTERVAL_S * 1000) if progress is not None else MCP_TASK_AWAIT_SLICE_MS
+        )
         try:
             while True:
                 record = self.link.call(

@@ -31,7 +31,7 @@ from ..protocol.jsonrpc import (
     notification,
     response,
 )
-from ..protocol.limits import MCP_INPUT_QUEUE
+from ..protocol.limits import MCP_EARLY_LOG_LINES, MCP_INPUT_QUEUE
 from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
 from .mcp_tasks import McpTasks
@@ -58,8 +58,6 @@ KERNEL_LOST_HINT = (
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP logging levels (RFC 5424 severities), least severe first."""
 DEFAULT_LOG_LEVEL = "info"
-EARLY_LOG_LINES = 16
-"""Log lines kept from before ``initialize`` was answered (the background connect's)."""
 
 Handler = Callable[[dict, InFlight | None], Any]
 Reply = Callable[[dict | None], None]
@@ -159,11 +157,11 @@ class McpSession:
         """``notifications/message`` at ``level``, when the client's level lets it through.
 
         Before ``initialize`` has been answered (the background connect may autostart the
-        kernel by then) lines are kept, up to ``EARLY_LOG_LINES``, and sent right after.
+        kernel by then) lines are kept, up to ``MCP_EARLY_LOG_LINES``, and sent right after.
         """
         with self._log_lock:
             if not self._initialized:
-                if len(self._early_logs) < EARLY_LOG_LINES:
+                if len(self._early_logs) < MCP_EARLY_LOG_LINES:
                     self._early_logs.append((level, message, logger))
                 return
         if LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):

@@ -119,6 +119,15 @@ MCP_TASK_POLL_MS = 1000
 """2025-11-25 tasks: the pollInterval suggested to clients."""
 MCP_TASKS_KEPT = 256
 """2025-11-25 tasks remembered per facade (oldest finished ones are forgotten first)."""
+MCP_TASK_AWAIT_SLICE_MS = 60_000
+"""One kernel ``task.await`` of a task watcher (it loops, so a lost kernel is noticed)."""
+MCP_TASK_RESULT_POLL_S = 0.25
+"""How often a waiting ``tasks/result`` checks whether it was cancelled."""
+MCP_EARLY_LOG_LINES = 16
+"""Log lines kept from before ``initialize`` was answered (the background connect's)."""
+CANCEL_RETRY_S = 0.02
+"""A facade cancel that reached the kernel before its exec was registered asks again after
+this (until the exec is known, has answered, or the cancel's timeout passes)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-11-25"
