@@ -17,7 +17,7 @@ import pytest
 
 from shoal_mcp.protocol.framing import backends, encode_frame
 from shoal_mcp.protocol.jsonrpc import Invalid, Request, parse_message, response
-from shoal_mcp.protocol.limits import JSON_MAX_DEPTH, MCP_INPUT_QUEUE
+from shoal_mcp.protocol.limits import JSON_MAX_DEPTH
 from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
@@ -237,9 +237,16 @@ def test_a_flooding_client_meets_backpressure_not_unbounded_memory(own_kernel):
 
         writer = threading.Thread(target=flood, daemon=True)
         writer.start()
-        wait_until(lambda: written[0] >= MCP_INPUT_QUEUE, timeout=30, what="the first requests")
-        time.sleep(2)
-        # The writer is blocked on a full pipe: the facade stopped reading.
+        # The facade stops reading (at MCP_INPUT_QUEUE pending requests, or earlier when
+        # the calls it sends on fill the stopped kernel's socket): the writer stalls.
+        last = [-1]
+
+        def stalled() -> bool:
+            time.sleep(1.0)
+            same, last[0] = written[0] == last[0], written[0]
+            return same
+
+        wait_until(stalled, timeout=60, what="the writer to stall")
         assert written[0] < 1000
         grown_mib = (rss_kib(f.pid) - base) / 1024
         assert grown_mib < 64, f"facade grew {grown_mib:.0f} MiB"

@@ -107,7 +107,17 @@ def tool_result(result: Any, rev: Revision = LATEST) -> dict:
     name = structured.get("ref") or structured.get("task") or structured.get("plan_ref")
     trailer = _trailer(structured, link)
     blob: dict | None = None
-    if isinstance(structured.get("render"), str):
+    if isinstance(structured.get("raw_base64"), str):
+        text = trailer or "binary page"
+        blob = {
+            "type": "resource",
+            "resource": {
+                "uri": _page_uri(structured, link),
+                "mimeType": BINARY,
+                "blob": structured["raw_base64"],
+            },
+        }
+    elif isinstance(structured.get("render"), str):
         text = _with_trailer(structured["render"], trailer)
     elif isinstance(structured.get("raw"), str):
         text = _with_trailer(structured["raw"], trailer)

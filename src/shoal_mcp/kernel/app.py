@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,13 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
+from .exec.pool import WarmPool, warm_shells_enabled
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
 from .pty.manager import PtyManager
@@ -46,6 +49,7 @@ class KernelConfig:
     state_dir: Path
     policy_path: Path | None = None
     require_token: bool = False
+    sandbox: str = "auto"  # --sandbox auto | required | off (access/confine.py)
 
 
 class Kernel:
@@ -66,7 +70,18 @@ class Kernel:
         self.event_store = EventStore(str(state / "journal.sqlite3"))
         self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
-        self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.confinement = Confinement(
+            config.sandbox,
+            forbidden=kernel_forbidden(state, config.socket),
+            tmp_root=sandbox_tmp_root(state, config.socket),
+        )  # --sandbox required without enforcement raises SandboxUnavailable: no start
+        self.guard = Guard(
+            state,
+            config.policy_path,
+            self.local_principal,
+            config.require_token,
+            self.confinement,
+        )
         self.plans = PlanStore()
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
@@ -81,6 +96,7 @@ class Kernel:
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
+        self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(
             sessions=self.sessions,
             guard=self.guard,
@@ -89,18 +105,34 @@ class Kernel:
             values=self.values,
             finalizer=finalizer,
             spool_dir=self.spool_dir,
+            pool=self.warm,
         )
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
 
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
+
     def info(self) -> dict[str, Any]:
-        return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
+        return {
+            "version": __version__,
+            "framing_backend": BACKEND,
+            "pid": os.getpid(),
+            "sandbox": self.confinement.status(),
+        }
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)
@@ -108,13 +140,20 @@ class Kernel:
     def stop_work(self, drain_s: float) -> bool:
         """Kernel exit, first half: close PTYs, kill tasks and store their results."""
         self.ptys.close_all()
-        return self.tasks.shutdown(drain_s)
+        drained = self.tasks.shutdown(drain_s)
+        self.warm.close()  # after the tasks: a zygote exits once its jobs have ended
+        return drained
+
+    def _task_allowance(self, principal: str) -> int:
+        """``max_tasks`` of ``principal``: a principal that may run nothing gets no zygote."""
+        return self.guard.for_principal(principal).max_tasks
 
     def close(self) -> None:
         """Kernel exit, second half: close the event bus and the databases."""
         self.events.close()
         self.event_store.close()
         self.db.close()
+        self.confinement.close()
 
     # -- access checks that span services --------------------------------------------------
 

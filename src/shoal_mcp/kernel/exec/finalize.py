@@ -48,7 +48,7 @@ class Finalizer:
     def finalize(self, task: Task) -> dict[str, Any]:
         """Ingest the spools, store ``out:N``, journal it; runs once per task."""
         run: RunningCommand = task.run
-        code = run.proc.returncode
+        code = run.returncode
         try:
             full = self._spool_full(run)
             if full:
@@ -73,7 +73,7 @@ class Finalizer:
         else:
             outcome["status"] = code
         outcome.update(
-            ok=outcome["status"] == 0 and not run.cancelled,
+            ok=outcome["status"] == 0 and not run.cancelled and not run.output_capped,
             out=out_info.node(),
             err=err_info.node(),
             dur_ns=dur_ns,
@@ -81,6 +81,8 @@ class Finalizer:
             cmd=run.src,
             cwd=run.cwd,
         )
+        if run.output_capped:
+            outcome["output_capped"] = True  # stopped at max_output_bytes
         n = self.transcript.append(task.session, task.principal, outcome)
         ref = uri.out_ref(n)
         if state is not None and not task.listed:
@@ -124,6 +126,8 @@ class Finalizer:
             "ok": outcome["ok"],
             "status": outcome["status"],
             "stored": {"out_len": out_info.size, "err_len": err_info.size},
+            "output_capped": run.output_capped,
+            "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 
     def _spool_full(self, run: RunningCommand) -> str | None:

@@ -22,13 +22,16 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
-from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
+from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_ref
+from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
+from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
-from .runner import spawn
+from .pool import WarmPool
+from .runner import RunningCommand, spawn
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -77,6 +80,7 @@ class ExecService:
         values: ValueService,
         finalizer: Finalizer,
         spool_dir: Path,
+        pool: WarmPool | None = None,
     ) -> None:
         self.sessions = sessions
         self.guard = guard
@@ -84,23 +88,23 @@ class ExecService:
         self.tasks = tasks
         self.values = values
         self.spool_dir = spool_dir
+        self.pool = pool  # warm supervisors (docs/architecture.md, Processes)
+        self._starting: dict[str, int] = {}  # principal -> spawns past the quota check
         self.finalizer = finalizer  # also writes the journal rows of plans and refusals
 
     # -- analysis and the gate ------------------------------------------------------------
 
-    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str]:
-        """Effects of ``src`` in the caller's session as it is now, and that cwd."""
+    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str, str]:
+        """Effects of ``src`` in the caller's session as it is now, that cwd and env hash."""
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        return analyzer.analyze(src, cwd, env.get("HOME")), cwd
+        return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_digest(env)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd = self.analyze(who, src)
-        verdict = self.guard.for_principal(who.principal).evaluate(
-            analysis.effects, analysis.reversibility
-        )
-        ref = plan_ref(who.session, who.principal, src, analysis.effects)
+        analysis, cwd, env_now = self.analyze(who, src)
+        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_now)
         plan = Plan(
             ref,
             who.session,
@@ -111,6 +115,7 @@ class ExecService:
             analysis.reversibility,
             verdict.verdict,
             list(verdict.reasons),
+            env_hash=env_now,
         )
         return plan, verdict
 
@@ -170,7 +175,7 @@ class ExecService:
         try:
             return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
         except RpcError as exc:
-            if exc.code == ErrorCode.QUOTA and opts.background:
+            if exc.code == ErrorCode.QUOTA:
                 self.plans.unclaim(plan, previous)  # refused before anything started
             raise
 
@@ -202,10 +207,10 @@ class ExecService:
                     },
                 )
             return
-        # The approval covers the effects derived in the plan's cwd and env; if the session
-        # moved since (cd, export, HOME), the same source would touch other things.
-        analysis, cwd = self.analyze(who, plan.src)
-        if cwd != plan.cwd or analysis.effects != plan.effects:
+        # The approval covers the plan's cwd and env (its hash): if the session moved since
+        # (cd, export PATH=..., HOME), the same source would run other things.
+        analysis, cwd, env_now = self.analyze(who, plan.src)
+        if cwd != plan.cwd or env_now != plan.env_hash or analysis.effects != plan.effects:
             raise RpcError(
                 ErrorCode.APPROVAL_REQUIRED,
                 "the session's cwd or environment changed since this plan was approved; "
@@ -216,6 +221,8 @@ class ExecService:
                     "effects": analysis.effects,
                     "cwd": cwd,
                     "plan_cwd": plan.cwd,
+                    "env_hash": env_now,
+                    "plan_env_hash": plan.env_hash,
                     "state": plan.state,
                 },
             )
@@ -232,13 +239,22 @@ class ExecService:
         task = self._start(who, src, effects, opts.background)
         if opts.background:
             return task_handle(task)
-        if caller.spawned(task):
-            self.tasks.cancel(task)  # a cancel overtook the spawn
-        if not self._wait(task, opts.timeout_ms, caller):
+        # A foreground exec is watched (and finalized) on this thread, which then writes
+        # the reply: no waiter thread, no hand-off. Whenever this thread stops watching
+        # before the end, the task gets a waiter thread of its own.
+        try:
+            if caller.spawned(task):
+                self.tasks.cancel(task)  # a cancel overtook the spawn
+            waited = self._wait(task, opts.timeout_ms, caller)
+        except BaseException:
+            self.tasks.watch_in_background(task)
+            raise
+        if not waited:
+            self.tasks.watch_in_background(task)
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
             # instead of an unlisted process nobody can name.
-            self._detach(who, task)  # within max_tasks, else cancelled + -32031
+            self._detach(who, task)
             return task_handle(task, timed_out=True)
         try:
             return self.result(who, task, opts, started)
@@ -250,48 +266,83 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        if not background:
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, False, effects)
-        # Check and start as one step per principal, so parallel calls cannot overshoot.
-        with self.guard.quota_lock(who.principal, "max_tasks"):
+        # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
+        # readable inside the sandbox too.
+        outputs = str(self.values.outputs.sync(who.principal, who.session))
+        env = {**env, SHOAL_OUT_ENV: outputs}
+        # Every exec, foreground or background, is a running task within max_tasks. The
+        # check takes a slot under the principal's lock, so parallel calls cannot
+        # overshoot; the spawn itself runs outside it, so they do not queue behind it.
+        lock = self.guard.quota_lock(who.principal, "max_tasks")
+        with lock:
             self._check_task_quota(who)
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, True, effects)
+            self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
+        try:
+            run = self._launch(who, src, cwd, env, outputs)
+            return self.tasks.start(who.session, who.principal, src, run, background, effects)
+        finally:
+            with lock:
+                left = self._starting.pop(who.principal) - 1
+                if left:
+                    self._starting[who.principal] = left
 
-    @staticmethod
-    def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:
-        """Wait for ``task`` within the budget; False when the budget ran out or the caller left."""
+    def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
+        """The OS sandbox spec ``who``'s processes run in (None: not confined), with
+        read access to ``outputs`` ($SHOAL_OUT); the spawn and the warm zygote's key both
+        follow it, so a grant change (or another session's outputs) is another zygote."""
+        return self.guard.sandbox_spec(who.principal, also_read=(outputs,))
+
+    def warm_up(self, who: Principal) -> None:
+        """Start ``who``'s warm supervisor in the background (session.attach calls this)."""
+        if self.pool is not None:
+            outputs = str(self.values.outputs.session_dir(who.principal, who.session))
+            spec = self._sandbox_for(who, outputs)
+            self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
+
+    def _launch(
+        self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
+    ) -> RunningCommand:
+        """Under the principal's warm zygote when there is one, else a cold supervisor."""
+        sandbox = self._sandbox_for(who, outputs)
+        spec_bytes = b""
+        if sandbox is not None:
+            spec_bytes = sandbox.to_bytes()
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **sandbox.environ()}
+        warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
+        return spawn(
+            src,
+            cwd,
+            env,
+            self.spool_dir,
+            sandbox=sandbox,
+            max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
+            supervisor=warm,
+        )
+
+    def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
+        """Watch ``task`` on this thread within the budget; False when the budget ran out
+        or the caller left (the task is then still running, or finishing)."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
             step = DISCONNECT_POLL_S
             if deadline is not None:
                 step = min(step, max(0.0, deadline - time.monotonic()))
-            if task.done.wait(step):
+            if self.tasks.watch(task, step):
                 return True
             if caller.gone() or (deadline is not None and time.monotonic() >= deadline):
                 return False
 
     def _detach(self, who: Principal, task: Task) -> None:
-        """A foreground exec outlived its wait: it becomes a listed task within max_tasks.
-
-        Over the quota it is cancelled and -32031 raised instead, so timed-out (or
-        abandoned) foreground calls cannot pile up running commands past the quota.
-        """
-        with self.guard.quota_lock(who.principal, "max_tasks"):
-            try:
-                self._check_task_quota(who)
-            except RpcError:
-                if not task.done.is_set():
-                    try:
-                        self.tasks.cancel(task)
-                    except RpcError:
-                        pass  # it finished meanwhile
-                raise
-            self.tasks.detach(task)
+        """A foreground exec outlived its wait: it becomes a listed task (it already
+        counts toward max_tasks, like every running exec)."""
+        self.tasks.detach(task)
 
     def _check_task_quota(self, who: Principal) -> None:
-        self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
+        """Caller holds the principal's max_tasks lock: running tasks plus spawns under way."""
+        current = self.tasks.running_count(who.principal) + self._starting.get(who.principal, 0)
+        self.guard.check_quota(who.principal, "max_tasks", current)
 
     # -- the reply ------------------------------------------------------------------------
 
@@ -303,7 +354,13 @@ class ExecService:
                 "message": "task ended without a result",
             }
             raise RpcError(err["code"], err["message"], err.get("data"))
-        sel = self.values.select(who, task.result["ref"], "", None)
+        stored = task.result.get("value")
+        if stored is not None:
+            # The outcome this exec just stored, straight from memory: no transcript read
+            # and JSON decode between finalize and the reply.
+            sel = self.values.stored(task.result["ref"], task.result["uri"], stored)
+        else:
+            sel = self.values.select(who, task.result["ref"], "", None)
         result = {
             "ref": sel.ref,
             "uri": sel.base_uri,
@@ -331,6 +388,7 @@ class ExecService:
                 "status": status,
                 "stderr_tail": tail,
                 "render": result["render"],
+                **({"output_capped": True} if task.result.get("output_capped") else {}),
             },
         )
 
