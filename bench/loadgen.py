@@ -17,7 +17,7 @@ from typing import Any
 
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import KernelProcess
-from tests.support.results import structured, wire_text
+from tests.support.results import shown, structured, wire_text
 
 
 class LoadFailure(AssertionError):
@@ -60,15 +60,15 @@ class FacadeLoad:
             self._bg_busy = True
         tok = self._token()
         if kind == "fg":
-            return "shoal_exec", {"src": f"echo {tok}"}, {"kind": kind, "tok": tok}
+            return "shoal_exec", {"command": f"echo {tok}"}, {"kind": kind, "tok": tok}
         if kind == "bg":
             return (
                 "shoal_exec",
-                {"src": f"sleep 0.0{i % 5}; echo {tok}", "background": True},
+                {"command": f"sleep 0.0{i % 5}; echo {tok}", "background": True},
                 {"kind": kind, "tok": tok},
             )
         if kind == "fail":
-            return "shoal_exec", {"src": f"echo {tok} >&2; exit 3"}, {"kind": kind, "tok": tok}
+            return "shoal_exec", {"command": f"echo {tok} >&2; exit 3"}, {"kind": kind, "tok": tok}
         return "shoal_journal", {"limit": 5}, {"kind": kind}
 
     def _check(self, op: dict, reply: dict) -> tuple[str, dict, dict] | None:
@@ -76,11 +76,11 @@ class FacadeLoad:
         kind = op["kind"]
         sc = structured(reply)
         if kind == "fg":
-            if wire_text(sc["value"]["out"]) != op["tok"] + "\n":
-                raise LoadFailure(f"fg {op['tok']} got {sc['value']['out']!r}")
+            if shown(reply) != op["tok"]:
+                raise LoadFailure(f"fg {op['tok']} got {shown(reply)!r}")
             return (
                 "shoal_get",
-                {"ref": sc["ref"], "path": ".out"},
+                {"ref": sc["ref"], "path": ".out", "format": "json"},
                 {"kind": "get", "tok": op["tok"]},
             )
         if kind == "get":
@@ -98,17 +98,13 @@ class FacadeLoad:
         if kind == "await":
             if sc.get("task", {}).get("state") != "completed":
                 raise LoadFailure(f"await {op['task']} not completed: {sc.get('task')!r}")
-            if wire_text(sc["value"]["out"]) != op["tok"] + "\n":
-                raise LoadFailure(f"await {op['task']} ({op['tok']}) got {sc['value']['out']!r}")
+            if shown(reply) != op["tok"]:
+                raise LoadFailure(f"await {op['task']} ({op['tok']}) got {shown(reply)!r}")
             return None
         if kind == "fail":
-            value = sc["value"]
-            if (
-                value["status"] != 3
-                or value["ok"] is not False
-                or wire_text(value["err"]) != op["tok"] + "\n"
-            ):
-                raise LoadFailure(f"fail {op['tok']} got {value!r}")
+            value = sc["value"]  # the outcome's status; its stderr tail is in the text
+            if value["status"] != 3 or value["ok"] is not False or op["tok"] not in shown(reply):
+                raise LoadFailure(f"fail {op['tok']} got {value!r} {shown(reply)!r}")
             return None
         if kind == "journal":
             rows = sc["rows"]

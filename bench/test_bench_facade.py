@@ -2,7 +2,7 @@
 
 * ``bare``: ``subprocess.run(["bash", "-c", "true"])`` in this process, the floor;
 * ``fastmcp``: a minimal MCP exec server on the SDK's MCPServer (bench/fastmcp_exec_server.py);
-* ``facade``: ``tools/call shoal_exec {"src": "true"}`` through shoal-mcp and a real kernel
+* ``facade``: ``tools/call shoal_exec {"command": "true"}`` through shoal-mcp and a real kernel
   (spawn, spool to CAS, journal row, transcript entry, render, bounded MCP result).
 
 Both MCP servers are driven identically: one already-initialized raw-pipe client reused
@@ -124,6 +124,6 @@ def test_bench_exec_true_fastmcp(benchmark, fastmcp):
 
 
 def test_bench_exec_true_facade(benchmark, facade):
-    result = facade.call_tool("shoal_exec", {"src": "true"})
+    result = facade.call_tool("shoal_exec", {"command": "true"})
     assert result["structuredContent"]["value"]["ok"] is True
-    _run(benchmark, "facade", lambda: facade.call_tool("shoal_exec", {"src": "true"}))
+    _run(benchmark, "facade", lambda: facade.call_tool("shoal_exec", {"command": "true"}))

@@ -59,7 +59,12 @@ READS = [
         {"ref": "shoal://task/7", "path": ".err.lines", "format": "json"},
         "application/json",
     ),
-    (f"shoal://val/{HASH}?offset=1", "blob.get", {"hash": HASH, "offset": 1}, "application/json"),
+    (
+        f"shoal://val/{HASH}?offset=1",
+        "blob.get",
+        {"hash": HASH, "offset": 1},
+        "application/octet-stream",
+    ),
     ("shoal://plan/abc", "plan.get", {"plan_ref": "plan:abc"}, "application/json"),
     ("shoal://session/reef", "session.reef", {}, "application/json"),
     ("shoal://pty", "pty.list", {}, "application/json"),
@@ -107,7 +112,23 @@ def test_templates_list_is_the_listed_rows_in_order():
         "shoal://journal",
         "shoal://events/",
     ]
-    assert all(t["mimeType"] == r.mime_type for t, r in zip(listing, TEMPLATES, strict=True))
+    # A template states a mimeType only when all its reads have it: not with {?format}.
+    for t in listing:
+        if "format" in t["uriTemplate"]:
+            assert "mimeType" not in t
+        elif t["uriTemplate"].startswith("shoal://val/"):
+            assert t["mimeType"] == "application/octet-stream"
+        else:
+            assert t["mimeType"] == "application/json"
+
+
+def test_templates_name_every_query_variable_our_next_uris_use():
+    listing = {
+        t["uriTemplate"].split("{")[0] + t["name"]: t
+        for t in ResourceApi.templates({})["resourceTemplates"]
+    }
+    for key in ("shoal://out/transcript value", "shoal://task/task output"):
+        assert "offset,length" in listing[key]["uriTemplate"], key
 
 
 @pytest.mark.parametrize(
@@ -125,13 +146,19 @@ def test_subscribable_uris_follow_one_channel(text, channel):
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["shoal://out/1", "shoal://task/5/err", "shoal://journal", "shoal://pty", "shoal://pty/x"],
+    "text", ["shoal://out/1", "shoal://task/5/err", "shoal://journal", "shoal://pty"]
 )
-def test_other_uris_are_not_subscribable(text):
+def test_readable_but_unsubscribable_uris_say_so(text):
     with pytest.raises(RpcError) as info:
         subscription_channel(text)
-    assert info.value.code == MCP_UNKNOWN_RESOURCE and info.value.data == {"uri": text}
+    assert info.value.code == ErrorCode.INVALID_PARAMS
+    assert "not subscribable" in info.value.message and info.value.data["uri"] == text
+
+
+def test_a_subscribable_kind_naming_nothing_is_resource_not_found():
+    with pytest.raises(RpcError) as info:
+        subscription_channel("shoal://pty/x")
+    assert info.value.code == MCP_UNKNOWN_RESOURCE and info.value.data == {"uri": "shoal://pty/x"}
 
 
 @pytest.mark.parametrize("text", ["shoal://nope", "shoal://out/x", "file:///etc/passwd", ""])

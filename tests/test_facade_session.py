@@ -22,7 +22,14 @@ from shoal_mcp.facade.session import McpSession, Method
 from shoal_mcp.facade.stdio import StdioTransport
 from shoal_mcp.facade.tools import TOOLS
 from shoal_mcp.protocol.errors import ErrorCode
-from shoal_mcp.protocol.jsonrpc import Invalid, Notification, Request, Response, parse_message
+from shoal_mcp.protocol.jsonrpc import (
+    Batch,
+    Invalid,
+    Notification,
+    Request,
+    Response,
+    parse_message,
+)
 from shoal_mcp.protocol.limits import MCP_PROTOCOL_VERSION, MCP_SUPPORTED_VERSIONS
 
 
@@ -94,12 +101,30 @@ def test_unknown_method_and_non_object_params_are_errors(session, sent):
     assert sent[1]["error"]["code"] == ErrorCode.INVALID_PARAMS
 
 
-def test_set_level_needs_a_string_level(session, sent):
+@pytest.mark.parametrize("bad", [3, "banana", "DEBUG", None])
+def test_set_level_needs_an_mcp_level(session, sent, bad):
     session.receive(_req(1, "logging/setLevel", {"level": "debug"}))
-    session.receive(_req(2, "logging/setLevel", {"level": 3}))
+    session.receive(_req(2, "logging/setLevel", {"level": bad}))
     assert sent[0]["result"] == {} and session.log_level == "debug"
     assert sent[1]["error"]["code"] == ErrorCode.INVALID_PARAMS
-    assert sent[1]["error"]["data"] == {"field": "level"}
+    assert sent[1]["error"]["data"]["field"] == "level"
+    assert session.log_level == "debug"  # a refused level changes nothing
+
+
+def test_log_messages_respect_the_set_level(session, sent):
+    session.log("info", "before initialize")  # kept until initialize is answered
+    session.log("debug", "below the default level")
+    assert sent == []
+    session.receive(_req(1, "initialize", {"protocolVersion": "2025-06-18"}))
+    assert sent[0]["id"] == 1  # the answer first, then the kept line
+    assert sent[1]["params"] == {"level": "info", "logger": "shoal", "data": "before initialize"}
+    session.receive(_req(2, "logging/setLevel", {"level": "warning"}))
+    session.log("info", "too low")
+    session.log("warning", "kept")
+    session.log("error", "kept too")
+    notes = [m for m in sent[2:] if m.get("method") == "notifications/message"]
+    assert [n["params"]["data"] for n in notes] == ["kept", "kept too"]
+    assert notes[0]["params"] == {"level": "warning", "logger": "shoal", "data": "kept"}
 
 
 def test_invalid_messages_get_their_reply_and_responses_nothing(session, sent):
@@ -113,7 +138,7 @@ def test_invalid_messages_get_their_reply_and_responses_nothing(session, sent):
 
 def test_bad_tools_call_arguments_are_json_rpc_errors(session, sent):
     session.receive(
-        _req(1, "tools/call", {"name": "shoal_exec", "arguments": {"src": "true", "bogus": 1}})
+        _req(1, "tools/call", {"name": "shoal_exec", "arguments": {"command": "true", "bogus": 1}})
     )
     session.receive(_req(2, "tools/call", {"name": "no_such_tool"}))
     session.receive(_req(3, "tools/call", {"arguments": {}}))
@@ -123,13 +148,18 @@ def test_bad_tools_call_arguments_are_json_rpc_errors(session, sent):
 
 
 def test_a_lost_kernel_is_an_error_with_a_hint_not_a_traceback(session, sent):
-    session.receive(_req(1, "tools/call", {"name": "shoal_exec", "arguments": {"src": "true"}}))
+    session.receive(_req(0, "initialize", {"protocolVersion": "2025-06-18"}))
+    session.receive(_req(1, "tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}}))
     session.receive(_req(2, "resources/read", {"uri": "shoal://session/cwd"}))
-    for reply in sent:
+    replies = [m for m in sent if m.get("id") in (1, 2)]
+    for reply in replies:
         assert reply["error"]["code"] == ErrorCode.INTERNAL
         assert reply["error"]["message"].startswith("shoal kernel unavailable")
         assert "SHOAL_NO_AUTOSTART" in reply["error"]["data"]["hint"]
-    assert len(sent) == 2
+    assert len(replies) == 2
+    # ...and the client's log says so too (MCP logging, at the default level).
+    logged = [m["params"] for m in sent if m.get("method") == "notifications/message"]
+    assert len(logged) == 2 and all(p["level"] == "error" for p in logged)
 
 
 def test_a_handler_bug_is_an_internal_error(session, sent):
@@ -212,7 +242,10 @@ def test_stdio_transport_parses_frames_and_writes_whole_lines():
         os.close(in_w)
         messages = list(transport.messages())
         assert messages[0] == Request(1, "ping", {})
-        assert isinstance(messages[1], Invalid) and messages[1].reply["error"]["code"] == -32600
+        # An array is a batch (served only in a 2025-03-26 session); its element is invalid.
+        assert isinstance(messages[1], Batch)
+        (inner,) = messages[1].messages
+        assert isinstance(inner, Invalid) and inner.reply["error"]["code"] == -32600
         transport.send({"jsonrpc": "2.0", "id": 1, "result": {}})
         assert os.read(out_r, 1 << 16) == b'{"jsonrpc":"2.0","id":1,"result":{}}\n'
     finally:
@@ -230,11 +263,12 @@ def test_a_tool_call_through_the_session_reaches_the_kernel(kernel, monkeypatch)
     session = McpSession(sent.append, executor=Inline())
     try:
         session.receive(
-            _req(1, "tools/call", {"name": "shoal_exec", "arguments": {"src": "echo hi"}})
+            _req(1, "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo hi"}})
         )
         result = sent[0]["result"]
         assert result["isError"] is False
-        assert result["structuredContent"]["value"]["out"] == {"$": "str", "v": "hi\n"}
+        assert result["content"][0]["text"].startswith("hi\n")
+        assert result["structuredContent"]["value"]["ok"] is True
         ref = result["structuredContent"]["ref"]
         session.receive(_req(2, "resources/read", {"uri": f"shoal://out/{ref[4:]}?format=render"}))
         contents = sent[1]["result"]["contents"][0]
@@ -243,7 +277,7 @@ def test_a_tool_call_through_the_session_reaches_the_kernel(kernel, monkeypatch)
             _req(
                 3,
                 "tools/call",
-                {"name": "shoal_exec", "arguments": {"src": "exit 3", "position": "stmt"}},
+                {"name": "shoal_exec", "arguments": {"command": "exit 3", "position": "stmt"}},
             )
         )
         assert sent[2]["result"]["isError"] is True

@@ -17,7 +17,7 @@ from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.limits import MAX_FRAME
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import running_kernel
-from tests.support.results import structured, wire_text
+from tests.support.results import shown
 from tests.support.wire import no_traceback
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
@@ -53,12 +53,11 @@ def test_facade_survives_hostile_stdin(live):
             reply = pipe.request("ping", {}, timeout=60)  # in order after the stream
             assert reply.get("result") == {}, (i, reply)
         # A real oversize frame: answered -32600 to its own id, then business as usual.
-        head = b'{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"name":"shoal_exec","arguments":{"src":"'
+        head = b'{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"name":"shoal_exec","arguments":{"command":"'
         pipe.write(head + b"x" * (MAX_FRAME + 10) + b'"}}}\n')
         big = pipe.wait("big-1", timeout=120)
         assert big["error"]["code"] == ErrorCode.INVALID_REQUEST
-        sc = structured(pipe.call_tool("shoal_exec", {"src": "echo after-fuzz"}))
-        assert wire_text(sc["value"]["out"]) == "after-fuzz\n"
+        assert shown(pipe.call_tool("shoal_exec", {"command": "echo after-fuzz"})) == "after-fuzz"
         assert pipe.alive()
     finally:
         code = pipe.close()

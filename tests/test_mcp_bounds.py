@@ -21,6 +21,7 @@ import pytest
 
 from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, TEXT_LIMIT
 from tests.support.facade import RawFacade, facade_env
+from tests.support.results import shown
 
 MARKER_RE = re.compile(r"…\((\d+) more lines, (\d+) more bytes(?:, fetch via (\S+))?\)$")
 
@@ -137,10 +138,11 @@ def test_layer2_kernel_render_respects_callers_max_bytes(kc, src, elide):
 
 def test_layer2_render_bound_survives_the_facade_untouched(facade):
     reply = facade.tool(
-        "shoal_exec", {"src": "seq 1 2000000", "elide": {"max_bytes": 1024}}, timeout=60
+        "shoal_exec", {"command": "seq 1 2000000", "elide": {"max_bytes": 1024}}, timeout=60
     )
     result = reply["result"]
-    render = result["structuredContent"]["render"]
+    assert "render" not in result["structuredContent"]  # the text carries it, once
+    render = shown(reply)
     assert len(render.encode()) <= 1024
     text = result["content"][0]["text"]
     assert text.startswith(render)  # the facade only appends the ref line
@@ -171,7 +173,8 @@ def test_layer3_mcp_bounds_a_large_resource_read(kernel, kc, facade):
     assert content["uri"] == uri
     text = content["text"]
     assert len(text.encode()) <= TEXT_LIMIT
-    full = _pretty(result["structuredContent"])
+    assert "structuredContent" not in result  # a JSON read's text is the whole result
+    full = _pretty(direct)
     assert len(full.encode()) > TEXT_LIMIT
     _check_marker(text, full, uri)
 
@@ -200,7 +203,7 @@ def test_layer3_text_bound_holds_for_the_widest_kernel_render(kc, facade):
     )
     result = reply["result"]
     assert result["isError"] is False
-    assert len(result["structuredContent"]["render"].encode()) <= 65536
+    assert len(shown(reply).encode()) <= 65536
     text = result["content"][0]["text"]
     assert len(text.encode()) <= TEXT_LIMIT
     assert text.startswith("x" * 1000)
@@ -229,7 +232,13 @@ def test_layer3_text_bound_holds_for_an_escaped_raw_page(kc, facade):
     text = result["content"][0]["text"]
     assert len(text.encode()) <= TEXT_LIMIT
     page = result["structuredContent"]
+    assert "raw" not in page and "render" not in page  # the text carries the page, once
+    raw = kc.call(
+        "value.get",
+        {"ref": ran["ref"], "path": ".out", "format": "raw", "length": 65536},
+        timeout=30,
+    )["raw"]
     # A raw page is shown as its own text (not JSON-escaped), whole, then where it is
     # and the next call: nothing of it is cut by the text bound.
-    assert text.startswith(page["raw"] + "\n[bytes 0-")
+    assert text.startswith(raw + "\n[bytes 0-")
     assert f'next: shoal_get {{"ref": "{page["next"]}"}}' in text

@@ -144,8 +144,8 @@ def test_initialize_negotiates_and_lists_13_closed_tools(kernel):
         return s.initialize_result, raw_tools, raw_templates, tools
 
     init, raw_tools, raw_templates, tools = run_session(kernel, scenario)
-    # The SDK offers a newer revision than shoal speaks; the server answers with its own.
-    assert init.protocol_version == "2025-06-18"
+    # The SDK asks for its latest revision; shoal speaks 2025-11-25 and earlier.
+    assert init.protocol_version in ("2025-11-25", "2025-06-18")
     assert init.server_info.name == "shoal"
     assert init.server_info.version == __version__
     caps = init.capabilities
@@ -171,8 +171,8 @@ def test_initialize_negotiates_and_lists_13_closed_tools(kernel):
     # The SDK's own typed view agrees.
     assert {t.name for t in tools.tools} == TOOL_NAMES
     exec_schema = next(t for t in listed if t["name"] == "shoal_exec")["inputSchema"]
-    assert exec_schema["required"] == ["src"]
-    assert {"src", "mode", "position", "background", "timeout_ms", "elide"} <= set(
+    assert exec_schema["required"] == ["command"]
+    assert {"command", "mode", "position", "background", "timeout_ms", "elide"} <= set(
         exec_schema["properties"]
     )
 
@@ -182,7 +182,7 @@ def test_initialize_negotiates_and_lists_13_closed_tools(kernel):
 
 def test_exec_echo(kernel):
     async def scenario(s: ClientSession, notes: Notes):
-        return await s.call_tool("shoal_exec", {"src": "echo hi"})
+        return await s.call_tool("shoal_exec", {"command": "echo hi"})
 
     result = run_session(kernel, scenario)
     assert result.is_error is False
@@ -190,7 +190,8 @@ def test_exec_echo(kernel):
     structured = result.structured_content
     assert structured["value"]["$"] == "outcome"
     assert structured["value"]["ok"] is True
-    assert structured["value"]["out"] == {"$": "str", "v": "hi\n"}
+    # The text carries the output; the structured content describes it (no byte twice).
+    assert "out" not in structured["value"] and "render" not in structured
     (link,) = links_of(result)
     assert link.uri == structured["uri"]
     assert link.uri.startswith("shoal://out/")
@@ -198,7 +199,7 @@ def test_exec_echo(kernel):
 
 def test_big_output_is_bounded_and_drillable(kernel):
     async def scenario(s: ClientSession, notes: Notes):
-        big = await s.call_tool("shoal_exec", {"src": "seq 1 2000000"})
+        big = await s.call_tool("shoal_exec", {"command": "seq 1 2000000"})
         ref = big.structured_content["ref"]
         got = await s.call_tool("shoal_get", {"ref": ref, "path": ".out.lines[-1..]"})
         uri = big.structured_content["uri"]
@@ -220,13 +221,13 @@ def test_big_output_is_bounded_and_drillable(kernel):
     assert "2000000" in text and "shoal_get" in text
     (link,) = links_of(big)
     assert link.uri == big.structured_content["uri"]
-    out = big.structured_content["value"]["out"]
-    assert out["$"] == "ref" and out["lines"] == 2_000_000
+    assert "out" not in big.structured_content["value"]
+    assert "1999980 lines elided" in text
 
     assert got.is_error is False
-    # a line range through shoal_get is a page of text (docs/protocol.md, Paging)
-    assert got.structured_content["render"] == "2000000"
-    assert "2000000" in text_of(got)
+    assert got.structured_content["path"] == ".out.lines[-1..]"
+    assert "render" not in got.structured_content  # the text carries it, once
+    assert text_of(got).startswith("2000000")
 
     for form, read in reads.items():
         (content,) = read.contents
@@ -238,7 +239,9 @@ def test_big_output_is_bounded_and_drillable(kernel):
 
 def test_background_task_subscription_and_wait(kernel):
     async def scenario(s: ClientSession, notes: Notes):
-        started = await s.call_tool("shoal_exec", {"src": "sleep 1; echo bg", "background": True})
+        started = await s.call_tool(
+            "shoal_exec", {"command": "sleep 1; echo bg", "background": True}
+        )
         handle = started.structured_content
         await s.subscribe_resource(handle["uri"])
         await wait_for(lambda: notes.updated(handle["uri"]), timeout=15)
@@ -254,15 +257,16 @@ def test_background_task_subscription_and_wait(kernel):
     assert any(link.uri == handle["uri"] for link in links_of(started))
     assert done.is_error is False
     assert done.structured_content["task"]["state"] == "completed"
-    assert done.structured_content["value"]["out"] == {"$": "str", "v": "bg\n"}
-    assert "bg" in text_of(done)
+    assert text_of(done).startswith("bg\n")
     (content,) = record.contents
     assert '"completed"' in content.text
 
 
 def test_get_task_wait_ms_is_a_budget(kernel):
     async def scenario(s: ClientSession, notes: Notes):
-        started = await s.call_tool("shoal_exec", {"src": "sleep 2; echo late", "background": True})
+        started = await s.call_tool(
+            "shoal_exec", {"command": "sleep 2; echo late", "background": True}
+        )
         task = started.structured_content["task"]
         t0 = time.monotonic()
         early = await s.call_tool("shoal_get", {"ref": task, "wait_ms": 200})
@@ -275,7 +279,7 @@ def test_get_task_wait_ms_is_a_budget(kernel):
     assert early.structured_content["state"] == "running"
     assert waited < 1.5
     assert late.structured_content["task"]["state"] == "completed"
-    assert late.structured_content["value"]["out"]["v"] == "late\n"
+    assert text_of(late).startswith("late\n")
 
 
 def test_unsubscribe_really_stops_notifications(kernel):
@@ -315,7 +319,7 @@ def test_cancelling_an_inflight_call_ends_the_kernel_task(kernel):
             async with anyio.create_task_group() as tg:
 
                 async def call() -> None:
-                    await s.call_tool("shoal_exec", {"src": f"sleep {marker}"})
+                    await s.call_tool("shoal_exec", {"command": f"sleep {marker}"})
 
                 tg.start_soon(call)
                 await wait_for(lambda: pids_with_arg(marker), timeout=10)
@@ -325,7 +329,7 @@ def test_cancelling_an_inflight_call_ends_the_kernel_task(kernel):
         await wait_for(lambda: not pids_with_arg(marker), timeout=8)
         gone_after = time.monotonic() - t0
         # The facade keeps serving on the same session.
-        after = await s.call_tool("shoal_exec", {"src": "echo still-here"})
+        after = await s.call_tool("shoal_exec", {"command": "echo still-here"})
         return gone_after, after
 
     try:
@@ -343,9 +347,9 @@ def test_cancelling_an_inflight_call_ends_the_kernel_task(kernel):
 def test_kernel_error_is_an_iserror_result(kernel):
     async def scenario(s: ClientSession, notes: Notes):
         failed = await s.call_tool(
-            "shoal_exec", {"src": "echo oops >&2; false", "position": "stmt"}
+            "shoal_exec", {"command": "echo oops >&2; false", "position": "stmt"}
         )
-        as_value = await s.call_tool("shoal_exec", {"src": "false"})
+        as_value = await s.call_tool("shoal_exec", {"command": "false"})
         unknown = await s.call_tool("shoal_get", {"ref": "out:999999"})
         return failed, as_value, unknown
 
@@ -354,7 +358,7 @@ def test_kernel_error_is_an_iserror_result(kernel):
     error = failed.structured_content["error"]
     assert error["code"] == -32002
     assert error["data"]["status"] == 1
-    assert "oops" in error["data"]["stderr_tail"]
+    assert "stderr_tail" not in error["data"]  # the text shows it
     text = text_of(failed)
     assert "-32002" in text and "oops" in text
     assert [link.uri for link in links_of(failed)] == [error["data"]["uri"]]
@@ -368,10 +372,10 @@ def test_kernel_error_is_an_iserror_result(kernel):
 @pytest.mark.parametrize(
     ("name", "arguments", "field"),
     [
-        ("shoal_exec", {"src": 1}, "arguments.src"),
-        ("shoal_exec", {"src": "true", "bogus": 1}, "bogus"),
-        ("shoal_exec", {}, "src"),
-        ("shoal_exec", {"src": "true", "mode": "yolo"}, "mode"),
+        ("shoal_exec", {"command": 1}, "arguments.command"),
+        ("shoal_exec", {"command": "true", "bogus": 1}, "bogus"),
+        ("shoal_exec", {}, "command"),
+        ("shoal_exec", {"command": "true", "mode": "yolo"}, "mode"),
         ("shoal_get", {"ref": "out:1", "slice": [1]}, "slice"),
         ("no_such_tool", {}, "no_such_tool"),
     ],
@@ -394,11 +398,11 @@ def test_progress_notifications_for_a_slow_command(kernel):
         updates.append((time.monotonic(), progress, total, message))
 
     async def scenario(s: ClientSession, notes: Notes):
-        quick = await s.call_tool("shoal_exec", {"src": "true"}, progress_callback=on_progress)
+        quick = await s.call_tool("shoal_exec", {"command": "true"}, progress_callback=on_progress)
         quick_updates = len(updates)
         slow = await s.call_tool(
             "shoal_exec",
-            {"src": "for i in 1 2 3; do echo tick $i; sleep 1; done"},
+            {"command": "for i in 1 2 3; do echo tick $i; sleep 1; done"},
             progress_callback=on_progress,
         )
         return quick, quick_updates, slow
@@ -418,10 +422,10 @@ def test_oversize_request_fails_fast_instead_of_hanging(kernel):
     async def scenario(s: ClientSession, notes: Notes):
         t0 = time.monotonic()
         with pytest.raises(MCPError) as info:
-            await s.call_tool("shoal_exec", {"src": "echo " + "x" * (17 * 1024 * 1024)})
+            await s.call_tool("shoal_exec", {"command": "echo " + "x" * (17 * 1024 * 1024)})
         elapsed = time.monotonic() - t0
         await s.send_ping()
-        after = await s.call_tool("shoal_exec", {"src": "echo fine"})
+        after = await s.call_tool("shoal_exec", {"command": "echo fine"})
         return info.value, elapsed, after
 
     error, elapsed, after = run_session(kernel, scenario)

@@ -74,7 +74,7 @@ def _error(message: dict, code: int) -> dict:
 
 
 def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
-    head = b'{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"shoal_exec","arguments":{"src":"echo '
+    head = b'{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"shoal_exec","arguments":{"command":"echo '
     line = head + b"x" * (17 * MiB) + b'"}}}\n'
     assert len(line) > MAX_FRAME
     writer = _send_in_background(facade, line)
@@ -92,7 +92,7 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
     )
     _error(facade.wait_reply(44, timeout=60), -32600)
     writer.join(60)
-    assert facade.tool("shoal_exec", {"src": "echo after"})["result"]["isError"] is False
+    assert facade.tool("shoal_exec", {"command": "echo after"})["result"]["isError"] is False
     hwm = vm_hwm_kib(facade.pid)
     print(f"\nshoal-mcp VmHWM after 17 MiB + 48 MiB oversize frames: {hwm} KiB")
     assert hwm < FACADE_RSS_LIMIT_KIB, f"facade peak RSS {hwm} KiB"
@@ -141,7 +141,7 @@ def test_crlf_input_and_ids_echoed_with_their_exact_type(facade):
             "jsonrpc": "2.0",
             "id": 0,
             "method": "tools/call",
-            "params": {"name": "shoal_exec", "arguments": {"src": "echo zero"}},
+            "params": {"name": "shoal_exec", "arguments": {"command": "echo zero"}},
         },
         eol=b"\r\n",
     )
@@ -164,11 +164,11 @@ def test_unknown_methods_fail_fast_before_and_after_initialize(kernel, open_faca
 @pytest.mark.parametrize(
     ("asked", "answered"),
     [
+        ("2025-11-25", "2025-11-25"),
         ("2025-06-18", "2025-06-18"),
         ("2025-03-26", "2025-03-26"),
         ("2024-11-05", "2024-11-05"),
-        ("2025-11-25", "2025-06-18"),
-        ("2099-01-01", "2025-06-18"),
+        ("2099-01-01", "2025-11-25"),
     ],
 )
 def test_protocol_version_negotiation(kernel, open_facade, asked, answered):
@@ -207,7 +207,7 @@ def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
     try:
         facade.request(
             "tools/call",
-            {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+            {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
             msg_id="c1",
         )
         wait_until(lambda: pids_with_arg(marker), what="the command to start")
@@ -223,7 +223,7 @@ def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
 def test_slow_call_does_not_block_a_later_ping(facade):
     facade.request(
         "tools/call",
-        {"name": "shoal_exec", "arguments": {"src": "sleep 2; echo slow"}},
+        {"name": "shoal_exec", "arguments": {"command": "sleep 2; echo slow"}},
         msg_id="slow",
     )
     t0 = time.monotonic()
@@ -237,9 +237,13 @@ def test_slow_call_does_not_block_a_later_ping(facade):
 
 def test_concurrent_calls_complete_out_of_order(facade):
     facade.request(
-        "tools/call", {"name": "shoal_exec", "arguments": {"src": "sleep 1.5; echo a"}}, msg_id=1
+        "tools/call",
+        {"name": "shoal_exec", "arguments": {"command": "sleep 1.5; echo a"}},
+        msg_id=1,
     )
-    facade.request("tools/call", {"name": "shoal_exec", "arguments": {"src": "echo b"}}, msg_id=2)
+    facade.request(
+        "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo b"}}, msg_id=2
+    )
     order = [facade.next_message(timeout=15)["id"], facade.next_message(timeout=15)["id"]]
     assert order == [2, 1]
 
@@ -254,10 +258,10 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(kernel,
     env.pop("SHOAL_NO_AUTOSTART")
     try:
         f = open_facade(env)
-        assert f.tool("shoal_exec", {"src": "echo before"})["result"]["isError"] is False
+        assert f.tool("shoal_exec", {"command": "echo before"})["result"]["isError"] is False
         f.request(
             "tools/call",
-            {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+            {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
             msg_id="doomed",
         )
         wait_until(lambda: pids_with_arg(marker), what="the command to start")
@@ -270,7 +274,7 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(kernel,
         error = _error(reply, -32603)
         assert "kernel" in error["message"]
         # The next call reconnects, autostarting a fresh kernel on the same socket.
-        after = f.tool("shoal_exec", {"src": "echo after"}, timeout=30)
+        after = f.tool("shoal_exec", {"command": "echo after"}, timeout=30)
         assert after["result"]["isError"] is False
         assert after["result"]["content"][0]["text"].startswith("after")
         kernels = [p for p in pids_with_arg(str(k.socket)) if p != old_pid]
@@ -294,7 +298,7 @@ def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade, short_tmp_p
         f = open_facade(env)
         t0 = time.monotonic()
         reply = f.call(
-            "tools/call", {"name": "shoal_exec", "arguments": {"src": "echo hi"}}, timeout=10
+            "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo hi"}}, timeout=10
         )
         assert time.monotonic() - t0 < 3
         error = _error(reply, -32603)
@@ -322,7 +326,10 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
                         "jsonrpc": "2.0",
                         "id": f"early{i}",
                         "method": "tools/call",
-                        "params": {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+                        "params": {
+                            "name": "shoal_exec",
+                            "arguments": {"command": f"sleep {marker}"},
+                        },
                     }
                 )
                 + b"\n"
@@ -361,7 +368,7 @@ def test_cancel_is_not_starved_by_busy_workers(facade):
         for i, marker in enumerate(markers):
             facade.request(
                 "tools/call",
-                {"name": "shoal_exec", "arguments": {"src": f"sleep {marker}"}},
+                {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
                 msg_id=f"busy{i}",
             )
         wait_until(

@@ -26,7 +26,7 @@ from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.protocol.schema import validate
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import running_kernel
-from tests.support.results import structured, wire_text
+from tests.support.results import shown, structured
 from tests.support.wire import RawConn, no_traceback
 
 CALL_TIMEOUT = 60.0
@@ -57,8 +57,8 @@ EDGE_STRINGS = [
 HUGE = "h" * MB
 EDGE_NUMBERS = [-1, 0, 2**63, -(2**63), 2**64 - 1, 1e308, -1e308, 0.5]
 BASELINE: dict[str, dict] = {
-    "shoal_exec": {"src": "true"},
-    "shoal_plan": {"src": "true"},
+    "shoal_exec": {"command": "true"},
+    "shoal_plan": {"command": "true"},
     "shoal_apply": {"plan_ref": "plan:" + "0" * 32},
     "shoal_get": {"ref": "out:1"},
     "shoal_journal": {},
@@ -158,13 +158,13 @@ def tool_matrix() -> list[tuple[str, str, str, dict]]:
     cases: list[tuple[str, str, str, dict]] = []
     for tool in TOOLS:
         base = BASELINE[tool.name]
-        props: dict = tool.schema.get("properties", {})
+        props: dict = tool.accepts.get("properties", {})
         for name, sub in props.items():
             for v in _wrong_values(sub):
                 cases.append((tool.name, name, "wrong-type", {**base, name: v}))
             for v in _edge_values(sub):
                 cases.append((tool.name, name, "edge", {**base, name: v}))
-        for name in tool.schema.get("required", []):
+        for name in tool.accepts.get("required", []):
             args = dict(base)
             args.pop(name, None)
             cases.append((tool.name, name, "missing", args))
@@ -206,7 +206,7 @@ def live():
         pipe = McpPipe(facade_env(kernel, "badinput"), stderr_path=kernel.tmp / "facade.err")
         try:
             pipe.initialize()
-            base = structured(pipe.call_tool("shoal_exec", {"src": "echo base"}))
+            base = structured(pipe.call_tool("shoal_exec", {"command": "echo base"}))
             assert base["ref"] == "out:1"
             yield kernel, pipe
         finally:
@@ -225,8 +225,7 @@ def _run_pipelined(pipe: McpPipe, requests: list[tuple[str, dict]]) -> list[dict
 def _still_serving(kernel, pipe) -> None:
     assert pipe.alive() and kernel.proc.poll() is None
     assert "result" in pipe.request("ping", {}, timeout=CALL_TIMEOUT)
-    sc = structured(pipe.call_tool("shoal_exec", {"src": "echo alive"}))
-    assert wire_text(sc["value"]["out"]) == "alive\n"
+    assert shown(pipe.call_tool("shoal_exec", {"command": "echo alive"})) == "alive"
 
 
 def test_tool_argument_matrix(live):
@@ -241,7 +240,7 @@ def test_tool_argument_matrix(live):
         tool_name, prop, kind, args = case
         outcome = _check_reply(reply, case)
         tally[outcome] += 1
-        schema = next(t.schema for t in TOOLS if t.name == tool_name)
+        schema = next(t.accepts for t in TOOLS if t.name == tool_name)
         try:
             validate(args, schema, "arguments")
             schema_ok = True

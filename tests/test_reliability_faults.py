@@ -29,7 +29,7 @@ from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
 from tests.support.procfs import kernel_commands, kill_group, pgid_members, pid_alive
-from tests.support.results import structured, wire_text
+from tests.support.results import shown, structured, wire_text
 from tests.support.tmp import short_tmp
 
 FS_LIMIT = 4 * 1024 * 1024
@@ -134,15 +134,15 @@ def test_output_larger_than_the_state_dir_through_the_facade(full_kernel):
     pipe = McpPipe(facade_env(k, "fullmcp"))
     try:
         pipe.initialize()
-        reply = pipe.call_tool("shoal_exec", {"src": BIG})
+        reply = pipe.call_tool("shoal_exec", {"command": BIG})
         result = reply["result"]
         assert result["isError"] is True, result
         err = result["structuredContent"]["error"]
         assert err["code"] == ErrorCode.INTERNAL and err["message"].startswith("state dir full")
         assert "state dir full" in result["content"][0]["text"]
         assert "Traceback" not in result["content"][0]["text"]
-        sc = structured(pipe.call_tool("shoal_exec", {"src": "echo still-serving"}))
-        assert wire_text(sc["value"]["out"]) == "still-serving\n"
+        reply_ok = pipe.call_tool("shoal_exec", {"command": "echo still-serving"})
+        assert shown(reply_ok) == "still-serving"
         assert pipe.alive()
     finally:
         assert pipe.close() == 0
@@ -220,11 +220,11 @@ def test_kernel_sigkilled_mid_call_facade_recovers(short_tmp_path):
     new_pid = None
     try:
         pipe.initialize()
-        before = structured(pipe.call_tool("shoal_exec", {"src": "echo durable-before"}))
+        before = structured(pipe.call_tool("shoal_exec", {"command": "echo durable-before"}))
         assert before["ref"] == "out:1"
         # Two calls in flight when the kernel dies: a long exec and a task wait.
-        bg = structured(pipe.call_tool("shoal_exec", {"src": "sleep 60", "background": True}))
-        slow = pipe.tool("shoal_exec", {"src": "sleep 60"})
+        bg = structured(pipe.call_tool("shoal_exec", {"command": "sleep 60", "background": True}))
+        slow = pipe.tool("shoal_exec", {"command": "sleep 60"})
         waiting = pipe.tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
         wait_until(lambda: len(kernel_commands(k.pid)) >= 2, timeout=15)
         orphans = kernel_commands(k.pid)
@@ -237,16 +237,18 @@ def test_kernel_sigkilled_mid_call_facade_recovers(short_tmp_path):
             assert "kernel" in reply["error"]["message"]
             assert "Traceback" not in reply["error"]["message"]
         # The next call autostarts a new kernel on the same socket and state dir.
-        after = structured(pipe.call_tool("shoal_exec", {"src": "echo after-restart"}, timeout=60))
-        assert wire_text(after["value"]["out"]) == "after-restart\n"
+        after = pipe.call_tool("shoal_exec", {"command": "echo after-restart"}, timeout=60)
+        assert shown(after) == "after-restart"
         new_pid = _kernel_pid(k.socket)
         assert new_pid != k.pid
         # Durable transcript and journal survived the SIGKILL.
-        old = structured(pipe.call_tool("shoal_get", {"ref": "out:1", "path": ".out"}))
+        old = structured(
+            pipe.call_tool("shoal_get", {"ref": "out:1", "path": ".out", "format": "json"})
+        )
         assert wire_text(old["value"]) == "durable-before\n"
         rows = structured(pipe.call_tool("shoal_journal", {"limit": 20}))["rows"]
         assert "echo durable-before" in [r["src"] for r in rows]
-        assert after["ref"] != "out:1"
+        assert structured(after)["ref"] != "out:1"
         assert pipe.alive()
     finally:
         pipe.close()

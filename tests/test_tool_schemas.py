@@ -33,12 +33,57 @@ def constraints(schema: object) -> object:
 
 @pytest.mark.parametrize("tool", TOOLS, ids=TOOL_IDS)
 def test_every_tool_argument_has_the_kernel_params_constraints(tool: Tool):
-    assert set(tool.schema["properties"]) == set(tool.args)
-    for name, prop in tool.schema["properties"].items():
+    """What a tool accepts is the kernel's param schema; what it advertises is that schema
+    too, or (for the few multi-typed params) one of its types."""
+    assert set(tool.schema["properties"]) == set(tool.args) == set(tool.accepts["properties"])
+    for name, prop in tool.accepts["properties"].items():
         method, param = tool.source(name)
         kernel = PARAMS[method]["properties"][param]
         assert constraints(prop) == constraints(kernel), (tool.name, name, method, param)
-        assert prop.get("description"), f"{tool.name}.{name} says nothing to the model"
+        advertised = tool.schema["properties"][name]
+        if isinstance(kernel.get("type"), str):
+            assert constraints(advertised) == constraints(kernel), (tool.name, name)
+        assert advertised.get("description"), f"{tool.name}.{name} says nothing to the model"
+
+
+def _type_problems(schema: object, where: str) -> list[str]:
+    """Type arrays anywhere, and properties without one top-level ``type``."""
+    problems: list[str] = []
+    if isinstance(schema, dict):
+        if isinstance(schema.get("type"), list):
+            problems.append(f"{where}: type array {schema['type']}")
+        for name, prop in (schema.get("properties") or {}).items():
+            if not isinstance(prop.get("type"), str):
+                problems.append(f"{where}.{name}: no single top-level type")
+        for key, value in schema.items():
+            problems += _type_problems(value, f"{where}.{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            problems += _type_problems(value, f"{where}[{i}]")
+    return problems
+
+
+@pytest.mark.parametrize("tool", TOOLS, ids=TOOL_IDS)
+def test_advertised_schemas_have_one_type_per_property_and_no_type_arrays(tool: Tool):
+    """Inspector sends a type-less property as a string; single-type dialects (Gemini-backed
+    clients) reject ``["integer", "null"]``."""
+    assert _type_problems(tool.schema, tool.name) == []
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "args"),
+    [
+        ("shoal_pty_send", {"pty_id": "pty:1", "input": "ls\n"}),
+        ("shoal_pty_send", {"pty_id": "pty:1", "input": {"key": "Enter"}}),
+        ("shoal_pty_send", {"pty_id": "pty:1", "input": [{"text": "ls"}, {"key": "Enter"}]}),
+        ("shoal_get", {"ref": "out:1", "slice": [0, None]}),
+        ("shoal_get", {"ref": "out:1", "slice": "0..2"}),
+        ("shoal_cancel", {"task": 3}),
+    ],
+)
+def test_the_kernels_wider_forms_are_still_accepted(tool_name, args):
+    tool = next(t for t in TOOLS if t.name == tool_name)
+    validate(args, tool.accepts, "arguments")
 
 
 @pytest.mark.parametrize("tool", TOOLS, ids=TOOL_IDS)
@@ -86,7 +131,7 @@ def test_a_tool_limit_is_the_kernel_limit():
     """The drift issue 12 found: src, timeout_ms, length; now one number each."""
     by_name = {t.name: t.schema["properties"] for t in TOOLS}
     assert (
-        by_name["shoal_exec"]["src"]["maxLength"]
+        by_name["shoal_exec"]["command"]["maxLength"]
         == PARAMS["exec"]["properties"]["src"]["maxLength"]
     )
     assert (
@@ -96,3 +141,11 @@ def test_a_tool_limit_is_the_kernel_limit():
     )
     assert "maximum" not in by_name["shoal_get"]["length"]  # clamped, never refused
     assert "maximum" not in PARAMS["value.get"]["properties"]["length"]
+
+
+def test_exec_and_plan_call_their_source_command():
+    """The ecosystem's name (Claude Code's Bash, Desktop Commander, mcp-shell-server)."""
+    for name in ("shoal_exec", "shoal_plan"):
+        tool = next(t for t in TOOLS if t.name == name)
+        assert "command" in tool.schema["required"] and "src" not in tool.schema["properties"]
+        assert tool.to_kernel({"command": "echo hi"})[1]["src"] == "echo hi"

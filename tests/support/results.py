@@ -38,3 +38,17 @@ def call_err(
     with pytest.raises(RpcError) as info:
         client.call(method, params or {}, timeout=timeout)
     return info.value
+
+
+def shown(reply: dict) -> str:
+    """The text a ``tools/call`` reply shows the model, without its ``[ref · uri]`` line.
+
+    The render of an outcome is its stdout (its stderr tail too when it failed); the
+    structured content then carries only what describes it (no output byte twice).
+    """
+    assert "result" in reply, reply
+    text = reply["result"]["content"][0]["text"]
+    body, sep, trailer = text.rpartition("\n\n[")
+    if sep and trailer.endswith("]"):
+        return body
+    return "" if text.startswith("[") and text.endswith("]") else text

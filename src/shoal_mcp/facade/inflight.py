@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import KernelLost
-from ..protocol.errors import RpcError
+from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.limits import CANCEL_RETRY_S
 
 log = logging.getLogger("shoal.mcp")
 
@@ -32,12 +33,17 @@ Progress = Callable[[int | None], None]
 """Called about once a second while a tool waits, with the output bytes so far if known."""
 
 
+class CallCancelled(Exception):
+    """Raised on a worker whose request was cancelled: it stops waiting at once."""
+
+
 @dataclass
 class InFlight:
     request_id: Any
     cancelled: bool = False
     kernel: KernelCall | None = None  # set once a task-owning call has started
     lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)  # cancelled or answered
 
     def own_kernel_call(self, client: Any, kernel_id: int, fut: Any) -> None:
         """Record the kernel call behind this request; cancel it if we already were."""
@@ -46,6 +52,48 @@ class InFlight:
             cancelled = self.cancelled
         if cancelled:
             start_kernel_cancel(client, kernel_id, fut)
+
+
+_serving = threading.local()
+
+
+def current_flight() -> InFlight | None:
+    """The request this worker thread is serving (None outside ``serving``)."""
+    return getattr(_serving, "flight", None)
+
+
+class serving:  # noqa: N801 - used as a context manager, like a function
+    """``with serving(flight):`` marks this thread as serving ``flight``, so a kernel call
+    made anywhere below stops waiting as soon as the request is cancelled."""
+
+    def __init__(self, flight: InFlight) -> None:
+        self.flight = flight
+
+    def __enter__(self) -> InFlight:
+        _serving.flight = self.flight
+        return self.flight
+
+    def __exit__(self, *exc: object) -> None:
+        _serving.flight = None
+
+
+def wait_cancellable(fut: Any, timeout: float | None = None) -> Any:
+    """``fut.result(timeout)``, except that a cancelled request stops waiting at once
+    (CallCancelled): its worker is free even when the kernel never answers."""
+    flight = current_flight()
+    if flight is None:
+        return fut.result(timeout)
+    flight.wake.clear()
+    fut.add_done_callback(lambda _f: flight.wake.set())
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not fut.done():
+        if flight.cancelled:
+            raise CallCancelled(flight.request_id)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError(f"no kernel answer within {timeout} s")
+        flight.wake.wait(left)
+    return fut.result()
 
 
 class InFlightCalls:
@@ -76,6 +124,7 @@ class InFlightCalls:
         with flight.lock:
             flight.cancelled = True
             target = flight.kernel
+        flight.wake.set()
         if target is not None:
             start_kernel_cancel(*target)
 
@@ -101,13 +150,24 @@ def start_kernel_cancel(client: Any, kernel_id: int, fut: Any) -> None:
 
 
 def _cancel_kernel_call(client: Any, kernel_id: int, fut: Any) -> None:
-    """Cancel the kernel task behind an in-flight exec (the kernel keeps early cancels)."""
-    if fut.done():
-        return
-    try:
-        client.call("task.cancel", {"call": kernel_id}, timeout=CANCEL_TIMEOUT_S)
-    except (RpcError, KernelLost, TimeoutError) as exc:
-        log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+    """Cancel the kernel task behind an in-flight exec (the kernel keeps early cancels).
+
+    Under load the kernel may not have registered the exec yet when the cancel arrives
+    ("no exec in flight", -32021): retried until the exec is known or has answered.
+    """
+    deadline = time.monotonic() + CANCEL_TIMEOUT_S
+    while not fut.done():
+        try:
+            client.call("task.cancel", {"call": kernel_id}, timeout=CANCEL_TIMEOUT_S)
+            return
+        except RpcError as exc:
+            if exc.code != ErrorCode.UNKNOWN_TASK or time.monotonic() > deadline:
+                log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+                return
+            time.sleep(CANCEL_RETRY_S)
+        except (KernelLost, TimeoutError) as exc:
+            log.debug("cancel of kernel call %s: %s", kernel_id, exc)
+            return
 
 
 def progress_token(params: dict) -> Any:

@@ -1,7 +1,11 @@
 """The facade's connections to the kernel: one multiplexed call link + one for events.
 
-Both attach to the same session. A lost kernel fails in-flight calls (the demux
+Both attach to the same session. The call connection is opened when the facade starts
+(``prewarm``: connecting, autostarting the kernel if needed, in the background) and
+attached once ``initialize`` told us who the client is (``attach_soon``), so the first
+tool call finds a warm connection. A lost kernel fails in-flight calls (the demux
 thread does that) and the next call reconnects, autostarting the kernel if allowed.
+What happens to the connection is reported through ``on_log`` (MCP logging).
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..client import KernelClient, KernelLost, connect, version_mismatch
+from .inflight import current_flight, wait_cancellable
 
 log = logging.getLogger(__name__)
+
+LogSink = Callable[[str, str], None]
+"""(level, message): an MCP log line (level is an RFC 5424 name)."""
 
 
 class KernelLink:
@@ -28,8 +36,10 @@ class KernelLink:
         self.token = os.environ.get("SHOAL_TOKEN")
         self.client_info = client_info or {}
         self.on_event = on_event
+        self.on_log: LogSink = lambda level, message: None
         self._calls: KernelClient | None = None
         self._events: KernelClient | None = None
+        self._unattached: KernelClient | None = None  # prewarmed, waiting for initialize
         self._lock = threading.Lock()
         self.attach_info: dict | None = None
 
@@ -51,8 +61,19 @@ class KernelLink:
             log.warning("%s", mismatch)
         return info
 
-    def _open(self, on_event: Callable[[dict], None] | None) -> KernelClient:
+    def _connect(self, on_event: Callable[[dict], None] | None) -> KernelClient:
+        try:
+            return connect(on_event=on_event, autostart=False)
+        except KernelLost:
+            if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
+                raise
+        self.on_log("info", "no shoal kernel was listening; starting one")
         client = connect(on_event=on_event)
+        self.on_log("info", "shoal kernel started")
+        return client
+
+    def _open(self, on_event: Callable[[dict], None] | None) -> KernelClient:
+        client = self._connect(on_event)
         try:
             self.attach_info = self._attach(client)
         except BaseException:
@@ -63,8 +84,45 @@ class KernelLink:
     def calls(self) -> KernelClient:
         with self._lock:
             if self._calls is None or self._calls.closed.is_set():
-                self._calls = self._open(None)
+                lost = self._calls is not None
+                pending, self._unattached = self._unattached, None
+                if pending is not None and not pending.closed.is_set():
+                    try:
+                        self.attach_info = self._attach(pending)
+                    except BaseException:
+                        pending.close()
+                        raise
+                    self._calls = pending
+                else:
+                    self._calls = self._open(None)
+                if lost:
+                    self.on_log("notice", "reconnected to the shoal kernel")
             return self._calls
+
+    def prewarm(self) -> None:
+        """Connect (autostarting if allowed) in the background, without attaching yet."""
+
+        def run() -> None:
+            with self._lock:
+                if self._calls is not None or self._unattached is not None:
+                    return
+                try:
+                    self._unattached = self._connect(None)
+                except KernelLost as exc:
+                    log.info("prewarm: %s", exc)  # the first call reports it, with a hint
+
+        threading.Thread(target=run, name="mcp-prewarm", daemon=True).start()
+
+    def attach_soon(self) -> None:
+        """Attach the call connection in the background (after ``initialize``)."""
+
+        def run() -> None:
+            try:
+                self.calls()
+            except (KernelLost, Exception) as exc:  # noqa: BLE001 - the first call reports it
+                log.info("attach: %s", exc)
+
+        threading.Thread(target=run, name="mcp-attach", daemon=True).start()
 
     def events(self) -> KernelClient:
         with self._lock:
@@ -86,10 +144,16 @@ class KernelLink:
         return client, msg_id, fut
 
     def call(self, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
-        return self.calls().call(method, params or {}, timeout)
+        """A kernel call; on a worker serving a request, cancelling it stops the wait."""
+        if current_flight() is None:
+            return self.calls().call(method, params or {}, timeout)
+        _, _, fut = self.start_call(method, params or {})
+        return wait_cancellable(fut, timeout)
 
     def close(self) -> None:
-        for client in (self._calls, self._events):
+        with self._lock:
+            clients = (self._calls, self._events, self._unattached)
+        for client in clients:
             if client is not None:
                 client.close()
 

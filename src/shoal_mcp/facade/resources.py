@@ -21,11 +21,14 @@ from ..client import KernelLost
 from ..protocol import uri
 from ..protocol.errors import MCP_UNKNOWN_RESOURCE, ErrorCode, RpcError, invalid_params
 from ..protocol.framing import bound_text
-from ..protocol.limits import TEXT_LIMIT
+from ..protocol.limits import MCP_LIST_PENDING_PLANS, MCP_LIST_RECENT_TASKS, TEXT_LIMIT
 from .kernel_link import KernelLink
+from .mime import BINARY, JSON, TEXT, mime_for
+from .paging import page
+from .versions import LATEST, Revision
 
-JSON = "application/json"
-TEXT = "text/plain"
+PAGE_META = "shoal.dev/page"
+"""``_meta`` key of a text or blob read: what describes the page (next, total...)."""
 
 KernelRead = tuple[str, dict[str, Any]]
 """(kernel method, params) that reads a resource."""
@@ -111,19 +114,18 @@ class Route:
     description: str
     read: Callable[[uri.ShoalUri], KernelRead]
     channel: Callable[[uri.ShoalUri], str | None] | None = None  # None: not subscribable
-    mime_type: str = JSON
 
     def listing(self) -> dict:
-        return {
-            "uriTemplate": self.template,
-            "name": self.name,
-            "description": self.description,
-            "mimeType": self.mime_type,
-        }
+        out = {"uriTemplate": self.template, "name": self.name, "description": self.description}
+        # MCP: a template states a mimeType only when every resource it matches has it;
+        # with a format variable, render/raw reads are text.
+        if self.template is not None and "format" not in self.template:
+            out["mimeType"] = mime_for(self.kind, None)
+        return out
 
     def content_mime(self, params: dict) -> str:
-        """A read asking the kernel for rendered or raw text answers text."""
-        return self.mime_type if params.get("format", "json") == "json" else TEXT
+        """What a read of this route with kernel ``params`` returns (text raw pages: TEXT)."""
+        return mime_for(self.kind, params.get("format"))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -138,7 +140,7 @@ ROUTES: tuple[Route, ...] = (
         uri.VAL,
         "shoal://val/{hash}{?offset,length}",
         "blob",
-        "Raw bytes of a stored blob, paged (base64).",
+        "Raw bytes of a stored blob, paged.",
         lambda p: ("blob.get", {"hash": p.ident, **_ints(p.query, "offset", "length")}),
     ),
     Route(
@@ -240,34 +242,89 @@ def route(text: str) -> tuple[Route, uri.ShoalUri]:
     return found, parsed
 
 
+def not_subscribable(text: str) -> RpcError:
+    return RpcError(
+        ErrorCode.INVALID_PARAMS,
+        f"invalid params: uri: not subscribable: {text[:200]} (subscribable: shoal://task/{{id}}, "
+        "shoal://task/{id}/out, shoal://pty/{id}, shoal://events/{channel})",
+        {"field": "uri", "reason": "not subscribable", "uri": text[:200]},
+    )
+
+
 def subscription_channel(text: str) -> str:
-    """Kernel channel behind a subscribable URI (docs/protocol.md, "Resources"), or -32002."""
+    """Kernel channel behind a subscribable URI (docs/protocol.md, "Resources").
+
+    -32002 for a URI that names no resource; -32602 "not subscribable" for one that can
+    be read but not followed.
+    """
     found, parsed = route(text)
-    channel = found.channel(parsed) if found.channel is not None else None
+    if found.channel is None:
+        raise not_subscribable(text)
+    channel = found.channel(parsed)
     if channel is None:
         raise unknown(text)
     return channel
 
 
-def read_contents(text_uri: str, result: dict, mime: str) -> dict:
-    if mime == TEXT:
-        text = (
-            result.get("render")
-            if "render" in result
-            else result.get("raw", result.get("raw_base64", ""))
-        ) or ""
+def read_contents(text_uri: str, result: dict, mime: str, rev: Revision = LATEST) -> dict:
+    """``resources/read``'s answer: JSON as text, text pages as text, bytes as ``blob``.
+
+    A text or blob read carries what describes the page (ref, offsets, total, next) in
+    the result's ``_meta`` under ``PAGE_META``; a JSON read's text is the whole result.
+    """
+    meta: dict | None = None
+    if mime == JSON or not any(k in result for k in ("render", "raw", "raw_base64", "base64")):
+        item = {
+            "uri": text_uri,
+            "mimeType": JSON,
+            "text": bound_text(
+                orjson.dumps(result, option=orjson.OPT_INDENT_2).decode(), TEXT_LIMIT, text_uri
+            ),
+        }
+    elif "raw_base64" in result or "base64" in result:
+        item = {
+            "uri": text_uri,
+            "mimeType": BINARY,
+            "blob": result.get("raw_base64", result.get("base64", "")),
+        }
+        meta = {k: v for k, v in result.items() if k not in ("raw_base64", "base64")}
     else:
-        text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
-    return {
-        "contents": [
-            {"uri": text_uri, "mimeType": mime, "text": bound_text(text, TEXT_LIMIT, text_uri)}
-        ],
-        "structuredContent": result,
-    }
+        text = (result["render"] if "render" in result else result["raw"]) or ""
+        item = {"uri": text_uri, "mimeType": TEXT, "text": bound_text(text, TEXT_LIMIT, text_uri)}
+        meta = {k: v for k, v in result.items() if k not in ("render", "raw")}
+    out: dict = {"contents": [item]}
+    if meta is not None:
+        out["_meta"] = {PAGE_META: meta}
+    return out
 
 
-def listing_entry(entry_uri: str, name: str, description: str, mime: str = JSON) -> dict:
-    return {"uri": entry_uri, "name": name, "description": description, "mimeType": mime}
+def listing_entry(
+    entry_uri: str, name: str, description: str, title: str | None, rev: Revision
+) -> dict:
+    entry = {"uri": entry_uri, "name": name, "description": description, "mimeType": JSON}
+    if title is not None and rev.titles:
+        entry["title"] = title
+    return entry
+
+
+def _number(ref: str) -> int:
+    tail = ref.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _recent_tasks(tasks: list[dict]) -> list[dict]:
+    """Running tasks, then the most recent finished ones (older ones stay readable)."""
+    newest = sorted(tasks, key=lambda t: _number(str(t.get("task", ""))), reverse=True)
+    running = [t for t in newest if t.get("state") in ("running", "suspended")]
+    done = [t for t in newest if t.get("state") not in ("running", "suspended")]
+    return running + done[:MCP_LIST_RECENT_TASKS]
+
+
+def _pending_plans(plans: list[dict]) -> list[dict]:
+    """Plans awaiting apply or approval, newest first (older ones stay readable by URI)."""
+    pending = [p for p in plans if p.get("state") in ("pending", "requested", "approved")]
+    pending.sort(key=lambda p: p.get("created") or 0, reverse=True)
+    return pending[:MCP_LIST_PENDING_PLANS]
 
 
 class ResourceApi:
@@ -276,35 +333,29 @@ class ResourceApi:
     def __init__(self, link: KernelLink) -> None:
         self.link = link
 
-    def list(self, params: dict) -> dict:
-        entries = [listing_entry(root, name, desc) for root, name, desc in ROOTS]
+    def list(self, params: dict, rev: Revision = LATEST) -> dict:
+        """Roots, running and recent tasks, pending plans, open PTYs; paginated."""
+        entries = [listing_entry(root, name, desc, name, rev) for root, name, desc in ROOTS]
         try:
-            for task in self.link.call("task.list", {}).get("tasks", []):
-                entries.append(
-                    listing_entry(task["uri"], task["task"], f"{task['state']}: {task['src'][:80]}")
-                )
-            for plan in self.link.call("plan.list", {}).get("plans", []):
-                entries.append(
-                    listing_entry(
-                        plan["uri"], plan["plan_ref"], f"{plan['state']}: {plan['src'][:80]}"
-                    )
-                )
+            for task in _recent_tasks(self.link.call("task.list", {}).get("tasks", [])):
+                desc = f"{task['state']}: {task['src'][:80]}"
+                entries.append(listing_entry(task["uri"], task["task"], desc, None, rev))
+            for plan in _pending_plans(self.link.call("plan.list", {}).get("plans", [])):
+                desc = f"{plan['state']}: {plan['src'][:80]}"
+                entries.append(listing_entry(plan["uri"], plan["plan_ref"], desc, None, rev))
             for pty in self.link.call("pty.list", {}).get("ptys", []):
                 num = uri.ref_number(pty["pty_id"], uri.PTY)
-                entries.append(
-                    listing_entry(
-                        uri.pty_uri(num), pty["pty_id"], f"pty running {pty.get('cmd', '')}"
-                    )
-                )
+                desc = f"pty running {pty.get('cmd', '')}"
+                entries.append(listing_entry(uri.pty_uri(num), pty["pty_id"], desc, None, rev))
         except (RpcError, KernelLost):
             pass  # the static roots are still useful without a kernel
-        return {"resources": entries}
+        return page(params, "resources", "resources", entries)
 
     @staticmethod
-    def templates(params: dict) -> dict:
-        return {"resourceTemplates": [r.listing() for r in TEMPLATES]}
+    def templates(params: dict, rev: Revision = LATEST) -> dict:
+        return page(params, "templates", "resourceTemplates", [r.listing() for r in TEMPLATES])
 
-    def read(self, params: dict) -> dict:
+    def read(self, params: dict, rev: Revision = LATEST) -> dict:
         text = params.get("uri")
         if not isinstance(text, str):
             raise RpcError(
@@ -318,4 +369,4 @@ class ResourceApi:
             if exc.code in NOT_FOUND_CODES:
                 raise unknown(text) from None
             raise
-        return read_contents(text, result, found.content_mime(kparams))
+        return read_contents(text, result, found.content_mime(kparams), rev)

@@ -16,6 +16,7 @@ from .stdio import StdioTransport
 
 def serve(transport: StdioTransport, session: McpSession) -> int:
     """Feed every message from ``transport`` to ``session`` until EOF."""
+    session.start()
     try:
         for message in transport.messages():
             session.receive(message)

@@ -4,13 +4,15 @@ Sans-I/O apart from its worker pool: the session is fed parsed messages
 (``receive``) and answers through the ``send`` callable it was given, so tests can
 drive it without pipes. Fast methods (lifecycle, listings) answer on the caller's
 thread, in order; methods that call the kernel run on the pool, so the reader never
-waits on a tool and a slow call never holds up a ping. The methods served are listed
+waits on a tool and a slow call never holds up a ping. What is sent is shaped by the
+revision negotiated at ``initialize`` (``versions``). The methods served are listed
 in docs/protocol.md, "MCP surface".
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from .. import __version__
 from ..client import KernelLost
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.jsonrpc import (
+    NO_ID,
+    Batch,
     Invalid,
     Notification,
     Request,
@@ -27,13 +31,16 @@ from ..protocol.jsonrpc import (
     notification,
     response,
 )
-from ..protocol.limits import MCP_PROTOCOL_VERSION, MCP_SUPPORTED_VERSIONS
-from .inflight import InFlight, InFlightCalls
+from ..protocol.limits import MCP_EARLY_LOG_LINES, MCP_INPUT_QUEUE
+from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
+from .mcp_tasks import McpTasks
+from .paging import page
 from .resources import ResourceApi
 from .subscriptions import Subscriptions
 from .tool_calls import ToolRunner
 from .tools import TOOLS
+from .versions import LATEST, Revision, negotiate
 
 log = logging.getLogger("shoal.mcp")
 
@@ -48,8 +55,13 @@ INSTRUCTIONS = (
 KERNEL_LOST_HINT = (
     "the next call reconnects (and autostarts the kernel unless SHOAL_NO_AUTOSTART=1)"
 )
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+"""MCP logging levels (RFC 5424 severities), least severe first."""
+DEFAULT_LOG_LEVEL = "info"
 
 Handler = Callable[[dict, InFlight | None], Any]
+Reply = Callable[[dict | None], None]
+"""Where a request's answer goes; None: it has none (cancelled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +74,32 @@ def _plain(func: Callable[[dict], Any]) -> Handler:
     return lambda params, flight: func(params)
 
 
+class BatchReplies:
+    """Collects the answers to one batch and sends them as one array when all are in."""
+
+    def __init__(self, expected: int, send: Callable[[Any], None]) -> None:
+        self.expected = expected
+        self.send = send
+        self.replies: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add(self, reply: dict | None) -> None:
+        with self.lock:
+            if reply is not None:
+                self.replies.append(reply)
+            self.expected -= 1
+            done = self.expected == 0
+        if done and self.replies:
+            self.send(self.replies)
+
+
 class McpSession:
     def __init__(
         self,
-        send: Callable[[dict], None],
+        send: Callable[[Any], None],
         link: KernelLink | None = None,
         executor: Executor | None = None,
+        input_slots: int = MCP_INPUT_QUEUE,
     ) -> None:
         self.send = send
         self.pool = executor or ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="mcp-call")
@@ -76,27 +108,75 @@ class McpSession:
         self.direct_calls = executor is None
         self.link = link or KernelLink()
         self.link.on_event = self._on_kernel_event
+        self.link.on_log = self.log
         self.inflight = InFlightCalls()
-        self.subs = Subscriptions(self.link, self.notify)
-        self.tools = ToolRunner(self.link, self.notify)
+        # Requests accepted and not yet answered; when all are taken the reader waits,
+        # so stdin is no longer read and the client's pipe fills (backpressure).
+        self.slots = threading.BoundedSemaphore(input_slots)
+        self.revision: Revision | None = None
+        self.subs = Subscriptions(self.link, self.notify, self.log)
+        self.tasks = McpTasks(self.link, self.notify, self.rev)
+        self.tools = ToolRunner(self.link, self.notify, self.rev, self.tasks)
         self.resources = ResourceApi(self.link)
         self.client_info: dict = {}
-        self.log_level = "info"
+        self.log_level = DEFAULT_LOG_LEVEL
+        self._log_lock = threading.Lock()
+        self._initialized = False  # initialize answered: log lines may go out
+        self._early_logs: list[tuple[str, str, str]] = []
         self.methods: dict[str, Method] = {
             "initialize": Method(_plain(self._initialize), False),
             "ping": Method(_plain(lambda p: {}), False),
             "tools/list": Method(_plain(self._tools_list), False),
             "tools/call": Method(self.tools.call, True),
-            "resources/list": Method(_plain(self.resources.list), True),
-            "resources/templates/list": Method(_plain(self.resources.templates), False),
-            "resources/read": Method(_plain(self.resources.read), True),
+            "resources/list": Method(_plain(lambda p: self.resources.list(p, self.rev())), True),
+            "resources/templates/list": Method(
+                _plain(lambda p: self.resources.templates(p, self.rev())), False
+            ),
+            "resources/read": Method(_plain(lambda p: self.resources.read(p, self.rev())), True),
             "resources/subscribe": Method(_plain(self.subs.subscribe), True),
             "resources/unsubscribe": Method(_plain(self.subs.unsubscribe), True),
             "logging/setLevel": Method(_plain(self._set_level), False),
         }
+        # 2025-11-25 tasks: only served in a session that negotiated them.
+        self.task_methods: dict[str, Method] = {
+            "tasks/get": Method(_plain(self.tasks.get), False),
+            "tasks/result": Method(_plain(self.tasks.result), True),
+            "tasks/list": Method(_plain(self.tasks.list), False),
+            "tasks/cancel": Method(_plain(self.tasks.cancel), True),
+        }
+
+    def rev(self) -> Revision:
+        """The negotiated revision (our latest before ``initialize``)."""
+        return self.revision or LATEST
+
+    def start(self) -> None:
+        """Open the kernel connection in the background (the first call is then warm)."""
+        self.link.prewarm()
 
     def notify(self, method: str, params: dict) -> None:
         self.send(notification(method, params))
+
+    def log(self, level: str, message: str, logger: str = "shoal") -> None:
+        """``notifications/message`` at ``level``, when the client's level lets it through.
+
+        Before ``initialize`` has been answered (the background connect may autostart the
+        kernel by then) lines are kept, up to ``MCP_EARLY_LOG_LINES``, and sent right after.
+        """
+        with self._log_lock:
+            if not self._initialized:
+                if len(self._early_logs) < MCP_EARLY_LOG_LINES:
+                    self._early_logs.append((level, message, logger))
+                return
+        if LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+            return
+        self.notify("notifications/message", {"level": level, "logger": logger, "data": message})
+
+    def _initialize_answered(self) -> None:
+        with self._log_lock:
+            self._initialized = True
+            early, self._early_logs = self._early_logs, []
+        for level, message, logger in early:
+            self.log(level, message, logger)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -106,44 +186,98 @@ class McpSession:
 
     def receive(self, msg: Any) -> None:
         """Handle one parsed message (what ``jsonrpc.parse_message`` returns)."""
+        if isinstance(msg, Batch):
+            self._batch(msg)
+        else:
+            self._dispatch(msg, self._send_reply)
+
+    def _send_reply(self, reply: dict | None) -> None:
+        if reply is not None:
+            self.send(reply)
+
+    def _dispatch(self, msg: Any, reply: Reply) -> None:
         if isinstance(msg, Invalid):
-            if msg.reply is not None:
-                self.send(msg.reply)
+            reply(msg.reply)
         elif isinstance(msg, Notification):
             self._notification(msg)
         elif isinstance(msg, Request):
-            self._request(msg)
+            self._request(msg, reply)
         # responses: we send no requests to the client
 
-    def _request(self, msg: Request) -> None:
-        entry = self.methods.get(msg.method)
-        if entry is None:
+    def _batch(self, batch: Batch) -> None:
+        if not self.rev().batches or self.revision is None:
             self.send(
+                error_response(
+                    NO_ID,
+                    ErrorCode.INVALID_REQUEST,
+                    "invalid request: batches are accepted only in a 2025-03-26 session",
+                )
+            )
+            return
+        answered = sum(
+            1 for m in batch.messages if isinstance(m, Request) or getattr(m, "reply", None)
+        )
+        replies = BatchReplies(answered, self.send)
+        for msg in batch.messages:
+            if isinstance(msg, Request) and msg.method == "initialize":
+                replies.add(
+                    error_response(
+                        msg.id, ErrorCode.INVALID_REQUEST, "invalid request: initialize in a batch"
+                    )
+                )
+            elif isinstance(msg, Request | Notification) or getattr(msg, "reply", None):
+                self._dispatch(msg, replies.add)
+
+    def _method(self, name: str) -> Method | None:
+        if name in self.task_methods:
+            return self.task_methods[name] if self.rev().tasks and self.revision else None
+        return self.methods.get(name)
+
+    def _request(self, msg: Request, reply: Reply) -> None:
+        entry = self._method(msg.method)
+        if entry is None:
+            reply(
                 error_response(
                     msg.id, ErrorCode.METHOD_NOT_FOUND, f"method not found: {msg.method}"
                 )
             )
         elif not isinstance(msg.params, dict):
-            self.send(
+            reply(
                 error_response(
                     msg.id, ErrorCode.INVALID_PARAMS, "invalid params: params must be an object"
                 )
             )
         elif entry.concurrent:
+            self.slots.acquire()  # blocks the reader when MCP_INPUT_QUEUE requests are pending
             flight = self.inflight.add(msg.id)
-            if msg.method == "tools/call" and self.direct_calls and self._begin_direct(msg, flight):
+            if (
+                msg.method == "tools/call"
+                and self.direct_calls
+                and self._begin_direct(msg, flight, reply)
+            ):
                 return
-            self.pool.submit(self._serve, entry.handler, msg, flight)
+            try:
+                self.pool.submit(self._serve, entry.handler, msg, flight, reply)
+            except RuntimeError:  # the pool is shut down: the facade is exiting
+                self.inflight.finish(flight)
+                self.slots.release()
         else:
-            self._serve(entry.handler, msg, None)
+            reply(self._answer(entry.handler, msg, None))
+            if msg.method == "initialize":
+                self._initialize_answered()
 
-    def _serve(self, handler: Handler, msg: Request, flight: InFlight | None) -> None:
-        reply = self._answer(handler, msg, flight)
-        if flight is not None and not self.inflight.finish(flight):
-            return  # MCP: no response for a cancelled request
-        self.send(reply)
+    def _serve(self, handler: Handler, msg: Request, flight: InFlight, reply: Reply) -> None:
+        try:
+            with serving(flight):
+                answer = self._answer(handler, msg, flight)
+        finally:
+            self.slots.release()
+        if not self.inflight.finish(flight):
+            reply(None)  # MCP: no response for a cancelled request
+            return
+        reply(answer)
 
-    def _begin_direct(self, msg: Request, flight: InFlight) -> bool:
+    def _begin_direct(self, msg: Request, flight: InFlight, reply: Reply) -> bool:
         """Send the kernel call now; the reply is written by the thread that receives the
         kernel's answer. False when the call needs the pool (see ``ToolRunner.begin``)."""
         try:
@@ -155,18 +289,20 @@ class McpSession:
             return False
         finish = self.tools.finish
         fut.add_done_callback(
-            lambda done: self._serve(lambda params, fl: finish(done), msg, flight)
+            lambda done: self._serve(lambda params, fl: finish(done), msg, flight, reply)
         )
         return True
 
-    @staticmethod
-    def _answer(handler: Handler, msg: Request, flight: InFlight | None) -> dict:
+    def _answer(self, handler: Handler, msg: Request, flight: InFlight | None) -> dict | None:
         """The reply to ``msg``; no exception (and no traceback) ever escapes."""
         try:
             return response(msg.id, handler(msg.params, flight))
+        except CallCancelled:
+            return None
         except RpcError as exc:
             return error_response(msg.id, exc.code, exc.message, exc.data)
         except KernelLost as exc:
+            self.log("error", f"shoal kernel unavailable: {exc}")
             return error_response(
                 msg.id,
                 ErrorCode.INTERNAL,
@@ -190,33 +326,40 @@ class McpSession:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _initialize(self, params: dict) -> dict:
-        requested = params.get("protocolVersion")
-        version = requested if requested in MCP_SUPPORTED_VERSIONS else MCP_PROTOCOL_VERSION
+        rev = negotiate(params.get("protocolVersion"))
+        self.revision = rev
         info = params.get("clientInfo")
         self.client_info = info if isinstance(info, dict) else {}
         self.link.client_info = self.client_info
+        self.link.attach_soon()
+        capabilities: dict[str, Any] = {
+            "tools": {"listChanged": False},
+            "resources": {"subscribe": True, "listChanged": False},
+            "logging": {},
+        }
+        if rev.tasks:
+            capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+        server_info = {"name": "shoal", "version": __version__}
+        if rev.titles:
+            server_info["title"] = "shoal shell"
         return {
-            "protocolVersion": version,
-            "capabilities": {
-                "tools": {"listChanged": False},
-                "resources": {"subscribe": True, "listChanged": False},
-                "logging": {},
-            },
-            "serverInfo": {"name": "shoal", "title": "shoal shell", "version": __version__},
+            "protocolVersion": rev.name,
+            "capabilities": capabilities,
+            "serverInfo": server_info,
             "instructions": INSTRUCTIONS,
         }
 
     def _set_level(self, params: dict) -> dict:
         level = params.get("level")
-        if not isinstance(level, str):
+        if level not in LOG_LEVELS:
             raise RpcError(
                 ErrorCode.INVALID_PARAMS,
-                "invalid params: level: required string",
-                {"field": "level"},
+                f"invalid params: level: one of {', '.join(LOG_LEVELS)}",
+                {"field": "level", "allowed": list(LOG_LEVELS)},
             )
         self.log_level = level
         return {}
 
-    @staticmethod
-    def _tools_list(params: dict) -> dict:
-        return {"tools": [t.listing() for t in TOOLS]}
+    def _tools_list(self, params: dict) -> dict:
+        rev = self.rev()
+        return page(params, "tools", "tools", [t.listing(rev) for t in TOOLS])

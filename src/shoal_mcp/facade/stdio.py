@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from ..protocol.errors import ErrorCode
 from ..protocol.framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
 from ..protocol.jsonrpc import (
+    NO_ID,
+    Batch,
     Invalid,
     Notification,
     Request,
@@ -26,7 +28,7 @@ from ..protocol.jsonrpc import (
 
 log = logging.getLogger("shoal.mcp")
 
-Message = Request | Notification | Response | Invalid
+Message = Request | Notification | Response | Invalid | Batch
 
 
 class StdioTransport:
@@ -42,20 +44,23 @@ class StdioTransport:
                     log.warning("oversize frame (%d bytes) discarded", event.discarded_bytes)
                     yield Invalid(oversize_reply(event.head, event.discarded_bytes), "oversize")
                 else:
-                    yield parse_message(event)
+                    yield parse_message(event, allow_batch=True)
 
-    def send(self, message: dict) -> None:
-        """Write ``message`` as one frame; safe from any thread."""
+    def send(self, message: dict | list[dict]) -> None:
+        """Write ``message`` (or a batch's answers) as one frame; safe from any thread."""
         try:
             frame = encode_frame(message)
         except FrameTooLarge:
-            log.error(
-                "response to id %r exceeds the frame limit; sending -32603", message.get("id")
-            )
-            frame = encode_frame(
-                error_response(message.get("id"), ErrorCode.INTERNAL, "result too large")
-            )
+            if isinstance(message, list):  # a batch: each answer says it was too large
+                frame = encode_frame([_too_large(m) for m in message])
+            else:
+                frame = encode_frame(_too_large(message))
         try:
             self.writer.write_frame(frame)
         except OSError as exc:  # client went away; the reader will see EOF
             log.debug("stdout write failed: %s", exc)
+
+
+def _too_large(message: dict) -> dict:
+    log.error("response to id %r exceeds the frame limit; sending -32603", message.get("id"))
+    return error_response(message.get("id", NO_ID), ErrorCode.INTERNAL, "result too large")

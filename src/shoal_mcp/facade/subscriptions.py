@@ -16,9 +16,15 @@ from .resources import NOT_FOUND_CODES, subscription_channel, unknown
 
 
 class Subscriptions:
-    def __init__(self, link: KernelLink, notify: Callable[[str, dict], None]) -> None:
+    def __init__(
+        self,
+        link: KernelLink,
+        notify: Callable[[str, dict], None],
+        log: Callable[[str, str], None] = lambda level, message: None,
+    ) -> None:
         self.link = link
         self.notify = notify
+        self.log = log
         # _lock guards the two maps and is never held across a kernel call: on_event runs
         # on the events connection's demux thread, which is also the thread that delivers
         # the reply a subscribe/unsubscribe waits for. _ops serialises those calls.
@@ -71,6 +77,13 @@ class Subscriptions:
         channel = event.get("channel")
         with self._lock:
             uris = [u for u, c in self._uris.items() if c == channel]
+        if uris and isinstance(event.get("dropped"), int):
+            # The kernel's summary for events this subscriber was too slow to take.
+            self.log(
+                "warning",
+                f"{event['dropped']} events of channel {channel} were dropped: this client read "
+                "them too slowly; re-read the resource for its current state",
+            )
         for uri in uris:
             self.notify("notifications/resources/updated", {"uri": uri})
 

@@ -1,7 +1,10 @@
 """``tools/call``: validate arguments, call the kernel, wait (with progress), shape the result.
 
 A bad tool name or bad arguments is a JSON-RPC -32602; a kernel error is a normal
-result with ``isError: true`` (the model can read it).
+result with ``isError: true`` (the model can read it). The result is shaped for the
+session's negotiated revision. While a call waits, progress goes out only after the
+kernel answered a liveness probe (a stopped kernel sends none), and a cancelled call
+stops waiting at once, freeing its worker even when the kernel does not answer.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.limits import PROGRESS_INTERVAL_S
 from ..protocol.schema import validate
-from .inflight import InFlight, Progress, progress_reporter, progress_token
+from .inflight import CallCancelled, InFlight, Progress, progress_reporter, progress_token
 from .kernel_link import KernelLink
+from .mcp_tasks import McpTasks
 from .resources import route
 from .results import error_result, tool_result
 from .tools import TOOLS_BY_NAME
+from .versions import LATEST, Revision
 
 # Open: _meta and whatever later MCP versions add are not errors.
 CALL_PARAMS = {
@@ -35,22 +40,62 @@ class ArgumentError(RpcError):
 
 
 class ToolRunner:
-    def __init__(self, link: KernelLink, notify: Callable[[str, dict], None]) -> None:
+    def __init__(
+        self,
+        link: KernelLink,
+        notify: Callable[[str, dict], None],
+        revision: Callable[[], Revision] = lambda: LATEST,
+        tasks: McpTasks | None = None,
+    ) -> None:
         self.link = link
         self.notify = notify
+        self.revision = revision
+        self.tasks = tasks
 
     def call(self, params: dict, flight: InFlight | None) -> dict:
         """Serve one ``tools/call`` request (on a worker thread; ``flight`` makes it cancellable)."""
         validate(params, CALL_PARAMS)
+        rev = self.revision()
+        if "task" in params and rev.tasks and self.tasks is not None:
+            return self._as_task(params)
         progress = progress_reporter(progress_token(params), self.notify)
-        own = flight.own_kernel_call if flight is not None else _not_cancellable
         try:
-            result = self.run(params["name"], params.get("arguments") or {}, progress, own)
-        except ArgumentError:
+            result = self.run(params["name"], params.get("arguments") or {}, progress, flight)
+        except (ArgumentError, CallCancelled):
             raise
         except RpcError as exc:
-            return error_result(exc)
-        return tool_result(result)
+            return error_result(exc, rev)
+        return tool_result(result, rev)
+
+    def _as_task(self, params: dict) -> dict:
+        """2025-11-25 task-augmented call: a ``CreateTaskResult`` at once."""
+        tool = self._tool(params["name"])
+        args = self._validated(tool, params.get("arguments") or {})
+        if not tool.task_support:
+            raise RpcError(
+                ErrorCode.METHOD_NOT_FOUND,
+                f"{tool.name} cannot run as a task (execution.taskSupport: forbidden)",
+                {"tool": tool.name},
+            )
+        assert self.tasks is not None
+        _, kernel_params = tool.to_kernel(args)
+        progress = progress_reporter(progress_token(params), self.notify)
+        return self.tasks.start(kernel_params, params["task"], progress)
+
+    @staticmethod
+    def _tool(name: str) -> Any:
+        tool = TOOLS_BY_NAME.get(name)
+        if tool is None:
+            raise ArgumentError(ErrorCode.INVALID_PARAMS, f"unknown tool: {name}", {"tool": name})
+        return tool
+
+    @staticmethod
+    def _validated(tool: Any, args: dict) -> dict:
+        try:
+            validate(args, tool.accepts, "arguments")
+        except RpcError as exc:
+            raise ArgumentError(exc.code, exc.message, exc.data) from None
+        return args
 
     def begin(self, params: dict, flight: InFlight | None) -> Future | None:
         """Start a ``tools/call`` from the reader thread when it is the lean case; the
@@ -66,11 +111,13 @@ class ToolRunner:
         tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
         if tool is None or name == "shoal_get" or not isinstance(args, dict):
             return None
+        if "task" in params and self.revision().tasks:
+            return None  # a task-augmented call: the pool path answers CreateTaskResult
         client = self.link.connected_calls()
         if client is None or progress_token(params) is not None:
             return None
         try:
-            validate(args, tool.schema, "arguments")
+            validate(args, tool.accepts, "arguments")
         except RpcError:
             return None
         method, kernel_params = tool.to_kernel(args)
@@ -82,49 +129,58 @@ class ToolRunner:
             flight.own_kernel_call(client, kernel_id, fut)
         return fut
 
-    @staticmethod
-    def finish(fut: Future) -> dict:
+    def finish(self, fut: Future) -> dict:
         """The tool result of a call ``begin`` started (its future is done)."""
+        rev = self.revision()
         try:
-            return tool_result(fut.result())
+            return tool_result(fut.result(), rev)
         except RpcError as exc:
-            return error_result(exc)
+            return error_result(exc, rev)
 
     def run(
         self,
         name: str,
         args: dict,
         progress: Progress | None,
-        own_kernel_call: Callable[[Any, int, Any], None],
+        flight: InFlight | None = None,
     ) -> Any:
-        tool = TOOLS_BY_NAME.get(name)
-        if tool is None:
-            raise ArgumentError(ErrorCode.INVALID_PARAMS, f"unknown tool: {name}", {"tool": name})
-        try:
-            validate(args, tool.schema, "arguments")
-        except RpcError as exc:
-            raise ArgumentError(exc.code, exc.message, exc.data) from None
+        tool = self._tool(name)
+        self._validated(tool, args)
         if name == "shoal_get":
             return self._get(args)
         method, params = tool.to_kernel(args)
         client, kernel_id, fut = self.link.start_call(method, params)
-        if tool.cancels_task:
-            own_kernel_call(client, kernel_id, fut)
-        if progress is None:
-            return fut.result()
+        if flight is not None:
+            if tool.cancels_task:
+                flight.own_kernel_call(client, kernel_id, fut)
+            flight.wake.clear()
+            fut.add_done_callback(lambda _f: flight.wake.set())
         while True:
-            try:
-                return fut.result(timeout=PROGRESS_INTERVAL_S)
-            except TimeoutError:
-                progress(self._out_bytes(client, kernel_id))
+            if flight is not None:
+                if not flight.cancelled:
+                    flight.wake.wait(PROGRESS_INTERVAL_S)
+                if flight.cancelled and not fut.done():
+                    raise CallCancelled(flight.request_id)
+            if fut.done() or flight is None:
+                try:
+                    return fut.result(timeout=0 if flight is not None else PROGRESS_INTERVAL_S)
+                except TimeoutError:
+                    pass
+            if progress is not None and not fut.done():
+                alive, out_bytes = self._probe(client, kernel_id)
+                if alive:
+                    progress(out_bytes)
 
     @staticmethod
-    def _out_bytes(client: Any, kernel_id: int) -> int | None:
+    def _probe(client: Any, kernel_id: int) -> tuple[bool, int | None]:
+        """(the kernel answered, output bytes so far): progress only from a live kernel."""
         try:
             record = client.call("task.get", {"call": kernel_id}, timeout=PROGRESS_INTERVAL_S)
-        except (RpcError, KernelLost, TimeoutError):
-            return None
-        return record.get("out_bytes")
+        except RpcError:
+            return True, None  # it answered, with an error: alive
+        except (KernelLost, TimeoutError):
+            return False, None
+        return True, record.get("out_bytes")
 
     def _get(self, args: dict) -> Any:
         ref = args["ref"].strip()
@@ -180,10 +236,6 @@ def raw_page_render(result: dict) -> dict:
     call = json.dumps({"ref": nxt}, ensure_ascii=False)  # a path may hold quotes
     trailer = f"[{where}; next: shoal_get {call}]" if nxt else f"[{where}, end]"
     return {**result, "render": f"{data}\n{trailer}"}
-
-
-def _not_cancellable(client: Any, kernel_id: int, fut: Any) -> None:
-    pass
 
 
 def _is_resource_only(ref: str) -> bool:

@@ -23,6 +23,7 @@ from ..protocol.limits import (
 )
 from ..protocol.params import PARAMS
 from ..protocol.schema import closed
+from .versions import LATEST, Revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,13 @@ class Tool:
     defaults: dict = field(default_factory=dict)  # kernel params the arguments may override
     fixed: dict = field(default_factory=dict)  # kernel params the arguments cannot set
     cancels_task: bool = False  # an in-flight call owns a kernel task (exec/apply)
-    schema: dict = field(init=False)
+    task_support: bool = False  # 2025-11-25: may be called as a task (runs as a kernel task)
+    schema: dict = field(init=False)  # what tools/list advertises: one type per property
+    accepts: dict = field(init=False)  # what is validated: the kernel's own (wider) forms
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schema", self._derive_schema())
+        object.__setattr__(self, "accepts", self._derive_schema(advertised=False))
+        object.__setattr__(self, "schema", self._derive_schema(advertised=True))
 
     def arg(self, name: str) -> Arg:
         arg = self.args[name]
@@ -60,11 +64,14 @@ class Tool:
         arg = self.arg(name)
         return arg.method or self.method, arg.param or name
 
-    def _derive_schema(self) -> dict:
+    def _derive_schema(self, advertised: bool) -> dict:
         properties = {}
         for name in self.args:
             method, param = self.source(name)
             prop = dict(PARAMS[method]["properties"][param])
+            if advertised and not isinstance(prop.get("type"), str):
+                kept = {k: prop[k] for k in ("description",) if k in prop}
+                prop = {**SINGLE_TYPED[(method, param)], **kept}
             if (description := self.arg(name).description) is not None:
                 prop["description"] = description
             properties[name] = prop
@@ -79,20 +86,47 @@ class Tool:
         return closed(properties, required)
 
     def to_kernel(self, args: dict) -> tuple[str, dict]:
-        """(kernel method, params) for validated arguments."""
-        return self.method, {**self.defaults, **args, **self.fixed}
+        """(kernel method, params) for validated arguments, under their kernel names."""
+        params = {self.source(name)[1]: value for name, value in args.items()}
+        return self.method, {**self.defaults, **params, **self.fixed}
 
-    def listing(self) -> dict:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "title": self.title,
-            "description": self.description,
-            "inputSchema": self.schema,
-        }
-        if self.annotations:
+    def listing(self, rev: Revision = LATEST) -> dict:
+        """This tool in ``tools/list``, with the fields ``rev`` defines."""
+        out: dict[str, Any] = {"name": self.name}
+        if rev.titles:
+            out["title"] = self.title
+        out["description"] = self.description
+        out["inputSchema"] = self.schema
+        if self.annotations and rev.tool_annotations:
             out["annotations"] = {"title": self.title, **self.annotations}
+        if rev.tasks:
+            out["execution"] = {"taskSupport": "optional" if self.task_support else "forbidden"}
         return out
 
+
+# Properties whose kernel schema allows several JSON types are advertised with one (some
+# clients send a value of a type-less property as a string; single-type schema dialects
+# reject type arrays). The kernel's wider forms are still accepted.
+SINGLE_TYPED: dict[tuple[str, str], dict] = {
+    ("value.get", "slice"): {"type": "string"},
+    # the object form (a bare regex string is also accepted)
+    ("value.get", "match"): next(
+        f for f in PARAMS["value.get"]["properties"]["match"]["anyOf"] if f["type"] == "object"
+    ),
+    ("task.cancel", "task"): {"type": "string"},
+    ("pty.send", "input"): {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "text": {"type": "string"},
+                "key": {"type": "string"},
+                "bytes": {"type": "string"},
+            },
+            "additionalProperties": False,
+        },
+    },
+}
 
 REF_DESC = "A ref: out:N, task:N, plan:<hex>, or a shoal:// URI from an earlier result."
 PATH_DESC = (
@@ -101,8 +135,8 @@ PATH_DESC = (
     ".out.json.items[0].name, .err"
 )
 SLICE_DESC = (
-    "[a, b] or 'a..b', applied after path: list items, string code points or bytes; "
-    "null = open end."
+    "'a..b' (half-open; either end may be left out; negative counts from the end), applied "
+    "after path: list items, string code points or bytes."
 )
 MATCH_DESC = (
     'Search instead of paging: a regex (e.g. "FAILED|Error") or {regex, context (lines around), '
@@ -112,8 +146,9 @@ MATCH_DESC = (
 )
 PTY_ID_DESC = "pty:N from shoal_pty_open"
 KEY_INPUT_DESC = (
-    "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
-    "Left, Right, Home, End, PageUp, PageDown, F1-F12, Ctrl-A..Ctrl-Z), {bytes: base64}, or an array of these."
+    "What to type, in order: [{text: 'ls -l'}, {key: 'Enter'}]. Items: {text}, {key} (Enter, Tab, "
+    "Escape, Backspace, Delete, Space, Up, Down, Left, Right, Home, End, PageUp, PageDown, F1-F12, "
+    "Ctrl-A..Ctrl-Z), {bytes: base64}. A plain string is also accepted."
 )
 
 TOOLS: list[Tool] = [
@@ -129,7 +164,7 @@ TOOLS: list[Tool] = [
         "(status, stderr) unless position is 'stmt'.",
         "exec",
         {
-            "src": "bash source, run with bash --noprofile --norc -c",
+            "command": Arg("bash source, run with bash --noprofile --norc -c", param="src"),
             "mode": "plan = analyse only, run nothing",
             "position": "value (default): failures are values; stmt: failures are errors",
             "background": "return task:N immediately",
@@ -139,6 +174,7 @@ TOOLS: list[Tool] = [
         {"destructiveHint": True, "openWorldHint": True},
         defaults={"position": "value"},
         cancels_task=True,
+        task_support=True,
     ),
     Tool(
         "shoal_plan",
@@ -147,7 +183,7 @@ TOOLS: list[Tool] = [
         "deleted, network, env), how reversible it is, and the policy verdict. Returns a plan_ref to "
         "pass to shoal_apply (or shoal_cap_request when approval is needed).",
         "exec",
-        {"src": "bash source to analyse"},
+        {"command": Arg("bash source to analyse", param="src")},
         {"readOnlyHint": True},
         fixed={"mode": "plan", "position": "value"},
     ),

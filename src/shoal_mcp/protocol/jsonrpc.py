@@ -6,6 +6,7 @@ all share this layer and add their own I/O around it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import orjson
 
 from .errors import ErrorCode
-from .limits import MAX_FRAME
+from .limits import JSON_MAX_DEPTH, MAX_FRAME
 
 
 class _NoId:
@@ -64,24 +65,93 @@ class Invalid:
     reason: str
 
 
+@dataclass(slots=True)
+class Batch:
+    """A JSON-RPC batch: each element parsed like a single message (``allow_batch``)."""
+
+    messages: list[Request | Notification | Response | Invalid]
+
+
+Message = Request | Notification | Response | Invalid
+
+ORJSON_INT_MIN = -(2**63)
+ORJSON_INT_MAX = 2**64 - 1
+"""The integers orjson reads and writes as integers; others need the exact-id path."""
+_INT_LITERAL = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+
+
 def _valid_id(value: Any) -> bool:
     # JSON-RPC ids are strings or numbers; bool is an int subclass but not an id.
     return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
-def parse_message(frame: bytes) -> Request | Notification | Response | Invalid:
-    """Decode one frame into a message, or an Invalid carrying the error to answer."""
+def _exact_id(frame: bytes | None, value: Any) -> Any:
+    """``value`` as the frame spells it: orjson reads integers past 64 bits as floats,
+    but an id must come back exactly as sent (``123456789012345678901234567890``)."""
+    if isinstance(value, float) and frame is not None:
+        literal = _id_literal(frame)
+        if literal is not None and _INT_LITERAL.fullmatch(literal):
+            return int(literal)
+    return value
+
+
+def wire_id(msg_id: Any) -> Any:
+    """An id as it can be encoded: integers orjson cannot write go as a raw JSON fragment."""
+    if (
+        isinstance(msg_id, int)
+        and not isinstance(msg_id, bool)
+        and not ORJSON_INT_MIN <= msg_id <= ORJSON_INT_MAX
+    ):
+        return orjson.Fragment(str(msg_id).encode())
+    return msg_id
+
+
+def parse_message(
+    frame: bytes, allow_batch: bool = False
+) -> Request | Notification | Response | Invalid | Batch:
+    """Decode one frame into a message, or an Invalid carrying the error to answer.
+
+    With ``allow_batch`` a JSON array is a ``Batch`` (an empty one is invalid).
+    """
     try:
         msg = orjson.loads(frame)
     except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc):
+            # Valid JSON we refuse to build: answer it to its own id, so the call ends.
+            return Invalid(
+                error_response(
+                    recover_id(frame),
+                    ErrorCode.INVALID_REQUEST,
+                    f"invalid request: nested deeper than JSON_MAX_DEPTH ({JSON_MAX_DEPTH})",
+                    {"limit": JSON_MAX_DEPTH},
+                ),
+                "depth",
+            )
         return Invalid(error_response(NO_ID, ErrorCode.PARSE_ERROR, f"parse error: {exc}"), "json")
+    if isinstance(msg, list) and allow_batch:
+        if not msg:
+            return Invalid(
+                error_response(NO_ID, ErrorCode.INVALID_REQUEST, "invalid request: empty batch"),
+                "shape",
+            )
+        if any(isinstance(item, dict) and isinstance(item.get("id"), float) for item in msg):
+            # orjson read some id as a float: the stdlib parser keeps big integers exact.
+            exact = json.loads(frame)
+            for item, same in zip(msg, exact, strict=True):
+                if isinstance(item, dict) and isinstance(same, dict) and "id" in same:
+                    item["id"] = same["id"]
+        return Batch([_parse_object(item, None) for item in msg])
+    return _parse_object(msg, frame)
+
+
+def _parse_object(msg: Any, frame: bytes | None) -> Request | Notification | Response | Invalid:
     if not isinstance(msg, dict):
         return Invalid(
             error_response(NO_ID, ErrorCode.INVALID_REQUEST, "invalid request: not an object"),
             "shape",
         )
     has_id = "id" in msg
-    msg_id = msg.get("id", NO_ID)
+    msg_id = _exact_id(frame, msg.get("id", NO_ID))
     if has_id and not _valid_id(msg_id):
         return Invalid(
             error_response(NO_ID, ErrorCode.INVALID_REQUEST, "invalid request: bad id"), "id"
@@ -121,7 +191,7 @@ def parse_message(frame: bytes) -> Request | Notification | Response | Invalid:
 
 
 def response(msg_id: Any, result: Any) -> dict:
-    return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+    return {"jsonrpc": "2.0", "id": wire_id(msg_id), "result": result}
 
 
 def error_response(msg_id: Any, code: int, message: str, data: Any = None) -> dict:
@@ -131,7 +201,7 @@ def error_response(msg_id: Any, code: int, message: str, data: Any = None) -> di
         err["data"] = data
     out: dict[str, Any] = {"jsonrpc": "2.0"}
     if msg_id is not NO_ID:
-        out["id"] = msg_id
+        out["id"] = wire_id(msg_id)
     out["error"] = err
     return out
 
@@ -165,6 +235,20 @@ def recover_id(head: bytes) -> Any:
     id, two top-level ids, or a head that is not a JSON object → NO_ID. Linear in the
     head: scanning stops at the first token that cannot continue a valid object.
     """
+    found = _scan_ids(head)
+    if len(found) != 1:
+        return NO_ID
+    if _INT_LITERAL.fullmatch(found[0]):
+        return int(found[0])  # exact, whatever its size
+    try:
+        value = orjson.loads(found[0])
+    except orjson.JSONDecodeError:
+        return NO_ID
+    return value if _valid_id(value) else NO_ID
+
+
+def _scan_ids(head: bytes) -> list[bytes]:
+    """The JSON texts of the top-level ``id`` members in ``head`` (b"" for a nested one)."""
     depth = 0
     state = "open"  # open | key | colon | value | after
     is_id = False
@@ -219,13 +303,13 @@ def recover_id(head: bytes) -> Any:
             if punct == b"}":
                 break
             state = "key"
-    if len(found) != 1:
-        return NO_ID
-    try:
-        value = orjson.loads(found[0])
-    except orjson.JSONDecodeError:
-        return NO_ID
-    return value if _valid_id(value) else NO_ID
+    return found
+
+
+def _id_literal(frame: bytes) -> bytes | None:
+    """The top-level ``id`` member's JSON text, when the frame has exactly one."""
+    found = _scan_ids(frame)
+    return found[0] if len(found) == 1 and found[0] else None
 
 
 def oversize_reply(head: bytes, discarded: int) -> dict:

@@ -16,6 +16,8 @@ READ_CHUNK = 256 * KiB
 """Bytes asked of the OS per read; peak reader memory is MAX_FRAME + READ_CHUNK."""
 OVERSIZE_HEAD = 4 * KiB
 """How much of an oversize frame is kept so callers can recover its id."""
+JSON_MAX_DEPTH = 1024
+"""Deepest nesting a message may have (orjson's own limit); deeper is -32600 to its id."""
 MAX_OVERSIZE_PER_CONNECTION = 3
 """The kernel may close a connection after this many oversize frames."""
 
@@ -92,7 +94,8 @@ stored before the databases close (each phase)."""
 TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
 """Throttle for `output` events on task.N channels."""
 PROGRESS_INTERVAL_S = 1.0
-"""MCP progress notifications: at most one per second."""
+"""MCP progress notifications: at most one per second, each only after the kernel answered a
+liveness probe (``task.get``) within this long: a stopped kernel sends no progress."""
 AUTOSTART_TIMEOUT_S = 5.0
 KERNEL_IDLE_WORKERS = 8
 """Kernel threads kept idle for the next connection or blocking call (starting a thread
@@ -179,9 +182,37 @@ APPROVAL_EVENT_SRC_CHARS = 4096
 """Longest escaped source in an ``approval`` event; a longer one ends in a marker that
 says how much more there is (``plan.get`` has all of it, never silently cut)."""
 
+# --- MCP facade lists, logging, input (docs/protocol.md, MCP surface) -------------------
+MCP_LIST_PAGE = 50
+"""Entries per page of resources/list, tools/list, templates/list, tasks/list."""
+MCP_LIST_RECENT_TASKS = 20
+"""resources/list shows running tasks and at most this many finished ones, newest first."""
+MCP_LIST_PENDING_PLANS = 20
+"""resources/list shows at most this many plans awaiting apply/approval, newest first."""
+MCP_INPUT_QUEUE = 256
+"""Messages read from stdin and not yet being served; beyond this the reader stops reading
+(backpressure on the client's pipe) instead of growing the facade's memory."""
+MCP_TASK_TTL_MS = 3_600_000
+"""2025-11-25 tasks: kept this long after creation (a client may ask for less, not more)."""
+MCP_TASK_POLL_MS = 1000
+"""2025-11-25 tasks: the pollInterval suggested to clients."""
+MCP_TASKS_KEPT = 256
+"""2025-11-25 tasks remembered per facade (oldest finished ones are forgotten first)."""
+MCP_TASK_AWAIT_SLICE_MS = 60_000
+"""One kernel ``task.await`` of a task watcher (it loops, so a lost kernel is noticed)."""
+MCP_TASK_RESULT_POLL_S = 0.25
+"""How often a waiting ``tasks/result`` checks whether it was cancelled."""
+MCP_EARLY_LOG_LINES = 16
+"""Log lines kept from before ``initialize`` was answered (the background connect's)."""
+CANCEL_RETRY_S = 0.02
+"""A facade cancel that reached the kernel before its exec was registered asks again after
+this (until the exec is known, has answered, or the cancel's timeout passes)."""
+
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
-MCP_PROTOCOL_VERSION = "2025-06-18"
-MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+MCP_PROTOCOL_VERSION = "2025-11-25"
+"""Our latest MCP revision: answered to a client asking for one we do not speak."""
+MCP_SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+
 
 # --- exec supervisors and warm shells (docs/architecture.md, Processes) -------------
 SUPERVISOR_START_TIMEOUT_S = 30.0
