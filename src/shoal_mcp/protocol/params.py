@@ -87,7 +87,7 @@ PTY_INPUT = {  # each item is checked (and named, input[2].key) by the kernel's 
 # -- method params ------------------------------------------------------------------------
 
 NONE = closed()
-"""Methods without params (kernel.status, ping, session.cwd/env/reef, pty.list)."""
+"""Methods without params (kernel.status, store.verify, ping, session.cwd/env/reef, pty.list)."""
 
 SESSION_ATTACH = closed(
     {
@@ -208,6 +208,7 @@ PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
 
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
+    "store.verify": NONE,
     "ping": NONE,
     "session.attach": SESSION_ATTACH,
     "session.cwd": NONE,

@@ -12,6 +12,7 @@ whether the caller hung up and whether a cancel overtook the spawn.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_ref
 from ..effects import analyzer
-from ..store.sessions import SessionTable
+from ..store.sessions import Session, SessionTable
 from ..values.elision import ElideOptions
 from ..values.service import ValueService
 from .finalize import Finalizer
@@ -248,16 +249,51 @@ class ExecService:
             self.tasks.forget(task)
 
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
-        session = self.sessions.get_or_create(who.session)
-        cwd, env = session.snapshot()
         if not background:
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, False, effects)
+            return self._spawn(who, src, effects, False)
         # Check and start as one step per principal, so parallel calls cannot overshoot.
         with self.guard.quota_lock(who.principal, "max_tasks"):
             self._check_task_quota(who)
-            run = spawn(src, cwd, env, self.spool_dir)
-            return self.tasks.start(who.session, who.principal, src, run, True, effects)
+            return self._spawn(who, src, effects, True)
+
+    def _spawn(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
+        """Spawn in the session's state as it is now, write the ``running`` journal row,
+        start the task; the task remembers that state (its delta is computed from it)."""
+        session = self.sessions.get_or_create(who.session)
+        cwd, env = self._usable_state(session)
+        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
+        run = spawn(src, cwd, env, self.spool_dir)
+        try:
+            journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
+        except BaseException:
+            run.terminate()
+            for path in (run.out_path, run.err_path, run.state_path):
+                path.unlink(missing_ok=True)
+            raise
+        return self.tasks.start(
+            who.session,
+            who.principal,
+            src,
+            run,
+            background,
+            effects,
+            journal_id=journal_id,
+            start_state=(cwd, env),
+        )
+
+    def _usable_state(self, session: Session) -> tuple[str, dict[str, str]]:
+        """The session's (cwd, env); a cwd that vanished falls back to ``$HOME`` (the
+        session's, else the kernel's), persisted, with a warning in the next outcome."""
+        cwd, env = session.snapshot()
+        if os.path.isdir(cwd):
+            return cwd, env
+        home = env.get("HOME") or os.path.expanduser("~")
+        if not os.path.isdir(home):
+            home = "/"
+        self.sessions.set_cwd(
+            session, home, f"session cwd {cwd!r} no longer exists; this exec ran in {home!r}"
+        )
+        return session.snapshot()
 
     @staticmethod
     def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:

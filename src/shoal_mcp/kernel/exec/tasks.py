@@ -44,6 +44,8 @@ class Task:
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    journal_id: int | None = None  # its ``running`` journal row (finalize completes it)
+    start_state: tuple[str, dict[str, str]] | None = None  # session (cwd, env) at spawn
 
     @property
     def ref(self) -> str:
@@ -101,9 +103,20 @@ class TaskManager:
         run: RunningCommand,
         background: bool,
         effects: list[dict],
+        *,
+        journal_id: int | None = None,
+        start_state: tuple[str, dict[str, str]] | None = None,
     ) -> Task:
         task = Task(
-            next(self._ids), session, principal, src, run, listed=background, effects=effects
+            next(self._ids),
+            session,
+            principal,
+            src,
+            run,
+            listed=background,
+            effects=effects,
+            journal_id=journal_id,
+            start_state=start_state,
         )
         with self._lock:
             closing = self._closing

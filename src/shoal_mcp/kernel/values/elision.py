@@ -55,6 +55,20 @@ class ElideOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+OUTCOME_PLAIN_FIELDS = (
+    "status",
+    "signal",
+    "ok",
+    "dur_ns",
+    "pid",
+    "cwd",
+    "env_refused",
+    "warnings",
+    "lost",
+    "partial",
+)
+
+
 def encoded_size(wire: Any) -> int:
     return len(orjson.dumps(wire))
 
@@ -137,7 +151,7 @@ class WireEncoder:
             tag = node.get("$")
             if tag == "outcome":
                 return self._outcome(node, rel, budget)
-            if tag in ("task", "ref", "error", "datetime"):
+            if tag in ("task", "ref", "error", "datetime", "bytes"):
                 return {k: v for k, v in node.items()}
             if len(node) > self.opts.max_items:
                 return self.ref(node, rel)
@@ -149,7 +163,9 @@ class WireEncoder:
 
     def _outcome(self, node: dict, rel: list[Segment], budget: int) -> dict:
         wire: dict[str, Any] = {"$": "outcome"}
-        for key in ("status", "signal", "ok", "dur_ns", "pid", "cwd"):
+        # env_refused / warnings / lost / partial: session-state notes (docs/decisions.md,
+        # Session state); small lists of names and sentences, passed as they are.
+        for key in OUTCOME_PLAIN_FIELDS:
             if node.get(key) is not None:
                 wire[key] = node[key]
         children = {

@@ -1,10 +1,11 @@
-"""kernel.status: what `shoal kernel status` shows."""
+"""kernel.status (what `shoal kernel status` shows) and store.verify (`shoal doctor --verify`)."""
 
 from __future__ import annotations
 
 import os
 import time
 
+from ....protocol.errors import ErrorCode, RpcError
 from ..registry import method
 
 
@@ -27,3 +28,12 @@ def kernel_status(call, params):
         "connections": kernel.connection_count(),
         "uid": os.geteuid(),
     }
+
+
+@method("store.verify", blocking=True)
+def store_verify(call, params):
+    """Every stored output's length and blake3 hash, and the database's quick_check
+    (``shoal doctor --verify``); approvers only: it reads every principal's blobs."""
+    if not call.kernel.guard.for_principal(call.who.principal).approver:
+        raise RpcError(ErrorCode.DENIED, "store.verify is for approvers")
+    return call.kernel.verify_store()
