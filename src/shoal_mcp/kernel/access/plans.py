@@ -7,6 +7,7 @@ overwrite a plan. Only approvers decide; a denied plan stays denied.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import threading
 import time
@@ -152,7 +153,7 @@ class PlanStore:
             plan.state = REQUESTED
 
     @staticmethod
-    def decide(plan: Plan, approver: str, approve: bool, kinds: list[str] | None) -> None:
+    def decide(plan: Plan, approver: str, approve: bool, kinds: builtins.list[str] | None) -> None:
         if plan.state == DENIED:
             raise RpcError(
                 ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref}

@@ -10,6 +10,7 @@ Crash consistency)
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -41,7 +42,13 @@ def recover_lost(
     return len(rows)
 
 
-def _recover_one(db, journal, cas, transcript, row) -> None:
+def _recover_one(
+    db: Database,
+    journal: Journal,
+    cas: ContentStore,
+    transcript: TranscriptStore,
+    row: sqlite3.Row,
+) -> None:
     spool = orjson.loads(row["spool"]) if row["spool"] else {}
     placed: list[Placed] = []
     for kind in ("out", "err"):

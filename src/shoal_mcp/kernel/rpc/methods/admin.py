@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("kernel.status")
-def kernel_status(call, params):
+def kernel_status(call: Call, params: dict) -> dict:
     kernel = call.kernel
     status = {
         **kernel.info(),
@@ -31,7 +35,7 @@ def kernel_status(call, params):
 
 
 @method("store.verify", blocking=True)
-def store_verify(call, params):
+def store_verify(call: Call, params: dict) -> dict:
     """Every stored output's length and blake3 hash, and the database's quick_check
     (``shoal doctor --verify``); approvers only: it reads every principal's blobs."""
     if not call.kernel.guard.for_principal(call.who.principal).approver:

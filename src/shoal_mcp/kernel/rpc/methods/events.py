@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
@@ -16,9 +18,12 @@ from ....protocol.params import (
 from ...events.bus import is_client_publishable, validate_channel
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("events.read", EVENTS_READ)
-def events_read(call, params):
+def events_read(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     call.kernel.check_channel_access(call.who, channel)
@@ -26,7 +31,7 @@ def events_read(call, params):
 
 
 @method("events.publish", EVENTS_PUBLISH)
-def events_publish(call, params):
+def events_publish(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     if not is_client_publishable(channel):
@@ -39,7 +44,7 @@ def events_publish(call, params):
 
 
 @method("events.subscribe", EVENTS_SUBSCRIBE)
-def events_subscribe(call, params):
+def events_subscribe(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     kernel = call.kernel
@@ -66,7 +71,7 @@ def events_subscribe(call, params):
 
 
 @method("events.unsubscribe", EVENTS_UNSUBSCRIBE)
-def events_unsubscribe(call, params):
+def events_unsubscribe(call: Call, params: dict) -> dict:
     sub = call.conn.subscriptions.pop(params["subscription"], None)
     if sub is None:
         raise RpcError(
@@ -79,7 +84,7 @@ def events_unsubscribe(call, params):
 
 
 @method("journal.query", JOURNAL_QUERY)
-def journal_query(call, params):
+def journal_query(call: Call, params: dict) -> dict:
     kernel = call.kernel
     visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal
     rows = kernel.journal.query(

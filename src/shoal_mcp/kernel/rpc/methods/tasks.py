@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import TASK_AWAIT, TASK_CANCEL, TASK_GET, TASK_LIST, TASK_STEER
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
 
-def _task(call, params):
+
+def _task(call: Call, params: dict):
     return call.kernel.tasks.get(
         params["task"],
         call.who.session,
@@ -16,7 +21,7 @@ def _task(call, params):
     )
 
 
-def _steerable(call, params):
+def _steerable(call: Call, params: dict):
     """The task, if the caller may control it: tasks_read = all lets one see others'
     tasks, not cancel or stop them; only the creator or an approver may."""
     task = _task(call, params)
@@ -31,7 +36,7 @@ def _steerable(call, params):
 
 
 @method("task.list", TASK_LIST)
-def task_list(call, params):
+def task_list(call: Call, params: dict) -> dict:
     tasks = call.kernel.tasks.list(
         call.who.session,
         call.who.principal,
@@ -44,7 +49,7 @@ def task_list(call, params):
 
 
 @method("task.get", TASK_GET)
-def task_get(call, params):
+def task_get(call: Call, params: dict) -> dict:
     if "task" in params:
         return _task(call, params).record()
     task = _inflight(call, params).task
@@ -53,7 +58,7 @@ def task_get(call, params):
     return task.record()
 
 
-def _inflight(call, params):
+def _inflight(call: Call, params: dict):
     """The in-flight exec behind request id ``call`` on this connection."""
     if "call" not in params:
         raise invalid_params("task", "required (or call)")
@@ -68,7 +73,7 @@ def _inflight(call, params):
 
 
 @method("task.await", TASK_AWAIT, blocking=True)
-def task_await(call, params):
+def task_await(call: Call, params: dict) -> dict:
     task = _task(call, params)
     timeout_ms = params.get("timeout_ms", 30_000)
     task.done.wait(timeout_ms / 1000)
@@ -78,7 +83,7 @@ def task_await(call, params):
 
 
 @method("task.cancel", TASK_CANCEL)
-def task_cancel(call, params):
+def task_cancel(call: Call, params: dict) -> dict:
     if "task" in params:
         task = _steerable(call, params)
     else:
@@ -90,14 +95,14 @@ def task_cancel(call, params):
 
 
 @method("task.suspend", TASK_STEER)
-def task_suspend(call, params):
+def task_suspend(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.suspend(task)
     return {"task": task.ref, "state": task.state}
 
 
 @method("task.resume", TASK_STEER)
-def task_resume(call, params):
+def task_resume(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.resume(task)
     return {"task": task.ref, "state": task.state}
