@@ -270,3 +270,25 @@ def test_journal_duration_excludes_time_the_kernel_was_stopped(kernel_factory):
         assert 300 <= row["duration_ms"] < 2500  # the run, not the run + the stop
     finally:
         close_client(c)
+
+
+def test_a_cwd_deleted_while_the_kernel_was_down_falls_back_to_home(kernel_factory, tmp_path):
+    gone = tmp_path / "gone-across-restart"
+    gone.mkdir()
+    k = kernel_factory(sub="k")
+    c = k.client("vanish")
+    try:
+        run(c, f"cd '{gone}'")
+    finally:
+        close_client(c)
+    k.stop()
+    gone.rmdir()
+    k.start()
+    c = k.client("vanish")
+    try:
+        r = run(c, "pwd")
+        assert "no longer exists" in str(r["value"]["warnings"])
+        assert out_text(r).strip() == c.call("session.cwd", {}, timeout=10)["cwd"]
+        assert out_text(run(c, "cd / && pwd")) == "/\n"
+    finally:
+        close_client(c)

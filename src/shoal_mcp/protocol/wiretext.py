@@ -52,17 +52,17 @@ def to_wire(obj: Any) -> Any:
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return bytes_node(bytes(obj))
     if isinstance(obj, dict):
-        return {
-            (
-                k
-                if not isinstance(k, str) or is_clean(k)
-                else k.encode("utf-8", "backslashreplace").decode("ascii", "replace")
-            ): to_wire(v)
-            for k, v in obj.items()
-        }
+        return {escaped_key(k): to_wire(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_wire(v) for v in obj]
     return obj
+
+
+def escaped_key(key: Any) -> Any:
+    """A mapping key JSON can carry: undecodable bytes as ``\\xNN`` (keys are names)."""
+    if not isinstance(key, str) or is_clean(key):
+        return key
+    return to_bytes(key).decode("utf-8", "backslashreplace")
 
 
 def text_or_bytes(text: str) -> str | bytes:
