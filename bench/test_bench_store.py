@@ -4,7 +4,7 @@ Measures, in one run on the same file system, the per-exec cost of the finalize
 transaction (blob rows + transcript row + journal completion + session state) with
 SQLite at ``synchronous=NORMAL`` (what the kernel uses) and at ``synchronous=FULL`` (the
 alternative the issue names), the start row, and the durable ref counter's allocation
-(one fsynced reservation per 64 numbers). Printed and saved to
+(one fsynced reservation per 64 numbers, written ahead of need in the background). Printed and saved to
 ``bench/.results/store.json``; no assertion on time.
 
     pytest bench/test_bench_store.py -s
@@ -81,16 +81,19 @@ def _counter_cost(tmp: Path) -> dict:
     tmp.mkdir()
     db = Database(tmp / "journal.sqlite3")
     refs = RefCounter(tmp / "refs.json", db)
-    t0 = time.perf_counter()
+    times = []
     for _ in range(EXECS):
+        t0 = time.perf_counter()
         refs.allocate("bench")
-    total = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
     write_t0 = time.perf_counter()
-    refs._write()
+    refs._write(dict(refs._durable))
     one_write = time.perf_counter() - write_t0
     db.close()
     return {
-        "alloc_mean_us": round(total / EXECS * 1e6, 2),
+        "alloc_mean_us": round(statistics.fmean(times) * 1e6, 2),
+        "alloc_p50_us": round(statistics.median(times) * 1e6, 2),
+        "alloc_max_us": round(max(times) * 1e6, 1),
         "one_reservation_write_us": round(one_write * 1e6, 1),
         "writes": refs.durable_writes,
     }
@@ -115,8 +118,9 @@ def test_store_durability_cost(benchmark, tmp_path):
         f"\nstore: {EXECS} finalize-shaped execs (start row + one end transaction): "
         f"synchronous=NORMAL p50 {figures['normal']['p50_us']} us, "
         f"FULL p50 {figures['full']['p50_us']} us ({figures['full_over_normal_p50']}x); "
-        f"ref counter {figures['counter']['alloc_mean_us']} us/alloc amortised "
+        f"ref counter alloc mean {figures['counter']['alloc_mean_us']} us, p50 "
+        f"{figures['counter']['alloc_p50_us']} us, max {figures['counter']['alloc_max_us']} us "
         f"(one fsynced reservation {figures['counter']['one_reservation_write_us']} us per "
-        f"64); saved to {RESULTS}"
+        f"64, ahead of need); saved to {RESULTS}"
     )
-    assert figures["counter"]["writes"] >= EXECS // 64
+    assert figures["counter"]["writes"] >= EXECS // 64 - 1

@@ -267,7 +267,9 @@ def test_journal_duration_excludes_time_the_kernel_was_stopped(kernel_factory):
         c.call("task.await", {"task": task["task"], "timeout_ms": 30000}, timeout=60)
         row = c.call("journal.query", {"session": "dur"}, timeout=10)["rows"][0]
         assert row["state"] == "done"
-        assert 300 <= row["duration_ms"] < 2500  # the run, not the run + the stop
+        # The run, not the run + the stop. The report's end is a file mtime (the kernel's
+        # coarse clock, a tick or so behind), hence the lower bound's slack.
+        assert 250 <= row["duration_ms"] < 2500, row
     finally:
         close_client(c)
 

@@ -117,7 +117,7 @@ PROTECTED_ENV_PREFIXES = ("BASH_FUNC_", "LD_")
 """Prefixes with the same rule (exported functions; the dynamic loader)."""
 REF_RESERVE_BLOCK = 64
 """``out:N`` numbers reserved per durable write (fsync) of the ref counter file: one
-fsync per 64 execs of a session, and at most 63 numbers skipped after a crash."""
+fsync per 64 execs of a session (ahead of need), at most 127 numbers skipped after a crash."""
 JOURNAL_ERROR_MAX_CHARS = 500
 """Longest reason a journal row's ``error`` keeps (a failed finalize, a lost exec)."""
 VERIFIED_BLOBS_REMEMBERED = 16384

@@ -5,12 +5,16 @@ is not enough: a crash can lose the last commits (``synchronous=NORMAL``, or the
 file itself), and the next exec would get the same N. So numbers come from blocks
 reserved in a small file of their own (``refs.json``), written and fsynced *before* any
 number of the block is used: after a crash a session continues above everything it may
-have handed out (a gap of at most one block). A clean close shrinks each reservation to
-what was used, so ordinary restarts leave no gaps. (docs/decisions.md, Crash consistency)
+have handed out (a gap of at most two blocks). The next block is reserved in the
+background once three quarters of the current one are used, so an exec waits for the
+fsync only when a session starts (or outruns the writer). A clean close shrinks each
+reservation to what was used, so ordinary restarts leave no gaps.
+(docs/decisions.md, Crash consistency)
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -21,15 +25,20 @@ from ...protocol.framing import write_all
 from ...protocol.limits import REF_RESERVE_BLOCK
 from .db import Database
 
+log = logging.getLogger(__name__)
+
 
 class RefCounter:
     def __init__(self, path: Path, db: Database, block: int = REF_RESERVE_BLOCK) -> None:
         self.path = Path(path)
         self.db = db
         self.block = block
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the maps below
+        self._io_lock = threading.Lock()  # one writer of the file at a time; taken first
         self._next: dict[str, int] = {}
-        self._reserved: dict[str, int] = self._load()
+        self._durable: dict[str, int] = self._load()  # what the file on disk says
+        self._wanted: dict[str, int] = dict(self._durable)  # what the next write says
+        self._ahead = False  # a background reservation is under way
         self.durable_writes = 0  # for the bench: fsynced reservations so far
 
     def _load(self) -> dict[str, int]:
@@ -48,29 +57,64 @@ class RefCounter:
         with self._lock:
             n = self._next.get(session)
             if n is None:
-                rows = self.db.query(
-                    "SELECT COALESCE(MAX(n), 0) FROM transcript WHERE session = ?", (session,)
-                )
-                n = max(int(rows[0][0]), self._reserved.get(session, 0)) + 1
-            if n > self._reserved.get(session, 0):
-                self._reserved[session] = n + self.block - 1
-                self._write()
+                n = max(self._max_stored(session), self._durable.get(session, 0)) + 1
             self._next[session] = n + 1
-            return n
+            if n > self._wanted.get(session, 0):
+                self._wanted[session] = n + self.block - 1
+            wait = n > self._durable.get(session, 0)
+            early = not wait and not self._ahead and self._durable[session] - n < self.block // 4
+            if early:
+                self._wanted[session] = self._durable[session] + self.block
+                self._ahead = True
+        if wait:
+            self._flush()
+        elif early:
+            threading.Thread(target=self._flush_ahead, name="refs-ahead", daemon=True).start()
+        return n
+
+    def _max_stored(self, session: str) -> int:
+        rows = self.db.query(
+            "SELECT COALESCE(MAX(n), 0) FROM transcript WHERE session = ?", (session,)
+        )
+        return int(rows[0][0])
+
+    def _flush_ahead(self) -> None:
+        try:
+            self._flush()
+        except OSError:
+            log.exception("reserving ref numbers ahead")  # the next allocate writes itself
+        finally:
+            with self._lock:
+                self._ahead = False
+
+    def _flush(self) -> None:
+        """Write what is wanted now; afterwards it is durable. Lock order: io, then maps."""
+        with self._io_lock:
+            with self._lock:
+                snapshot = dict(self._wanted)
+            if snapshot == self._durable:
+                return
+            self._write(snapshot)
+            with self._lock:
+                self._durable = snapshot
 
     def close(self) -> None:
         """Clean exit: reservations shrink to the numbers used (no gap after a restart)."""
-        with self._lock:
-            for session, nxt in self._next.items():
-                self._reserved[session] = nxt - 1
+        with self._io_lock:
+            with self._lock:
+                for session, nxt in self._next.items():
+                    self._wanted[session] = nxt - 1
+                snapshot = dict(self._wanted)
             if self._next:
-                self._write()
+                self._write(snapshot)
+                with self._lock:
+                    self._durable = snapshot
 
-    def _write(self) -> None:
+    def _write(self, reserved: dict[str, int]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            write_all(fd, orjson.dumps({"reserved": self._reserved}))
+            write_all(fd, orjson.dumps({"reserved": reserved}))
             os.fsync(fd)
         finally:
             os.close(fd)
