@@ -207,3 +207,22 @@ def test_a_vanished_cwd_falls_back_to_home_with_a_warning(session, tmp_path):
     assert warnings and "no longer exists" in str(warnings)
     assert "warnings" not in run(session, "true")["value"]  # said once
     assert out_text(run(session, "cd / && pwd")) == "/\n"
+
+
+def test_parallel_execs_each_keep_their_own_export(kernel, session):
+    name = session.call("session.cwd", {}, timeout=10)["session"]
+    clients = [kernel.client(name) for _ in range(6)]
+    try:
+        threads = [
+            threading.Thread(target=run, args=(c, f"export SHOAL_T_PAR_{i}={i}; sleep 0.{i}"))
+            for i, c in enumerate(clients)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for c in clients:
+            close_client(c)
+    env = session.call("session.env", {}, timeout=10)["names"]
+    assert {f"SHOAL_T_PAR_{i}" for i in range(6)} <= set(env)
