@@ -63,8 +63,7 @@ class Session:
 
     def env_hash(self) -> str:
         with self.lock:
-            blob = encode_env(self.env)
-        return hashlib.blake2b(blob, digest_size=8).hexdigest()
+            return env_digest(self.env)
 
     def snapshot(self) -> tuple[str, dict[str, str]]:
         with self.lock:
@@ -74,6 +73,12 @@ class Session:
         with self.lock:
             out, self.warnings = self.warnings, []
             return out
+
+
+def env_digest(env: Mapping[str, str]) -> str:
+    """The env hash ``session.attach``/``session.env`` report; bytes-clean (a value that is
+    not UTF-8 hashes by its exact bytes), so it never fails the way JSON encoding would."""
+    return hashlib.blake2b(encode_env(env), digest_size=8).hexdigest()
 
 
 def encode_env(env: Mapping[str, str]) -> bytes:
