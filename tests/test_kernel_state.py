@@ -226,3 +226,20 @@ def test_parallel_execs_each_keep_their_own_export(kernel, session):
             close_client(c)
     env = session.call("session.env", {}, timeout=10)["names"]
     assert {f"SHOAL_T_PAR_{i}" for i in range(6)} <= set(env)
+
+
+def test_env_names_bash_cannot_list_are_not_dropped_or_refused(kernel_factory):
+    # A kernel whose environment holds a name that is not an identifier: bash hands it to
+    # children but never reports it, which is not an unset.
+    k = kernel_factory(start=False)
+    k.env["SHOAL_T_ODD-NAME"] = "kept"
+    k.start()
+    c = k.client("odd")
+    try:
+        first = run(c, "true")
+        assert "env_refused" not in first["value"]
+        assert "SHOAL_T_ODD-NAME" in c.call("session.env", {}, timeout=10)["names"]
+        got = run(c, "env | grep -c '^SHOAL_T_ODD-NAME=kept$'")
+        assert out_text(got) == "1\n"
+    finally:
+        close_client(c)

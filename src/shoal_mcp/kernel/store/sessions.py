@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from .db import Database
 # Variables bash maintains itself (or, PS1/PS2, unsets in every non-interactive shell);
 # capturing them would drift on every exec.
 VOLATILE_ENV = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "PS1", "PS2"})
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,13 @@ def diff(
 ) -> StateDelta:
     """The delta from (start_cwd, start_env) to what an exec reported at its end."""
     changed = {k: v for k, v in end_env.items() if k not in VOLATILE_ENV and start_env.get(k) != v}
-    gone = frozenset(k for k in start_env if k not in end_env and k not in VOLATILE_ENV)
+    # Bash never lists (``compgen -e``) names that are not identifiers (``A-B``, exported
+    # functions' ``BASH_FUNC_f%%``) and cannot unset them: their absence is not an unset.
+    gone = frozenset(
+        k
+        for k in start_env
+        if k not in end_env and k not in VOLATILE_ENV and _IDENTIFIER.fullmatch(k)
+    )
     return StateDelta(end_cwd if end_cwd != start_cwd else None, changed, gone)
 
 
