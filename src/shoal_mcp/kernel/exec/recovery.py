@@ -10,6 +10,7 @@ Crash consistency)
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from pathlib import Path
 
@@ -17,13 +18,15 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.wiretext import text_node
-from ..store.cas import ContentStore, Placed
+from ..store.cas import INGEST_BLOCK, ContentStore, Placed
 from ..store.db import Database
 from ..store.journal import LOST, Journal, JournalEntry
 from ..store.sessions import decode_cwd
 from ..store.transcript import TranscriptStore
 
 log = logging.getLogger(__name__)
+
+COPY_BLOCK = INGEST_BLOCK
 
 LOST_REASON = "the kernel stopped while this command ran (crash or kill); output is partial"
 
@@ -42,6 +45,27 @@ def recover_lost(
     return len(rows)
 
 
+def _snapshot(path: Path) -> Path:
+    """A copy of what ``path`` holds now, and ``path`` unlinked.
+
+    The lost command may still be running (nothing contained it once its kernel died)
+    and writing to its spool; a copy of the bytes present now is what gets stored, so the
+    stored blob cannot grow afterwards.
+    """
+    size = os.stat(path).st_size
+    copy = path.with_name(path.name + ".partial")
+    with open(path, "rb") as src, open(copy, "wb") as dst:
+        left = size
+        while left > 0:
+            block = src.read(min(left, COPY_BLOCK))
+            if not block:
+                break
+            dst.write(block)
+            left -= len(block)
+    path.unlink()
+    return copy
+
+
 def _recover_one(
     db: Database,
     journal: Journal,
@@ -54,7 +78,7 @@ def _recover_one(
     for kind in ("out", "err"):
         path = Path(spool[kind]) if kind in spool else None
         if path is not None and path.exists():
-            placed.append(cas.place(path))
+            placed.append(cas.place(_snapshot(path)))
     cwd = decode_cwd(row["cwd"]) if row["cwd"] is not None else ""
     outcome: dict = {
         "$": "outcome",
