@@ -23,3 +23,13 @@ def test_clean_text_stays_a_string_and_names_are_escaped():
     assert text_node("héllo") == "héllo"
     assert to_wire({"caf\udce9": "x"}) == {"caf\\xe9": "x"}
     assert to_wire(b"\x00\x01") == {"$": "bytes", "v": "AAE="}
+
+
+def test_the_kernel_reply_encoder_never_raises():
+    from shoal_mcp.kernel.rpc.server import _encode_reply
+
+    odd = orjson.loads(_encode_reply({"jsonrpc": "2.0", "id": 7, "result": {"cwd": "/x\udcff"}}))
+    assert odd["result"]["cwd"] == {"$": "bytes", "v": base64.b64encode(b"/x\xff").decode()}
+    bad = orjson.loads(_encode_reply({"jsonrpc": "2.0", "id": 8, "result": {"s": {1, 2}}}))
+    assert bad["id"] == 8 and bad["error"]["code"] == -32603
+    assert "cannot encode" in bad["error"]["message"]
