@@ -279,6 +279,8 @@ class ContentStore:
             # same-hash file of the wrong size is damaged, and this good copy replaces it.
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.replace(spool, target)
+            # Just hashed from these very bytes: the first read need not hash it again.
+            self._remember(info.hash, os.stat(target))
         except OSError as exc:
             if is_disk_full(exc):
                 raise state_dir_full(f"cannot store output blob: {exc.strerror}") from exc
@@ -328,8 +330,13 @@ class ContentStore:
         actual = hash_fd(fd)
         if actual != info.hash:
             raise corrupted(info.hash, f"content hashes to {actual[:16]}…")
+        self._remember(info.hash, st)
+
+    def _remember(self, digest: str, st: os.stat_result) -> None:
+        key = (digest, st.st_ino, st.st_mtime_ns, st.st_size)
         with self._verified_lock:
             self._verified[key] = None
+            self._verified.move_to_end(key)
             while len(self._verified) > VERIFIED_BLOBS_REMEMBERED:
                 self._verified.popitem(last=False)
 
