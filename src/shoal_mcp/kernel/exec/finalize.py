@@ -132,7 +132,8 @@ class Finalizer:
         filtered = self._delta(task, outcome["ok"], report)
         if filtered.refused:
             outcome["env_refused"] = filtered.refused
-        warnings = session.take_warnings() + filtered.warnings
+        taken = session.take_warnings()  # given back if nothing is stored
+        warnings = taken + filtered.warnings
         if warnings:
             outcome["warnings"] = warnings
         n = self.transcript.allocate(task.session)
@@ -167,8 +168,7 @@ class Finalizer:
                     )
                     row_id = self.journal.finish_in(conn, task.journal_id, entry)
             except BaseException:
-                with session.lock:
-                    session.warnings[:0] = warnings[: len(warnings) - len(filtered.warnings)]
+                session.warnings[:0] = taken  # the lock is held (an RLock)
                 raise
             if new_state is not None:
                 self.sessions.adopt(session, new_state)
