@@ -54,6 +54,7 @@ def test_cd_into_a_non_utf8_dir_works_and_keeps_working(kernel, session, odd_dir
     cwd = session.call("session.cwd", {}, timeout=10)["cwd"]
     assert wire_bytes(cwd) == odd_dir  # the documented bytes node, lossless
     # The session keeps working: the next exec runs there, a second attach works.
+    run(session, "ls . ./x 2>/dev/null; cat ./nothing 2>/dev/null; true")  # path effects
     pwd = run(session, "pwd | od -An -tx1 | tr -d ' \\n'")
     assert bytes.fromhex(out_text(pwd)) == odd_dir + b"\n"
     again = kernel.client(session.call("session.cwd", {}, timeout=10)["session"])

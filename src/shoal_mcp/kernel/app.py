@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -48,6 +50,7 @@ class KernelConfig:
     state_dir: Path
     policy_path: Path | None = None
     require_token: bool = False
+    sandbox: str = "auto"  # --sandbox auto | required | off (access/confine.py)
 
 
 class Kernel:
@@ -72,7 +75,18 @@ class Kernel:
         self.event_store = EventStore(str(state / "journal.sqlite3"))
         self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
-        self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.confinement = Confinement(
+            config.sandbox,
+            forbidden=kernel_forbidden(state, config.socket),
+            tmp_root=sandbox_tmp_root(state, config.socket),
+        )  # --sandbox required without enforcement raises SandboxUnavailable: no start
+        self.guard = Guard(
+            state,
+            config.policy_path,
+            self.local_principal,
+            config.require_token,
+            self.confinement,
+        )
         self.plans = PlanStore()
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
@@ -104,6 +118,7 @@ class Kernel:
         lost = recover_lost(self.db, self.journal, self.cas, self.transcript)
         if lost:
             log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _clean_spool(self) -> None:
@@ -118,8 +133,22 @@ class Kernel:
         result["database"] = "ok" if not problems else "; ".join(problems[:3])
         return result
 
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
+
     def info(self) -> dict[str, Any]:
-        return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
+        return {
+            "version": __version__,
+            "framing_backend": BACKEND,
+            "pid": os.getpid(),
+            "sandbox": self.confinement.status(),
+        }
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)
@@ -135,6 +164,7 @@ class Kernel:
         self.event_store.close()
         self.refs.close()  # after the last finalize: reservations shrink to what was used
         self.db.close()
+        self.confinement.close()
 
     # -- access checks that span services --------------------------------------------------
 

@@ -179,6 +179,7 @@ class Finalizer:
             "ok": outcome["ok"],
             "status": outcome["status"],
             "stored": {"out_len": out.info.size, "err_len": err.info.size},
+            "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 
     def _read_report(self, run: RunningCommand) -> tuple[tuple[str, dict] | None, int | None]:

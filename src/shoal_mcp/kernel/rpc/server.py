@@ -36,6 +36,7 @@ from ...protocol.wiretext import to_wire
 from ..access.identity import Principal
 from ..app import Kernel
 from .registry import REGISTRY, MethodSpec
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class KernelServer:
         self._workers = 0  # connection and blocking-call threads still running
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
+        self._threads = Workers()  # reused threads: no thread start per blocking call
         kernel.connection_count = lambda: len(self.connections)
 
     def serve_forever(self) -> None:
@@ -181,7 +183,7 @@ class KernelServer:
                     self._workers -= 1
                     self._workers_done.notify_all()
 
-        threading.Thread(target=work, name=name, daemon=True).start()
+        self._threads.run(work, name)
 
     def drain(self, timeout: float) -> bool:
         """After stop(): wait until every connection and call thread has finished."""
@@ -190,6 +192,7 @@ class KernelServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._threads.close()
         try:
             self.listener.close()
         except OSError:

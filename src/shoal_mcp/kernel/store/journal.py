@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS
-from ...protocol.wiretext import text_or_bytes
+from ...protocol.wiretext import text_or_bytes, to_wire
 from .db import Database
 
 JOURNAL_QUERY_MAX = 1000
@@ -89,7 +89,7 @@ class Journal:
                 entry.src,
                 command_head(entry.src),
                 entry.kind,
-                orjson.dumps(entry.effects).decode(),
+                orjson.dumps(to_wire(entry.effects)).decode(),
                 "," + ",".join(kinds) + ",",
                 entry.status,
                 None if entry.ok is None else int(entry.ok),

@@ -21,9 +21,10 @@ import orjson
 from ...protocol.wiretext import from_bytes, to_bytes
 from .db import Database
 
-# Variables bash maintains itself (or, PS1/PS2, unsets in every non-interactive shell);
+# Variables bash maintains itself (or, PS1/PS2, unsets in every non-interactive shell),
+# and SHOAL_OUT (set per exec);
 # capturing them would drift on every exec.
-VOLATILE_ENV = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "PS1", "PS2"})
+VOLATILE_ENV = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "PS1", "PS2", "SHOAL_OUT"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
