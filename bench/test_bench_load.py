@@ -19,7 +19,7 @@ from bench.loadgen import run_load
 from shoal_mcp.protocol.framing import BACKEND
 from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until
-from tests.support.procfs import children, fd_count, threads
+from tests.support.procfs import fd_count, kernel_commands, threads
 
 from .summary import cpu_seconds, load_baseline, register_summary
 
@@ -53,7 +53,7 @@ def test_load_many_facades(benchmark, request):
             )
 
         benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
-        wait_until(lambda: not children(pid), timeout=60, interval=0.2)
+        wait_until(lambda: not kernel_commands(pid), timeout=60, interval=0.2)
         after = {"fds": fd_count(pid), "threads": threads(pid)}
         figures["kernel_cpu_ms_per_call"] = round(
             (cpu_seconds(pid) - cpu0) / (FACADES * CALLS) * 1e3, 3

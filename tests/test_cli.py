@@ -537,8 +537,10 @@ def test_exec_on_a_terminal_streams_output_while_the_command_runs(env, short_tmp
             try:
                 seen.extend(os.read(master, 4096))
             except OSError:  # EIO: the CLI closed the terminal
+                code = proc.wait(30)
                 raise AssertionError(
-                    f"terminal closed before {marker!r}: {bytes(seen)!r}"
+                    f"terminal closed before {marker!r}: {bytes(seen)!r}; exit {code}, "
+                    f"stderr {proc.stderr.read()!r}"
                 ) from None
 
     try:

@@ -229,3 +229,25 @@ def test_kernel_stop_escalates_to_sigkill(cli_env):
     finally:
         if wedged.poll() is None:
             wedged.kill()
+
+
+def test_doctor_and_status_report_a_symlinked_socket_dir(short_tmp_path):
+    real = short_tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = short_tmp_path / "run"
+    os.symlink(real, link)
+    env = child_env(
+        {
+            "SHOAL_SOCKET": str(link / "kernel.sock"),
+            "SHOAL_STATE_DIR": str(short_tmp_path / "state"),
+            "SHOAL_NO_AUTOSTART": "1",
+        }
+    )
+    doctor = shoal(env, "doctor", "--json", check=False)
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)}
+    assert checks["kernel"]["status"] == "fail" and "symlink" in checks["kernel"]["detail"]
+    assert checks["socket dir"]["status"] == "fail" and "symlink" in checks["socket dir"]["detail"]
+    status = shoal(env, "kernel", "status", "--json", check=False)
+    assert status.returncode == 1 and json.loads(status.stdout)["untrusted"] is True
+    assert list(real.iterdir()) == []  # nothing was created through the link

@@ -28,7 +28,7 @@ from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
-from tests.support.procfs import children, kill_group, pgid_members, pid_alive
+from tests.support.procfs import kernel_commands, kill_group, pgid_members, pid_alive
 from tests.support.results import structured, wire_text
 from tests.support.tmp import short_tmp
 
@@ -227,8 +227,8 @@ def test_kernel_sigkilled_mid_call_facade_recovers(short_tmp_path):
         bg = structured(pipe.call_tool("shoal_exec", {"src": "sleep 60", "background": True}))
         slow = pipe.tool("shoal_exec", {"src": "sleep 60"})
         waiting = pipe.tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
-        wait_until(lambda: len(children(k.pid)) >= 2, timeout=15)
-        orphans = children(k.pid)
+        wait_until(lambda: len(kernel_commands(k.pid)) >= 2, timeout=15)
+        orphans = kernel_commands(k.pid)
         k.proc.send_signal(signal.SIGKILL)
         k.proc.wait(10)
         for msg_id in (slow, waiting):
@@ -274,8 +274,8 @@ def test_sigterm_kills_running_tasks_and_removes_socket(short_tmp_path):
             handle = c.call("exec", {"src": src, "background": True}, timeout=30)
             groups.append(c.call("task.get", {"task": handle["task"]}, timeout=30)["pid"])
         _, inflight = c.start_call("exec", {"src": "sleep 60"})
-        wait_until(lambda: len(children(k.pid)) >= 4, timeout=15)
-        groups += [pid for pid in children(k.pid) if pid not in groups]
+        wait_until(lambda: len(kernel_commands(k.pid)) >= 4, timeout=15)
+        groups += [pid for pid in kernel_commands(k.pid) if pid not in groups]
         assert all(pgid_members(g) for g in groups)
         code = k.stop(signal.SIGTERM, timeout=30)
         assert code == 0, k.proc.stderr.read().decode(errors="replace")[-2000:]

@@ -12,7 +12,7 @@ import pytest
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until
-from tests.support.procfs import children, fd_count, rss_kib, threads, zombies
+from tests.support.procfs import fd_count, kernel_commands, rss_kib, threads, zombies
 from tests.support.wire import RawConn
 
 TASKS = 1000
@@ -40,7 +40,7 @@ def kernel():
 
 
 def _idle(pid: int) -> tuple[int, int]:
-    wait_until(lambda: not children(pid), timeout=60, interval=0.1)
+    wait_until(lambda: not kernel_commands(pid), timeout=60, interval=0.1)
     return fd_count(pid), threads(pid)
 
 
@@ -49,7 +49,9 @@ def _settled(pid: int, fds0: int, thr0: int) -> tuple[int, int]:
         now = (fd_count(pid), threads(pid))
         return (
             now
-            if not children(pid) and now[0] <= fds0 + FD_SLACK and now[1] <= thr0 + THREAD_SLACK
+            if not kernel_commands(pid)
+            and now[0] <= fds0 + FD_SLACK
+            and now[1] <= thr0 + THREAD_SLACK
             else None
         )
 
@@ -58,7 +60,7 @@ def _settled(pid: int, fds0: int, thr0: int) -> tuple[int, int]:
     except AssertionError:
         raise AssertionError(
             f"kernel did not settle: fds {fds0} -> {fd_count(pid)}, threads {thr0} -> "
-            f"{threads(pid)}, children {children(pid)}"
+            f"{threads(pid)}, children {kernel_commands(pid)}"
         ) from None
 
 
@@ -82,7 +84,7 @@ def test_thousand_background_tasks_all_reaped(kernel):
                 :3
             ]
             created += len(handles)
-            peak_children = max(peak_children, len(children(pid)))
+            peak_children = max(peak_children, len(kernel_commands(pid)))
             waits = [
                 conn.send("task.await", {"task": h["result"]["task"], "timeout_ms": 30000})
                 for h in handles
@@ -99,7 +101,7 @@ def test_thousand_background_tasks_all_reaped(kernel):
         assert zombies(pid) == []
     print(
         f"\n{TASKS} background tasks: kernel fds {fds0} -> {fds1}, threads {thr0} -> {thr1}, "
-        f"children at end {len(children(pid))}, peak children seen {peak_children}, "
+        f"children at end {len(kernel_commands(pid))}, peak children seen {peak_children}, "
         f"zombies seen at batch ends (transient) {seen_zombies}"
     )
 

@@ -13,7 +13,7 @@ import pytest
 from bench.loadgen import run_load
 from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until
-from tests.support.procfs import children, fd_count, threads, zombies
+from tests.support.procfs import fd_count, kernel_commands, threads, zombies
 
 FACADES = 8
 CALLS = 40
@@ -34,7 +34,7 @@ def kernel():
 
 def _settled(pid: int, fds: int, thr: int):
     """Kernel back to baseline: fds and threads within slack, no children left."""
-    now = (fd_count(pid), threads(pid), children(pid))
+    now = (fd_count(pid), threads(pid), kernel_commands(pid))
     if now[0] <= fds + FD_SLACK and now[1] <= thr + THREAD_SLACK and not now[2]:
         return now
     return None
@@ -48,8 +48,8 @@ def test_concurrent_facades_lose_nothing_and_leak_nothing(kernel):
     # connections (bounded, Database.MAX_IDLE) is already full when the baseline is taken.
     warm = run_load(kernel, facades=FACADES, calls=8, window=4, log_dir=kernel.tmp)
     assert not warm["errors"], warm["errors"]
-    wait_until(lambda: not children(pid), timeout=30)
-    fds0, thr0, kids0 = fd_count(pid), threads(pid), children(pid)
+    wait_until(lambda: not kernel_commands(pid), timeout=30)
+    fds0, thr0, kids0 = fd_count(pid), threads(pid), kernel_commands(pid)
 
     figures = run_load(kernel, facades=FACADES, calls=CALLS, window=4, log_dir=kernel.tmp)
     print(
@@ -68,7 +68,7 @@ def test_concurrent_facades_lose_nothing_and_leak_nothing(kernel):
     except AssertionError:
         raise AssertionError(
             f"kernel did not settle: fds {fds0} -> {fd_count(pid)}, threads {thr0} -> {threads(pid)}, "
-            f"children {kids0} -> {children(pid)}"
+            f"children {kids0} -> {kernel_commands(pid)}"
         ) from None
     print(
         f"kernel fds {fds0} -> {settled[0]}, threads {thr0} -> {settled[1]}, children {kids0} -> {settled[2]}"

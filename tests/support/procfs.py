@@ -64,6 +64,40 @@ def children(pid: int) -> list[int]:
     return [p for p in _pids() if (f := stat_fields(p)) and int(f[1]) == pid]
 
 
+SUPERVISOR_SCRIPT = "supervise.py"
+"""The exec supervisor program (kernel/exec/supervise.py): its processes sit between the
+kernel and the commands it runs (docs/architecture.md, Processes)."""
+
+
+def is_exec_supervisor(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.endswith(SUPERVISOR_SCRIPT.encode()) for arg in argv)
+
+
+def kernel_commands(kernel_pid: int) -> list[int]:
+    """The processes the kernel runs for its callers, zombies included: below the kernel
+    and its exec supervisors, the first process that is not a supervisor (each exec's
+    bash, which leads its own process group; a PTY's program).  What ``children`` meant
+    before exec supervisors: empty once every command is gone and reaped."""
+    parent: dict[int, list[int]] = {}
+    for pid in _pids():
+        fields = stat_fields(pid)
+        if fields:
+            parent.setdefault(int(fields[1]), []).append(pid)
+    found: list[int] = []
+    todo = [kernel_pid]
+    while todo:
+        for child in parent.get(todo.pop(), []):
+            if is_exec_supervisor(child):
+                todo.append(child)
+            else:
+                found.append(child)
+    return found
+
+
 def zombies(pid: int) -> list[int]:
     """Direct children of ``pid`` that exited and were not reaped."""
     return [p for p in children(pid) if proc_state(p) == "Z"]

@@ -215,6 +215,8 @@ def _check(name: str, fn) -> tuple[str, str, str]:
 
 
 def _kernel(found: KernelProbe) -> str:
+    if found.untrusted:
+        raise RuntimeError(found.detail)
     if found.stalled:
         raise RuntimeError(f"stalled: {found.detail}")
     if not found.running:
@@ -236,8 +238,8 @@ def _kernel_version(found: KernelProbe) -> str:
 def _grammar(ctx: Ctx, found: KernelProbe) -> str:
     # The grammar is the kernel's dependency, so ask the kernel (``parse`` needs no
     # attach); this also checks that a kernel can be reached or started.
-    if found.stalled:
-        _warn("not checked: the kernel is stalled")
+    if found.stalled or found.untrusted:
+        _warn("not checked: " + ("the kernel is stalled" if found.stalled else found.detail))
     try:
         client = connect(ctx.socket, ctx.state_dir)
     except KernelLost as exc:
@@ -255,8 +257,8 @@ def _grammar(ctx: Ctx, found: KernelProbe) -> str:
 
 def _sandbox(ctx: Ctx, found: KernelProbe) -> str:
     """The kernel's OS sandbox (``ping``): its mode and what it enforces (docs/security.md)."""
-    if found.stalled:
-        _warn("not checked: the kernel is stalled")
+    if found.stalled or found.untrusted:
+        _warn("not checked: " + ("the kernel is stalled" if found.stalled else found.detail))
     try:
         client = connect(ctx.socket, ctx.state_dir)
     except KernelLost as exc:
@@ -282,11 +284,13 @@ def _pyte() -> str:
 
 def _private(path, mode: int, must_exist: bool) -> str:
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         if must_exist:
             raise RuntimeError(f"{path} missing") from None
         return f"{path} (not created yet)"
+    if stat.S_ISLNK(st.st_mode):
+        raise RuntimeError(f"{path} is a symlink; shoal refuses to follow it")
     if st.st_uid != os.geteuid():
         raise RuntimeError(f"{path} belongs to uid {st.st_uid}")
     actual = stat.S_IMODE(st.st_mode)

@@ -35,6 +35,7 @@ class KernelProbe:
     pid: int | None = None
     stalled: bool = False
     version: str | None = None
+    untrusted: bool = False
     detail: str = ""
 
     @property
@@ -60,8 +61,9 @@ def probe(ctx: Ctx) -> KernelProbe:
     result = KernelProbe(ctx.socket_path)
     try:
         client = KernelClient(result.socket, liveness_timeout=STATUS_PROBE_TIMEOUT_S)
-    except KernelUntrusted:
-        raise
+    except KernelUntrusted as exc:
+        result.untrusted, result.detail = True, str(exc)
+        return result
     except KernelStalled as exc:
         record = discovery.live_record(ctx.state_path)
         result.running, result.stalled, result.detail = True, True, str(exc)
@@ -177,12 +179,13 @@ def kernel_status(ctx: Ctx, as_json: bool) -> None:
     Exits 1 when no kernel runs or the kernel is stalled (answers nothing)."""
     found = probe(ctx)
     if not found.running or found.stalled:
-        state = "stalled" if found.stalled else "not running"
+        state = "stalled" if found.stalled else "untrusted" if found.untrusted else "not running"
         if as_json:
             emit_json(
                 {
                     "running": found.running,
                     "stalled": found.stalled,
+                    "untrusted": found.untrusted,
                     "pid": found.pid,
                     "socket": str(found.socket),
                     "detail": found.detail,

@@ -28,6 +28,7 @@ from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
+from .exec.pool import WarmPool, warm_shells_enabled
 from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
@@ -103,6 +104,7 @@ class Kernel:
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
+        self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(
             sessions=self.sessions,
             guard=self.guard,
@@ -111,6 +113,7 @@ class Kernel:
             values=self.values,
             finalizer=finalizer,
             spool_dir=self.spool_dir,
+            pool=self.warm,
         )
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
@@ -156,7 +159,13 @@ class Kernel:
     def stop_work(self, drain_s: float) -> bool:
         """Kernel exit, first half: close PTYs, kill tasks and store their results."""
         self.ptys.close_all()
-        return self.tasks.shutdown(drain_s)
+        drained = self.tasks.shutdown(drain_s)
+        self.warm.close()  # after the tasks: a zygote exits once its jobs have ended
+        return drained
+
+    def _task_allowance(self, principal: str) -> int:
+        """``max_tasks`` of ``principal``: a principal that may run nothing gets no zygote."""
+        return self.guard.for_principal(principal).max_tasks
 
     def close(self) -> None:
         """Kernel exit, second half: close the event bus and the databases."""

@@ -207,3 +207,15 @@ VERIFY_REPORT_MAX = 100
 RUN_CLOCK_SLACK_NS = 250_000_000
 """An exec's journaled duration switches from the kernel's spawn→reap span to the span
 its own EXIT report shows when the two differ by more than this (the kernel was stopped)."""
+# --- exec supervisors and warm shells (docs/architecture.md, Processes) -------------
+SUPERVISOR_START_TIMEOUT_S = 30.0
+"""How long an exec supervisor may take to start its command (or to exit once told)."""
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * MiB
+"""Policy ``max_output_bytes`` default: stdout + stderr of one exec; past it the command's
+tree is killed, the spools are cut back to the cap and the outcome says ``output_capped``."""
+WARM_POOL_IDLE_S = 60.0
+"""A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
+WARM_POOL_MAX_KEYS = 16
+"""At most this many warm zygotes at once; the least recently used goes."""
+ZYGOTE_EXIT_WAIT_S = 5.0
+"""Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""

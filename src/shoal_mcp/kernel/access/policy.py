@@ -15,6 +15,7 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     journal_read = "own"               own | all
     tasks_read   = "own"               own | all
     max_tasks = 8, max_ptys = 2, max_subscriptions = 16
+    max_output_bytes = 1073741824      stdout + stderr of one exec (0 = no cap)
     fs.read / fs.write / fs.delete     path globs, absolute or ~-relative; ** spans dirs
 
 Any other key, or a value of the wrong type, raises ``PolicyError`` naming the key path.
@@ -53,6 +54,7 @@ from typing import Any
 
 from wcmatch import fnmatch, glob
 
+from ...protocol.limits import DEFAULT_MAX_OUTPUT_BYTES
 from ..effects.analyzer import SHELL_BUILTINS
 from .sandbox import SandboxSpec
 from .sandbox_build import build_spec
@@ -74,6 +76,8 @@ _BOOL_KEYS = ("approver", "session_write", "sandbox")
 _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
+_BYTES_KEYS = ("max_output_bytes",)
+_MAX_BYTES = 1 << 62
 
 _TABLE_DEFAULTS: dict[str, Any] = {
     "auto_apply": "in-grant",
@@ -87,6 +91,7 @@ _TABLE_DEFAULTS: dict[str, Any] = {
     "max_tasks": 8,
     "max_ptys": 2,
     "max_subscriptions": 16,
+    "max_output_bytes": DEFAULT_MAX_OUTPUT_BYTES,
 }
 _LOCAL_DEFAULTS: dict[str, Any] = {
     **_TABLE_DEFAULTS,
@@ -160,6 +165,10 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
         elif k in _INT_KEYS:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_QUOTA:
                 raise PolicyError(where, f"expected an integer 0..{_MAX_QUOTA}, got {v!r}")
+            out[k] = v
+        elif k in _BYTES_KEYS:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_BYTES:
+                raise PolicyError(where, f"expected an integer 0..{_MAX_BYTES}, got {v!r}")
             out[k] = v
         elif k == "fs":
             if not isinstance(v, dict):
@@ -258,6 +267,11 @@ class PrincipalPolicy:
     @property
     def max_subscriptions(self) -> int:
         return int(self._s["max_subscriptions"])
+
+    @property
+    def max_output_bytes(self) -> int:
+        """Cap on one exec's stdout + stderr; 0 means none."""
+        return int(self._s["max_output_bytes"])
 
     @property
     def auto_apply(self) -> str:

@@ -212,24 +212,45 @@ def apply(spec: SandboxSpec) -> dict[str, object]:
     Rule paths that vanished, cannot be opened or now resolve elsewhere are left out,
     never widened.  Returns ``{"abi": N, "netns": mode or None, "skipped": [paths]}``.
     """
+    abi, netns = confine_process(spec, seccomp_filter=False)
+    skipped = restrict_files(spec, abi)
+    if spec.deny_unix_sockets:
+        seccomp.deny_unix_sockets()
+    return {"abi": abi, "netns": netns, "skipped": skipped}
+
+
+def confine_process(spec: SandboxSpec, *, seccomp_filter: bool = True) -> tuple[int, str | None]:
+    """Everything of ``spec`` but the file rules: no_new_privs, the private network,
+    no capabilities, and (``seccomp_filter``) the unix-socket filter.  The exec
+    supervisor's zygote applies this once; each job's supervisor then adds
+    :func:`restrict_files` with its own spool paths.  Returns (Landlock ABI, netns)."""
     abi = landlock.abi_version()
     handled_net = landlock.net_rights(abi)
-    if spec.tcp_connect is None:
-        handled_net &= ~landlock.NET_CONNECT_TCP
-    elif not handled_net and not spec.private_net:
+    if spec.tcp_connect is not None and not handled_net and not spec.private_net:
         raise SandboxError(
             errno.EOPNOTSUPP, f"TCP port rules need Landlock ABI 4; this kernel has {abi}"
         )
     if spec.deny_unix_sockets and not seccomp.supported():
         raise SandboxError(errno.EOPNOTSUPP, "no seccomp filter for this architecture")
-    rights: dict[str, int] = {}
-    for cls, access in ACCESS.items():
-        for path in getattr(spec, cls):
-            rights[path] = rights.get(path, 0) | access
     libc = ctypes.CDLL(None, use_errno=True)
     landlock.set_no_new_privs()
     netns = _private_network(libc) if spec.private_net else None
     _drop_capabilities(libc)
+    if seccomp_filter and spec.deny_unix_sockets:
+        seccomp.deny_unix_sockets()
+    return abi, netns
+
+
+def restrict_files(spec: SandboxSpec, abi: int) -> list[str]:
+    """The Landlock ruleset of ``spec`` (files, TCP ports, scopes), on this process;
+    the rule paths left out (gone, or resolving elsewhere now)."""
+    handled_net = landlock.net_rights(abi)
+    if spec.tcp_connect is None:
+        handled_net &= ~landlock.NET_CONNECT_TCP
+    rights: dict[str, int] = {}
+    for cls, access in ACCESS.items():
+        for path in getattr(spec, cls):
+            rights[path] = rights.get(path, 0) | access
     skipped: list[str] = []
     with landlock.Ruleset(landlock.fs_rights(abi), handled_net, landlock.scopes(abi)) as rs:
         for path, access in rights.items():
@@ -244,9 +265,7 @@ def apply(spec: SandboxSpec) -> dict[str, object]:
         for port in spec.tcp_connect or ():
             rs.add_port(port, landlock.NET_CONNECT_TCP)
         rs.restrict_self()
-    if spec.deny_unix_sockets:
-        seccomp.deny_unix_sockets()
-    return {"abi": abi, "netns": netns, "skipped": skipped}
+    return skipped
 
 
 def _private_network(libc: object) -> str:

@@ -94,7 +94,7 @@ class Finalizer:
             raise
 
     def _finalize(self, task: Task, run: RunningCommand) -> dict[str, Any]:
-        code = run.proc.returncode
+        code = run.returncode
         full = self._spool_full(run)
         if full:
             raise state_dir_full(full)
@@ -120,7 +120,7 @@ class Finalizer:
             outcome["status"] = code
         dur_ns = run_duration_ns(run, report_end_ns)
         outcome.update(
-            ok=outcome["status"] == 0 and not run.cancelled,
+            ok=outcome["status"] == 0 and not run.cancelled and not run.output_capped,
             out=out.info.node(),
             err=err.info.node(),
             dur_ns=dur_ns,
@@ -128,6 +128,8 @@ class Finalizer:
             cmd=run.src,
             cwd=text_node(run.cwd),
         )
+        if run.output_capped:
+            outcome["output_capped"] = True  # stopped at max_output_bytes
         session = self.sessions.get_or_create(task.session)
         filtered = self._delta(task, outcome["ok"], report)
         if filtered.refused:
@@ -179,6 +181,7 @@ class Finalizer:
             "ok": outcome["ok"],
             "status": outcome["status"],
             "stored": {"out_len": out.info.size, "err_len": err.info.size},
+            "output_capped": run.output_capped,
             "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 

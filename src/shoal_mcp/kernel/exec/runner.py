@@ -1,16 +1,16 @@
-"""Spawning bash for ``exec``: own process group, stdin /dev/null, output to spools.
+"""Spawning bash for ``exec``: own session, stdin /dev/null, output to spools, supervised.
 
-The child writes stdout/stderr straight into files in the spool directory; the kernel
-never reads them into memory. An EXIT trap reports the final cwd and exported
+Each command runs under an exec supervisor (``supervisor.py``) that owns its whole
+process tree. The child writes stdout/stderr straight into files in the spool
+directory; the kernel never reads them into memory. An EXIT trap reports the final cwd and exported
 environment through an extra descriptor so ``cd``/``export`` persist (docs/decisions.md, Exec).
 """
 
 from __future__ import annotations
 
 import os
-import select
+import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,9 +19,17 @@ from pathlib import Path
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
 from ...protocol.limits import CANCEL_GRACE_S
-from ..access.sandbox import SandboxSpec, runner_argv
+from ..access.sandbox import SandboxSpec
+from .supervisor import Job, Supervisor
 
 BASH_ARGV = ["bash", "--noprofile", "--norc", "-c"]
+BASH = shutil.which("bash") or "/bin/bash"
+"""Resolved once: the supervisor execs a path (it does not search PATH)."""
+STATE_FD = 99
+"""Where bash finds the descriptor its EXIT trap writes cwd and env to; high, so a
+script's own ``exec 3>…`` redirections do not clobber it."""
+SOURCE_FD = 98
+"""Where a source too long for argv is read from."""
 MAX_ARG_BYTES = 120 * 1024
 """Longest script passed as the ``-c`` argument (Linux caps one argv string at 128 KiB);
 longer sources are read by bash from a descriptor (``. /dev/fd/N``)."""
@@ -38,11 +46,16 @@ def _prelude(fd: int) -> str:
 
 @dataclass
 class RunningCommand:
-    """A spawned bash whose output is being written to spool files."""
+    """A supervised bash whose output is being written to spool files.
+
+    ``job`` is its run under a supervisor (``supervisor.py``), which owns the process
+    tree: ``pid`` is bash's, which leads its own session and process group; the tree
+    is gone once :meth:`wait` returns.
+    """
 
     src: str
     cwd: str
-    proc: subprocess.Popen
+    job: Job
     out_path: Path
     err_path: Path
     state_path: Path
@@ -50,67 +63,41 @@ class RunningCommand:
     started_ns: int = field(default_factory=time.monotonic_ns)
     finished_ns: int | None = None
     cancelled: bool = False
-    # A pidfd becomes readable when the child exits: waiting with a timeout then wakes
-    # at the exit itself, where Popen.wait(timeout) would poll with growing sleeps.
-    pidfd: int | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        opener = getattr(os, "pidfd_open", None)  # Linux 5.3+; elsewhere Popen polls
-        if opener is not None:
-            try:
-                self.pidfd = opener(self.proc.pid)
-            except OSError:
-                self.pidfd = None
+    returncode: int | None = None
+    output_capped: bool = False
+    """Stopped for passing ``max_output_bytes`` (the spools hold exactly the cap)."""
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.job.pid if self.job.pid is not None else 0
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for exit; the returncode, or None when ``timeout`` elapsed first."""
-        pidfd = self.pidfd
-        if self.proc.returncode is None and timeout is not None and pidfd is not None:
-            try:
-                ready, _, _ = select.select([pidfd], [], [], timeout)
-            except (OSError, ValueError):  # another waiter reaped it and closed the pidfd
-                ready = [pidfd]
-            if not ready:
-                return None
-            timeout = None  # exited: the reap below does not block
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        """Wait for the command's end; the returncode, or None when ``timeout`` elapsed
+        first.  On return every process of the tree is dead: the spools are final."""
+        end = self.job.wait(timeout)
+        if end is None:
             return None
         if self.finished_ns is None:
             self.finished_ns = time.monotonic_ns()
-        self._close_pidfd()
-        return code
-
-    def _close_pidfd(self) -> None:
-        fd, self.pidfd = self.pidfd, None
-        if fd is not None:
-            os.close(fd)
+        self.output_capped = end.capped
+        self.returncode = end.returncode
+        return self.returncode
 
     def output_sizes(self) -> tuple[int, int]:
         return _size(self.out_path), _size(self.err_path)
 
     def signal_group(self, sig: int) -> bool:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return self.job.signal_group(sig)
 
     def terminate(self, grace: float = CANCEL_GRACE_S) -> None:
-        """SIGTERM the whole group, SIGKILL after ``grace``; leaves no zombie."""
+        """SIGTERM bash's group, and after ``grace`` (or once bash is gone) SIGKILL the
+        whole tree, setsid'd and nohup'd descendants included; leaves no zombie."""
         self.cancelled = True
         self.signal_group(signal.SIGCONT)  # a stopped group cannot act on TERM
         self.signal_group(signal.SIGTERM)
         if self.wait(grace) is None:
-            self.signal_group(signal.SIGKILL)
+            self.job.kill()
             self.wait()
-        # Stragglers that ignored TERM (or were forked by the script) go too.
-        self.signal_group(signal.SIGKILL)
 
     def read_state(self) -> tuple[str, dict[str, str]] | None:
         """The (cwd, exported env) the EXIT trap wrote, or None if it never ran."""
@@ -145,6 +132,10 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
 def spawn(
     src: str,
     cwd: str,
@@ -152,12 +143,15 @@ def spawn(
     spool_dir: Path,
     *,
     sandbox: SandboxSpec | None = None,
+    max_output_bytes: int = 0,
+    supervisor: Supervisor | None = None,
 ) -> RunningCommand:
-    """Start ``bash -c src`` with stdout/stderr going to fresh spool files.
+    """Start ``bash -c src`` under a supervisor, stdout/stderr going to fresh spools.
 
-    With ``sandbox``, bash starts under ``sandbox_run.py``, which applies the spec in the
-    fresh child before exec (no ``preexec_fn`` in the threaded kernel); the exec's own
-    stdout/stderr spool files are added to its writable paths (``> /dev/stdout``)."""
+    ``supervisor`` is the pool's warm zygote for this principal and ``sandbox``;
+    without it one is started here for this job alone (cold).  ``max_output_bytes``
+    (0: none) caps stdout + stderr.
+    """
     if not os.path.isdir(cwd):
         raise RpcError(
             ErrorCode.RAISED,
@@ -171,9 +165,8 @@ def spawn(
             fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=spool_dir)
             fds.append(fd)
             paths.append(Path(name))
-        out_fd, err_fd, state_fd = fds
-        script = _prelude(state_fd) + src
-        pass_fds = [state_fd]
+        script = _prelude(STATE_FD) + src
+        targets = [STATE_FD]
         if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
             # Too long for one argv string (E2BIG): bash reads the source from an
             # inherited descriptor of an already unlinked file instead.
@@ -185,26 +178,23 @@ def spawn(
             os.unlink(src_name)
             write_all(src_fd, src.encode("utf-8", "surrogatepass"))
             os.lseek(src_fd, 0, os.SEEK_SET)
-            pass_fds.append(src_fd)
-            script = _prelude(state_fd) + f". /dev/fd/{src_fd}"
-        argv = [*BASH_ARGV, script]
-        if sandbox is not None:
-            spec_fd = _spec_fd(sandbox.plus(write=(str(paths[0]), str(paths[1]))))
-            fds.append(spec_fd)
-            pass_fds.append(spec_fd)
-            argv = runner_argv(spec_fd, argv, env=env)
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
-            pass_fds=tuple(pass_fds),
-            start_new_session=True,
-            close_fds=True,
+            targets.append(SOURCE_FD)
+            script = _prelude(STATE_FD) + f". /dev/fd/{SOURCE_FD}"
+        cold = supervisor is None
+        if supervisor is None:
+            supervisor = Supervisor(sandbox.to_bytes() if sandbox is not None else b"")
+        started_ns = time.monotonic_ns()
+        job = supervisor.run(
+            [_bytes(a) for a in (BASH, *BASH_ARGV[1:], script)],
+            _bytes(cwd),
+            {_bytes(k): _bytes(v) for k, v in env.items()},
+            fds,
+            targets,
+            max_output_bytes,
+            write=[_bytes(str(p)) for p in paths[:2]] if sandbox is not None else [],
+            last=cold,
         )
-    except OSError as exc:
+    except (OSError, UnicodeEncodeError) as exc:
         for p in paths:
             p.unlink(missing_ok=True)
         raise RpcError(
@@ -213,16 +203,4 @@ def spawn(
     finally:
         for fd in fds:
             os.close(fd)
-    return RunningCommand(src, cwd, proc, paths[0], paths[1], paths[2])
-
-
-def _spec_fd(spec: SandboxSpec) -> int:
-    """A descriptor holding the spec for the supervisor (a memfd: no size limit, no file)."""
-    fd = os.memfd_create("shoal-sandbox-spec")  # close-on-exec; pass_fds hands it to the child
-    try:
-        write_all(fd, spec.to_bytes())
-        os.lseek(fd, 0, os.SEEK_SET)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    return RunningCommand(src, cwd, job, paths[0], paths[1], paths[2], started_ns=started_ns)

@@ -24,13 +24,15 @@ from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_ref
+from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import Session, SessionTable
 from ..values.elision import ElideOptions
 from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
-from .runner import spawn
+from .pool import WarmPool
+from .runner import RunningCommand, spawn
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -79,6 +81,7 @@ class ExecService:
         values: ValueService,
         finalizer: Finalizer,
         spool_dir: Path,
+        pool: WarmPool | None = None,
     ) -> None:
         self.sessions = sessions
         self.guard = guard
@@ -86,6 +89,8 @@ class ExecService:
         self.tasks = tasks
         self.values = values
         self.spool_dir = spool_dir
+        self.pool = pool  # warm supervisors (docs/architecture.md, Processes)
+        self._starting: dict[str, int] = {}  # principal -> spawns past the quota check
         self.finalizer = finalizer  # also writes the journal rows of plans and refusals
 
     # -- analysis and the gate ------------------------------------------------------------
@@ -171,7 +176,7 @@ class ExecService:
         try:
             return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
         except RpcError as exc:
-            if exc.code == ErrorCode.QUOTA and opts.background:
+            if exc.code == ErrorCode.QUOTA:
                 self.plans.unclaim(plan, previous)  # refused before anything started
             raise
 
@@ -250,7 +255,7 @@ class ExecService:
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
             # instead of an unlisted process nobody can name.
-            self._detach(who, task)  # within max_tasks, else cancelled + -32031
+            self._detach(who, task)
             return task_handle(task, timed_out=True)
         try:
             return self.result(who, task, opts, started)
@@ -260,14 +265,6 @@ class ExecService:
             self.tasks.forget(task)
 
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
-        if not background:
-            return self._spawn(who, src, effects, False)
-        # Check and start as one step per principal, so parallel calls cannot overshoot.
-        with self.guard.quota_lock(who.principal, "max_tasks"):
-            self._check_task_quota(who)
-            return self._spawn(who, src, effects, True)
-
-    def _spawn(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,
         start the task; the task remembers that state (its delta is computed from it)."""
         session = self.sessions.get_or_create(who.session)
@@ -276,31 +273,38 @@ class ExecService:
         # readable inside the sandbox too.
         outputs = str(self.values.outputs.sync(who.principal, who.session))
         env = {**env, SHOAL_OUT_ENV: outputs}
-        # None: this principal runs unconfined.
-        box = self.guard.sandbox_spec(who.principal, also_read=(outputs,))
-        if box is not None:
-            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
-            # state report echoing it is no change of the agent's (nothing to refuse).
-            env = {**env, **box.environ()}
-        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
-        run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
+        # Every exec, foreground or background, is a running task within max_tasks. The
+        # check takes a slot under the principal's lock, so parallel calls cannot
+        # overshoot; the spawn itself runs outside it, so they do not queue behind it.
+        lock = self.guard.quota_lock(who.principal, "max_tasks")
+        with lock:
+            self._check_task_quota(who)
+            self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
         try:
-            journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
-        except BaseException:
-            run.terminate()
-            for path in (run.out_path, run.err_path, run.state_path):
-                path.unlink(missing_ok=True)
-            raise
-        return self.tasks.start(
-            who.session,
-            who.principal,
-            src,
-            run,
-            background,
-            effects,
-            journal_id=journal_id,
-            start_state=(cwd, env),
-        )
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
+            run, start_env = self._launch(who, src, cwd, env, outputs)
+            try:
+                journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
+            except BaseException:
+                run.terminate()
+                for path in (run.out_path, run.err_path, run.state_path):
+                    path.unlink(missing_ok=True)
+                raise
+            return self.tasks.start(
+                who.session,
+                who.principal,
+                src,
+                run,
+                background,
+                effects,
+                journal_id=journal_id,
+                start_state=(cwd, start_env),
+            )
+        finally:
+            with lock:
+                left = self._starting.pop(who.principal) - 1
+                if left:
+                    self._starting[who.principal] = left
 
     def _usable_state(self, session: Session) -> tuple[str, dict[str, str]]:
         """The session's (cwd, env); a cwd that vanished falls back to ``$HOME`` (the
@@ -316,6 +320,43 @@ class ExecService:
         )
         return session.snapshot()
 
+    def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
+        """The OS sandbox spec ``who``'s processes run in (None: not confined), with
+        read access to ``outputs`` ($SHOAL_OUT); the spawn and the warm zygote's key both
+        follow it, so a grant change (or another session's outputs) is another zygote."""
+        return self.guard.sandbox_spec(who.principal, also_read=(outputs,))
+
+    def warm_up(self, who: Principal) -> None:
+        """Start ``who``'s warm supervisor in the background (session.attach calls this)."""
+        if self.pool is not None:
+            outputs = str(self.values.outputs.session_dir(who.principal, who.session))
+            spec = self._sandbox_for(who, outputs)
+            self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
+
+    def _launch(
+        self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
+    ) -> tuple[RunningCommand, dict[str, str]]:
+        """Under the principal's warm zygote when there is one, else a cold supervisor;
+        also the env the command got (TMPDIR of its sandbox included)."""
+        sandbox = self._sandbox_for(who, outputs)
+        spec_bytes = b""
+        if sandbox is not None:
+            spec_bytes = sandbox.to_bytes()
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **sandbox.environ()}
+        warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
+        run = spawn(
+            src,
+            cwd,
+            env,
+            self.spool_dir,
+            sandbox=sandbox,
+            max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
+            supervisor=warm,
+        )
+        return run, env  # the env bash got: the state the exec's delta is measured from
+
     def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
         """Watch ``task`` on this thread within the budget; False when the budget ran out
         or the caller left (the task is then still running, or finishing)."""
@@ -330,25 +371,14 @@ class ExecService:
                 return False
 
     def _detach(self, who: Principal, task: Task) -> None:
-        """A foreground exec outlived its wait: it becomes a listed task within max_tasks.
-
-        Over the quota it is cancelled and -32031 raised instead, so timed-out (or
-        abandoned) foreground calls cannot pile up running commands past the quota.
-        """
-        with self.guard.quota_lock(who.principal, "max_tasks"):
-            try:
-                self._check_task_quota(who)
-            except RpcError:
-                if not task.done.is_set():
-                    try:
-                        self.tasks.cancel(task)
-                    except RpcError:
-                        pass  # it finished meanwhile
-                raise
-            self.tasks.detach(task)
+        """A foreground exec outlived its wait: it becomes a listed task (it already
+        counts toward max_tasks, like every running exec)."""
+        self.tasks.detach(task)
 
     def _check_task_quota(self, who: Principal) -> None:
-        self.guard.check_quota(who.principal, "max_tasks", self.tasks.running_count(who.principal))
+        """Caller holds the principal's max_tasks lock: running tasks plus spawns under way."""
+        current = self.tasks.running_count(who.principal) + self._starting.get(who.principal, 0)
+        self.guard.check_quota(who.principal, "max_tasks", current)
 
     # -- the reply ------------------------------------------------------------------------
 
@@ -394,6 +424,7 @@ class ExecService:
                 "status": status,
                 "stderr_tail": tail,
                 "render": result["render"],
+                **({"output_capped": True} if task.result.get("output_capped") else {}),
             },
         )
 

@@ -233,14 +233,11 @@ class TaskManager:
             return sum(1 for t in self._tasks.values() if not t.done.is_set())
 
     def running_count(self, principal: str) -> int:
-        """Unfinished *listed* tasks (background or detached) of ``principal``: the
-        ``max_tasks`` quota. Foreground execs still being waited for do not count, so
-        concurrent foreground calls never make a background start fail."""
+        """Unfinished tasks of ``principal``, foreground execs included: the
+        ``max_tasks`` quota (docs/decisions.md, Exec processes)."""
         with self._lock:
             return sum(
-                1
-                for t in self._tasks.values()
-                if t.principal == principal and t.listed and not t.done.is_set()
+                1 for t in self._tasks.values() if t.principal == principal and not t.done.is_set()
             )
 
     # -- control --------------------------------------------------------------------------

@@ -63,6 +63,7 @@ OUTCOME_PLAIN_FIELDS = (
     "status",
     "signal",
     "ok",
+    "output_capped",
     "dur_ns",
     "pid",
     "cwd",

@@ -89,7 +89,8 @@ class Renderer:
         if failed:
             status = node.get("status")
             sig = node.get("signal")
-            tail = f"[exit {status}" + (f", signal {sig}" if sig else "") + "]"
+            tail = f"[exit {status}" + (f", signal {sig}" if sig else "")
+            tail += ", output capped (max_output_bytes)]" if node.get("output_capped") else "]"
             err_tail = self._tail_text(err, STDERR_TAIL_BYTES)
             if err_tail:
                 tail += "\n" + err_tail

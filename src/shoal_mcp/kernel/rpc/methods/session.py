@@ -35,6 +35,7 @@ def attach(call: Call, params: dict) -> dict:
     call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
     kernel.attached.add(call.conn)
+    kernel.exec.warm_up(call.conn.who)  # the first exec finds its supervisor started
     cwd, _ = session.snapshot()
     return {
         "session": name,

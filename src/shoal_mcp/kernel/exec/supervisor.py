@@ -1,0 +1,267 @@
+"""The kernel's handle on an exec supervisor process (``supervise.py``).
+
+A :class:`Supervisor` is started (optionally inside a sandbox spec), then runs jobs one
+at a time: :meth:`Supervisor.run` hands over the command's argv, cwd, env, its spool
+descriptors and an output cap, and returns a :class:`Job` with the command's pid.
+:meth:`Job.wait` returns once the whole process tree is gone.  :meth:`Job.kill` closes
+our end of the control socket, which makes the supervisor SIGKILL the tree and exit
+(so does the kernel dying).  A supervisor whose job ended normally can take another
+(``on_idle`` gives it back to the warm pool).  See docs/architecture.md, Processes.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...protocol.limits import SUPERVISOR_START_TIMEOUT_S
+
+SUPERVISE = Path(__file__).with_name("supervise.py")
+
+
+class SupervisorError(OSError):
+    """The supervisor could not be started or did not take its job."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a supervised command ended: its raw wait status, and whether it was stopped
+    for passing the output cap."""
+
+    wstatus: int
+    capped: bool = False
+
+    @property
+    def returncode(self) -> int:
+        """Like ``Popen.returncode``: the exit status, or -N for signal N."""
+        if os.WIFSIGNALED(self.wstatus):
+            return -os.WTERMSIG(self.wstatus)
+        if os.WIFEXITED(self.wstatus):
+            return os.WEXITSTATUS(self.wstatus)
+        return -9
+
+
+def _frame(payload: bytes | dict[str, object]) -> bytes:
+    data = b"" if payload == b"" else marshal.dumps(payload)  # type: ignore[arg-type]
+    return len(data).to_bytes(4, "big") + data
+
+
+class Supervisor:
+    """One zygote process; forks a supervisor per job, any number concurrently."""
+
+    def __init__(self, spec_bytes: bytes = b"") -> None:
+        self.spec_bytes = spec_bytes
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = ours
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SUPERVISE), str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                close_fds=True,
+                cwd="/",
+                env={},
+            )
+        except OSError as exc:
+            ours.close()
+            raise SupervisorError(exc.errno, f"cannot start the exec supervisor: {exc}") from exc
+        finally:
+            theirs.close()
+        self.closed = False
+        self.jobs = 0
+        self._send = threading.Lock()  # one frame at a time from any number of threads
+        try:
+            # A spec is a few KiB: it fits the socket buffer, so this never waits for the
+            # child's start-up (which is what a warm zygote takes off the exec path).
+            self.sock.sendall(_frame(spec_bytes))
+        except OSError:
+            self.closed = True  # died at once
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return not self.closed and self.proc.poll() is None
+
+    def run(
+        self,
+        argv: list[bytes],
+        cwd: bytes,
+        env: dict[bytes, bytes],
+        fds: list[int],
+        targets: list[int],
+        cap: int,
+        *,
+        write: list[bytes] | None = None,
+        last: bool = False,
+    ) -> Job:
+        """Start a job: stdout, stderr, then extras in ``fds`` (placed at ``targets`` in
+        the command).  The :class:`Job` has the command's pid once it started.
+
+        ``write``: paths this job may also write in the sandbox (its spools).
+        ``last``: a one-job (cold) zygote, told at once that no job follows; the job
+        closes (reaps) it when it ends."""
+        owner = self if last else None
+        frame = _frame(
+            {
+                "argv": argv,
+                "cwd": cwd,
+                "env": env,
+                "fds": targets,
+                "cap": cap,
+                "write": write or [],
+            }
+        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        job = Job(ours, owner)
+        try:
+            with self._send:
+                self.jobs += 1
+                socket.send_fds(self.sock, [frame], [theirs.fileno(), *fds])
+                if last:
+                    self.closed = True
+                    self.sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self.closed = True
+            job.close()
+            raise SupervisorError(exc.errno, f"exec supervisor is gone: {exc}") from exc
+        finally:
+            theirs.close()
+        line = job.line(SUPERVISOR_START_TIMEOUT_S)
+        if line is not None and line.startswith(b"pid "):
+            job.pid = int(line[4:])
+            return job
+        if line is not None and line.startswith(b"exit "):
+            job.finish(line)  # nothing ran (sandbox not applied, exec failed)
+            return job
+        if job.eof:
+            # Its supervisor was killed before it could report (the command killed its
+            # parent at once); the zygote, a subreaper too, kills what it left.
+            job.finish(b"exit 9 0")
+            return job
+        job.kill()
+        job.close()
+        raise SupervisorError(0, "exec supervisor did not start the command")
+
+    def close(self, timeout: float | None = None) -> None:
+        """No more jobs: the zygote exits once its running jobs ended; reap it then.
+
+        Blocks until then (or ``timeout``: then it is left to exit on its own): call it
+        where waiting is fine (a job's end, a retire thread, kernel exit).
+        """
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.sock.close()
+
+
+class Job:
+    """One command under its own forked supervisor: its pid, and its end once the tree
+    is gone.  ``lock`` orders ``exit`` against kill/signal calls."""
+
+    def __init__(self, sock: socket.socket, owner: Supervisor | None = None) -> None:
+        self.sock = sock
+        self.owner = owner  # a one-job zygote to reap once the job ended
+        self.pid: int | None = None
+        self.exit: Exit | None = None
+        self.eof = False
+        self.lock = threading.Lock()
+        self._reading = threading.Lock()
+        self._buf = b""
+
+    def line(self, timeout: float | None) -> bytes | None:
+        """The next report line; None at EOF (``eof`` set) or when ``timeout`` ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.sock], [], [], remaining)
+            if not ready:
+                return None
+            data = self.sock.recv(4096)
+            if not data:
+                self.eof = True
+                return None
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def finish(self, line: bytes) -> None:
+        _, status, capped = line.split()
+        with self.lock:
+            self.exit = Exit(int(status), capped == b"1")
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        owner, self.owner = self.owner, None
+        if owner is not None:
+            owner.close()  # it exits right after this job's supervisor did
+
+    def wait(self, timeout: float | None = None) -> Exit | None:
+        """The command's end (every process of its tree reaped); None on timeout."""
+        if self.exit is not None:
+            return self.exit
+        if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
+            return None
+        try:
+            if self.exit is not None:
+                return self.exit
+            line = self.line(timeout)
+            while line is not None and not line.startswith(b"exit "):
+                line = self.line(timeout)
+            if line is not None:
+                self.finish(line)
+            elif self.eof:
+                self._lost()
+        finally:
+            self._reading.release()
+        return self.exit
+
+    def _lost(self) -> None:
+        """The supervisor died without its report (only SIGKILL does that): the command's
+        group goes too; descendants that left it may survive (docs/decisions.md)."""
+        with self.lock:
+            if self.pid is not None:
+                try:
+                    os.killpg(self.pid, 9)
+                except OSError:
+                    pass
+            self.exit = Exit(9)
+        self.close()
+
+    def kill(self) -> None:
+        """Kill the whole tree now (EOF on the job's socket), unless it already ended."""
+        with self.lock:
+            if self.exit is None:
+                try:
+                    self.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    def signal_group(self, sig: int) -> bool:
+        """Signal the command's process group while the job runs."""
+        with self.lock:
+            if self.exit is not None or self.pid is None:
+                return False
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True

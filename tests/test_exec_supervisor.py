@@ -1,0 +1,220 @@
+"""The exec supervisor and warm zygotes, driven through ``runner.spawn`` (real processes).
+
+Each exec gets a fresh supervisor forked by its (principal, spec) zygote: nothing of one
+exec reaches the next, a sandboxed zygote confines every job (with the job's own spools
+writable by path), and a spec change never reuses a zygote.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal_mcp.kernel.access import landlock
+from shoal_mcp.kernel.access.sandbox_build import build_spec
+from shoal_mcp.kernel.exec.pool import WarmPool
+from shoal_mcp.kernel.exec.runner import RunningCommand, spawn
+from shoal_mcp.kernel.exec.supervisor import Supervisor
+from tests.support.landlock import landlock_evidence
+from tests.support.polling import wait_until
+from tests.support.procfs import (
+    children,
+    is_exec_supervisor,
+    kill_pids,
+    pids_with_arg,
+    proc_ids,
+)
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "HOME": "/root"}
+
+
+@pytest.fixture
+def zygote() -> Iterator[Supervisor]:
+    z = Supervisor()
+    yield z
+    z.close()
+
+
+def run(src: str, spool: Path, **kw) -> tuple[RunningCommand, str, str]:
+    r = spawn(src, "/", dict(ENV), spool, **kw)
+    r.wait(60)
+    out, err = r.out_path.read_text(), r.err_path.read_text()
+    for p in (r.out_path, r.err_path, r.state_path):
+        p.unlink(missing_ok=True)
+    return r, out, err
+
+
+def test_jobs_of_one_zygote_share_nothing(zygote: Supervisor, tmp_path: Path) -> None:
+    first, _, _ = run(
+        "umask 077; ulimit -n 64; export LEAK=1; cd /tmp; trap 'echo trapped' USR1; echo $$",
+        tmp_path,
+        supervisor=zygote,
+    )
+    second, out, _ = run(
+        'echo "$$ $(umask) $(ulimit -n) ${LEAK:-unset} $PWD"; trap -p USR1',
+        tmp_path,
+        supervisor=zygote,
+    )
+    pid, umask, nofile, leak, cwd = out.split()
+    assert int(pid) == second.pid != first.pid
+    assert umask == f"{_our_umask():04o}"
+    assert int(nofile) != 64 and leak == "unset" and cwd == "/"
+    assert zygote.jobs == 2 and zygote.alive()
+
+
+def _our_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_zygote_outlives_a_job_that_kills_its_supervisor(zygote: Supervisor, tmp_path) -> None:
+    marks = [f"300.{secrets.randbelow(10**8):08d}" for _ in range(2)]
+    try:
+        r, _, _ = run(
+            f"setsid sleep {marks[0]} & sleep {marks[1]} & kill -9 $PPID; wait",
+            tmp_path,
+            supervisor=zygote,
+        )
+        # Its supervisor died without a report: the kernel side kills bash's group, and
+        # the zygote (a subreaper too) kills what was reparented to it, setsid or not.
+        assert r.returncode == -9
+        wait_until(lambda: not any(pids_with_arg(m) for m in marks), what="the orphans to die")
+        again, out, _ = run("echo fine", tmp_path, supervisor=zygote)
+        assert out == "fine\n" and again.returncode == 0
+    finally:
+        for m in marks:
+            kill_pids(pids_with_arg(m))
+
+
+def test_cold_one_job_zygote_is_reaped(tmp_path: Path) -> None:
+    """Without a warm zygote, spawn starts one for the job alone; the job's end reaps it."""
+    r, out, _ = run("echo cold", tmp_path)
+    assert out == "cold\n" and r.returncode == 0
+    assert [p for p in children(os.getpid()) if is_exec_supervisor(p)] == []
+
+
+def test_pool_keys_by_principal_and_spec() -> None:
+    pool = WarmPool(lambda principal: 0 if principal == "none" else 4)
+    try:
+        assert pool.take("a", b"") is None  # a miss starts the zygote in the background
+        pool.prestart("a", b"")
+        deadline_hits = [pool.take("a", b"") for _ in range(200) if not _sleep(0.02)]
+        warm = next((z for z in deadline_hits if z is not None), None)
+        assert warm is not None
+        assert pool.take("a", b"spec-2") is None  # another spec: never that zygote
+        assert pool.take("b", b"") is not warm
+        assert pool.take("none", b"") is None and pool.zygotes() <= 3
+    finally:
+        pool.close()
+    assert not warm.alive()
+    assert pool.take("a", b"") is None  # closed
+
+
+def _sleep(s: float) -> bool:
+    import time
+
+    time.sleep(s)
+    return False
+
+
+# -- a sandboxed zygote -------------------------------------------------------------------
+
+
+@pytest.fixture
+def box(tmp_path: Path):
+    try:
+        landlock.abi_version()
+    except landlock.LandlockUnavailable as e:
+        pytest.skip(f"{e} (evidence of Landlock: {landlock_evidence()})")
+    tree = {n: tmp_path / n for n in ("home", "project", "outside", "state", "tmp")}
+    for p in tree.values():
+        p.mkdir()
+    (tree["outside"] / "secret").write_text("outside secret\n")
+    spool = tree["state"] / "spool"
+    spool.mkdir()
+    spec = build_spec(
+        home=str(tree["home"]),
+        tmpdir=str(tree["tmp"]),
+        forbidden=[str(tree["state"])],
+        fs_read=[f"{tree['project']}/**"],
+        fs_write=[f"{tree['project']}/**"],
+    )
+    z = Supervisor(spec.to_bytes())
+    yield tree, spool, spec, z
+    z.close()
+
+
+@pytest.mark.landlock
+def test_sandboxed_zygote_confines_every_job(box) -> None:
+    tree, spool, spec, z = box
+    mark = f"300.{secrets.randbelow(10**8):08d}"
+    script = (
+        f"echo a > {tree['project']}/made; cat {tree['outside']}/secret; "
+        f"echo x > {tree['outside']}/new; echo $TMPDIR; echo to-stdout >> /dev/stdout; "
+        f"setsid sleep {mark} &"
+    )
+    try:
+        for _ in range(2):  # two jobs, one zygote: the same confinement each time
+            r = spawn(script, str(tree["project"]), dict(ENV), spool, sandbox=spec, supervisor=z)
+            r.wait(60)
+            out, err = r.out_path.read_text(), r.err_path.read_text()
+            assert (tree["project"] / "made").read_text() == "a\n"
+            assert "outside secret" not in out and err.count("Permission denied") == 2, err
+            assert not (tree["outside"] / "new").exists()
+            assert out.splitlines() == [str(tree["tmp"]), "to-stdout"], out
+            assert pids_with_arg(mark) == []
+            for p in (r.out_path, r.err_path, r.state_path):
+                p.unlink(missing_ok=True)
+        assert z.jobs == 2
+    finally:
+        kill_pids(pids_with_arg(mark))
+
+
+@pytest.mark.landlock
+def test_sandboxed_cold_start_is_confined_too(box) -> None:
+    tree, spool, spec, _ = box
+    r = spawn(f"cat {tree['outside']}/secret", "/", dict(ENV), spool, sandbox=spec)
+    assert r.wait(60) == 1
+    assert "Permission denied" in r.err_path.read_text()
+
+
+def test_idle_zygote_is_closed() -> None:
+    pool = WarmPool(lambda principal: 4, idle_s=0.3)
+    try:
+        pool.prestart("a", b"")
+        wait_until(lambda: pool.zygotes() == 1, what="the zygote to start")
+        (zygote,) = [e.zygote for e in pool._keys.values()]
+        assert zygote is not None
+        wait_until(lambda: pool.zygotes() == 0, what="the idle zygote to be closed")
+        wait_until(lambda: zygote.proc.poll() is not None, what="it to exit and be reaped")
+    finally:
+        pool.close()
+
+
+def test_kernel_runs_execs_under_the_attached_principals_zygote(kernel) -> None:
+    """session.attach starts the zygote; an exec's bash is its grandchild (zygote →
+    the job's supervisor → bash), not a child of the kernel."""
+    c = kernel.client("zygote-path")
+    mark = f"300.{secrets.randbelow(10**8):08d}"
+    try:
+        wait_until(
+            lambda: [p for p in children(kernel.pid) if is_exec_supervisor(p)],
+            what="the warm zygote",
+        )
+        task = c.call("exec", {"src": f"sleep {mark}", "background": True})["task"]
+        pid = c.call("task.get", {"task": task})["pid"]
+        job_sup = proc_ids(pid)["ppid"]
+        zygote = proc_ids(job_sup)["ppid"]
+        assert is_exec_supervisor(job_sup) and is_exec_supervisor(zygote)
+        assert proc_ids(zygote)["ppid"] == kernel.pid
+        c.call("task.cancel", {"task": task})
+        c.call("task.await", {"task": task, "timeout_ms": 20000}, timeout=30)
+        assert pids_with_arg(mark) == []
+    finally:
+        kill_pids(pids_with_arg(mark))
+        c.close()
