@@ -8,6 +8,7 @@ import shlex
 import shutil
 import stat
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -102,10 +103,21 @@ def token_revoke(ctx: Ctx, id_or_principal: str) -> None:
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--verify", is_flag=True, help="also check every stored output's length and hash (slow)"
+)
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="move a damaged database aside (kernel stopped) so the next start begins a fresh one",
+)
 @pass_ctx
-def doctor(ctx: Ctx, as_json: bool) -> None:
+def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool) -> None:
     """Check what shoal needs: the kernel (running, responsive, same version), bash, the
     bash grammar, pyte, permissions, backend."""
+    if repair:
+        _repair(ctx, as_json)
+        return
     found = probe(ctx)
     grammar = _check("tree-sitter-bash", lambda: _grammar(ctx, found))
     if not found.running:
@@ -129,6 +141,8 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
         _check("socket dir", lambda: _private(ctx.socket_path.parent, 0o700, must_exist=False)),
         _check("socket", lambda: _private(ctx.socket_path, 0o600, must_exist=False)),
     ]
+    if verify:
+        checks.append(_check("stored outputs", lambda: _verify(ctx)))
     if as_json:
         emit_json([{"check": n, "status": s, "detail": d} for n, s, d in checks])
     else:
@@ -142,6 +156,45 @@ def doctor(ctx: Ctx, as_json: bool) -> None:
 
 class _Warn(Exception):
     pass
+
+
+DB_FILES = ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm")
+
+
+def _verify(ctx: Ctx) -> str:
+    report = ctx.call("store.verify")
+    if report["corrupted"] or report["database"] != "ok":
+        listed = ", ".join(f"{b['hash'][:16]}… ({b['reason']})" for b in report["bad"][:5])
+        raise RuntimeError(
+            f"{report['corrupted']} of {report['checked']} stored outputs corrupted"
+            f"{': ' + listed if listed else ''}; database: {report['database']}"
+        )
+    return f"{report['checked']} stored outputs match their length and hash; database ok"
+
+
+def _repair(ctx: Ctx, as_json: bool) -> None:
+    """Move the database aside (never while a kernel serves the socket)."""
+    found = probe(ctx)
+    if found.running:
+        raise click.ClickException(
+            f"a kernel is running on {found.socket} (pid {found.pid}); stop it first "
+            "(shoal kernel stop)"
+        )
+    state = ctx.state_path
+    suffix = time.strftime(".bad-%Y%m%dT%H%M%S")
+    moved = []
+    for name in DB_FILES:
+        path = state / name
+        if path.exists():
+            os.replace(path, state / (name + suffix))
+            moved.append(str(state / (name + suffix)))
+    if as_json:
+        emit_json({"moved": moved})
+    elif moved:
+        click.echo("moved aside: " + ", ".join(moved))
+        click.echo("the next kernel start begins a fresh database; stored outputs stay in cas/")
+    else:
+        click.echo(f"no database in {state}; nothing to repair")
 
 
 def _raise(message: str):

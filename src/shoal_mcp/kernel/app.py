@@ -29,12 +29,14 @@ from .access.plans import PlanStore
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
 from .exec.pool import WarmPool, warm_shells_enabled
+from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
-from .store.db import Database
+from .store.db import Database, check_not_truncated
 from .store.journal import Journal
+from .store.refs import RefCounter
 from .store.sessions import SessionTable
 from .store.transcript import TranscriptStore
 from .values.resolver import Resolver
@@ -62,10 +64,14 @@ class Kernel:
         self.started = time.time()
         state = ensure_private_dir(config.state_dir)
         self.spool_dir = ensure_private_dir(state / "spool")
-        self.db = Database(state / "journal.sqlite3")
+        db_path = state / "journal.sqlite3"
+        # A zero-length database with outputs or refs around it was truncated: refuse.
+        check_not_truncated(db_path, [state / "refs.json", state / "cas"])
+        self.db = Database(db_path)
         self.cas = ContentStore(state / "cas", self.db)
         self.sessions = SessionTable(self.db)
-        self.transcript = TranscriptStore(self.db)
+        self.refs = RefCounter(state / "refs.json", self.db)
+        self.transcript = TranscriptStore(self.db, self.refs)
         self.journal = Journal(self.db)
         self.event_store = EventStore(str(state / "journal.sqlite3"))
         self.events = EventBus(self.event_store)
@@ -85,6 +91,8 @@ class Kernel:
         self.plans = PlanStore()
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
+            db=self.db,
+            guard=self.guard,
             cas=self.cas,
             transcript=self.transcript,
             sessions=self.sessions,
@@ -110,12 +118,23 @@ class Kernel:
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
+        lost = recover_lost(self.db, self.journal, self.cas, self.transcript)
+        if lost:
+            log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
+
+    def verify_store(self) -> dict[str, Any]:
+        """``store.verify``: every blob's length and hash, the database's integrity."""
+        result = self.cas.verify_all()
+        rows = self.db.query("PRAGMA quick_check")
+        problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        result["database"] = "ok" if not problems else "; ".join(problems[:3])
+        return result
 
     def live_sessions(self, besides: Any = None) -> set[str]:
         """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
@@ -152,6 +171,7 @@ class Kernel:
         """Kernel exit, second half: close the event bus and the databases."""
         self.events.close()
         self.event_store.close()
+        self.refs.close()  # after the last finalize: reservations shrink to what was used
         self.db.close()
         self.confinement.close()
 

@@ -214,6 +214,30 @@ MCP_PROTOCOL_VERSION = "2025-11-25"
 MCP_SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 
 
+# --- session state (docs/decisions.md, Session state) --------------------------------
+STATE_REPORT_MAX_BYTES = 4 * MiB
+"""Largest cwd+env report an exec's EXIT trap may write; a bigger one is ignored whole
+(Linux's own argv+env limit is far below this)."""
+ENV_REFUSED_MAX = 64
+"""Most refused variable names an outcome's ``env_refused`` lists."""
+PROTECTED_ENV = ("BASH_ENV", "ENV", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS", "PS4")
+"""Variables a sandboxed principal's exec may set only with an ``env_write`` grant of
+that exact name (globs do not count): each makes bash run code."""
+PROTECTED_ENV_PREFIXES = ("BASH_FUNC_", "LD_")
+"""Prefixes with the same rule (exported functions; the dynamic loader)."""
+REF_RESERVE_BLOCK = 64
+"""``out:N`` numbers reserved per durable write (fsync) of the ref counter file: one
+fsync per 64 execs of a session (ahead of need), at most 127 numbers skipped after a crash."""
+JOURNAL_ERROR_MAX_CHARS = 500
+"""Longest reason a journal row's ``error`` keeps (a failed finalize, a lost exec)."""
+VERIFIED_BLOBS_REMEMBERED = 16384
+"""Blobs whose blake3 hash the kernel remembers having checked (per file identity);
+a blob not remembered is hashed again when next mapped."""
+VERIFY_REPORT_MAX = 100
+"""Most damaged blobs ``store.verify`` lists by hash (the count covers all)."""
+RUN_CLOCK_SLACK_NS = 250_000_000
+"""An exec's journaled duration switches from the kernel's spawn→reap span to the span
+its own EXIT report shows when the two differ by more than this (the kernel was stopped)."""
 # --- exec supervisors and warm shells (docs/architecture.md, Processes) -------------
 SUPERVISOR_START_TIMEOUT_S = 30.0
 """How long an exec supervisor may take to start its command (or to exit once told)."""

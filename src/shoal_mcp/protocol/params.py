@@ -108,7 +108,7 @@ PTY_INPUT = {  # each item is checked (and named, input[2].key) by the kernel's 
 # -- method params ------------------------------------------------------------------------
 
 NONE = closed()
-"""Methods without params (kernel.status, ping, session.cwd/env/reef, pty.list)."""
+"""Methods without params (kernel.status, store.verify, ping, session.cwd/env/reef, pty.list)."""
 
 SESSION_ATTACH = closed(
     {
@@ -246,6 +246,7 @@ STORE_GC = closed(
 
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
+    "store.verify": NONE,
     "ping": NONE,
     "session.attach": SESSION_ATTACH,
     "session.cwd": NONE,

@@ -331,6 +331,11 @@ class PrincipalPolicy:
     def env_readable(self, name: str) -> bool:
         return self.permissive or self._env["env_read"].match(name)
 
+    @property
+    def env_write_grants(self) -> tuple[str, ...]:
+        """The raw ``env_write`` names/globs (exec's state reports are checked against them)."""
+        return tuple(self._s.get("env_write", ()))
+
     # verdicts
 
     def evaluate(

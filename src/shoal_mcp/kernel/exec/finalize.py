@@ -1,8 +1,11 @@
-"""Finalizing a command: its spools into the CAS, ``out:N`` into the transcript, a journal row.
+"""Finalizing a command: spools into the CAS, ``out:N``, the session delta, the journal row.
 
 ``Finalizer.finalize`` runs once per task, on the task's waiter thread, when the command
-has exited. It also writes the journal rows of plans and of execs that policy stopped,
-so every journal write of the exec path is here.
+has exited. Everything it stores goes in **one SQLite transaction** (blob rows,
+transcript, session state, the journal row that ``begin`` wrote as ``running``), so a
+failure leaves the session exactly as before, and the journal row then says ``failed``
+and why (docs/decisions.md, Crash consistency). It also writes the journal rows of plans
+and of execs that policy stopped, so every journal write of the exec path is here.
 """
 
 from __future__ import annotations
@@ -16,14 +19,19 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import is_disk_full, state_dir_full
+from ...protocol.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
+from ...protocol.wiretext import text_node
+from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import Plan
 from ..events.bus import EventBus
-from ..store.cas import ContentStore
-from ..store.journal import Journal, JournalEntry
-from ..store.sessions import SessionTable
+from ..store.cas import ContentStore, Placed
+from ..store.db import Database
+from ..store.journal import Journal, JournalEntry, command_head
+from ..store.sessions import SessionTable, StateDelta
 from ..store.transcript import TranscriptStore
 from .runner import RunningCommand
+from .state_report import Filtered, filter_report
 from .tasks import Task
 
 
@@ -31,104 +39,194 @@ class Finalizer:
     def __init__(
         self,
         *,
+        db: Database,
         cas: ContentStore,
         transcript: TranscriptStore,
         sessions: SessionTable,
         journal: Journal,
         events: EventBus,
+        guard: Guard,
         spool_dir: Path,
     ) -> None:
+        self.db = db
         self.cas = cas
         self.transcript = transcript
         self.sessions = sessions
         self.journal = journal
         self.events = events
+        self.guard = guard
         self.spool_dir = spool_dir
 
+    # -- the start row --------------------------------------------------------------------
+
+    def begin(self, task_principal: str, session: str, run: RunningCommand, effects: list) -> int:
+        """The exec's ``running`` journal row, written right after the spawn: a crash from
+        here on leaves a row (recovered as ``lost`` with its partial output)."""
+        return self.journal.begin(
+            JournalEntry(
+                session=session,
+                principal=task_principal,
+                cwd=run.cwd,
+                src=run.src,
+                effects=effects,
+            ),
+            spool={"out": str(run.out_path), "err": str(run.err_path)},
+        )
+
+    # -- the end --------------------------------------------------------------------------
+
     def finalize(self, task: Task) -> dict[str, Any]:
-        """Ingest the spools, store ``out:N``, journal it; runs once per task."""
+        """Ingest the spools, store ``out:N``, apply the delta, journal it; once per task."""
         run: RunningCommand = task.run
-        code = run.returncode
         try:
-            full = self._spool_full(run)
-            if full:
-                raise state_dir_full(full)
-            out_info = self.cas.ingest(run.out_path)
-            err_info = self.cas.ingest(run.err_path)
+            return self._finalize(task, run)
         except BaseException as exc:
-            # Output that did not fit is incomplete: drop this run's spools so the
-            # space comes back and the kernel keeps serving (docs/decisions.md, Exec).
+            # Nothing of this exec was applied (one transaction); the row says what happened.
             for path in (run.out_path, run.err_path, run.state_path):
                 path.unlink(missing_ok=True)
+            reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            try:
+                self.journal.fail(task.journal_id, f"finalize failed: {reason}", None)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
             if is_disk_full(exc):
                 raise state_dir_full(f"cannot store output: {exc.strerror}") from exc
             raise
-        state = run.read_state()
-        run.discard_state()
-        dur_ns = (run.finished_ns or time.monotonic_ns()) - run.started_ns
+
+    def _finalize(self, task: Task, run: RunningCommand) -> dict[str, Any]:
+        code = run.returncode
+        full = self._spool_full(run)
+        if full:
+            raise state_dir_full(full)
+        placed: list[Placed] = []
+        try:
+            placed.append(self.cas.place(run.out_path))
+            placed.append(self.cas.place(run.err_path))
+            return self._store(task, run, code, placed[0], placed[1])
+        except BaseException:
+            for p in placed:
+                self.cas.unplace(p)
+            raise
+
+    def _store(
+        self, task: Task, run: RunningCommand, code: int | None, out: Placed, err: Placed
+    ) -> dict[str, Any]:
+        report, report_end_ns = self._read_report(run)
         outcome: dict[str, Any] = {"$": "outcome"}
         if code is not None and code < 0:
             outcome["status"] = 128 - code
             outcome["signal"] = signal.Signals(-code).name
         else:
             outcome["status"] = code
+        dur_ns = run_duration_ns(run, report_end_ns)
         outcome.update(
             ok=outcome["status"] == 0 and not run.cancelled and not run.output_capped,
-            out=out_info.node(),
-            err=err_info.node(),
+            out=out.info.node(),
+            err=err.info.node(),
             dur_ns=dur_ns,
             pid=run.pid,
             cmd=run.src,
-            cwd=run.cwd,
+            cwd=text_node(run.cwd),
         )
         if run.output_capped:
             outcome["output_capped"] = True  # stopped at max_output_bytes
-        n = self.transcript.append(task.session, task.principal, outcome)
+        session = self.sessions.get_or_create(task.session)
+        filtered = self._delta(task, outcome["ok"], report)
+        if filtered.refused:
+            outcome["env_refused"] = filtered.refused
+        taken = session.take_warnings()  # given back if nothing is stored
+        warnings = taken + filtered.warnings
+        if warnings:
+            outcome["warnings"] = warnings
+        n = self.transcript.allocate(task.session)
         ref = uri.out_ref(n)
-        if state is not None and not task.listed:
-            session = self.sessions.get_or_create(task.session)
-            self.sessions.apply(session, state[0], state[1])
-        outputs = [
-            {"kind": "out", "hash": out_info.hash, "len": out_info.size},
-            {"kind": "err", "hash": err_info.hash, "len": err_info.size},
-        ]
-        row = self.journal.record(
-            JournalEntry(
-                session=task.session,
-                principal=task.principal,
-                cwd=run.cwd,
-                src=run.src,
-                status=outcome["status"],
-                ok=outcome["ok"],
-                ref=ref,
-                outputs=outputs,
-                duration_ms=dur_ns / 1e6,
-                effects=task.effects,
-            )
+        entry = JournalEntry(
+            session=task.session,
+            principal=task.principal,
+            cwd=run.cwd,
+            src=run.src,
+            status=outcome["status"],
+            ok=outcome["ok"],
+            ref=ref,
+            outputs=[
+                {"kind": "out", "hash": out.info.hash, "len": out.info.size},
+                {"kind": "err", "hash": err.info.hash, "len": err.info.size},
+            ],
+            duration_ms=dur_ns / 1e6,
+            effects=task.effects,
         )
-        self.events.publish(
-            "journal",
-            {
-                "id": row["id"],
-                "session": task.session,
-                "principal": task.principal,
-                "head": row.get("head", ""),
-                "ok": outcome["ok"],
-                "ref": ref,
-            },
-        )
-        self.events.publish(
-            "session.transcript", {"session": task.session, "ref": ref, "ok": outcome["ok"]}
-        )
+        # One transaction, under the session's lock: deltas of one session apply in
+        # finishing order and nothing is half-applied.
+        with session.lock:
+            try:
+                with self.db.transaction() as conn:
+                    self.cas.record_in(conn, out.info)
+                    self.cas.record_in(conn, err.info)
+                    self.transcript.insert_in(conn, task.session, n, task.principal, outcome)
+                    new_state = (
+                        None
+                        if filtered.delta.empty
+                        else self.sessions.stage(conn, session, filtered.delta)
+                    )
+                    row_id = self.journal.finish_in(conn, task.journal_id, entry)
+            except BaseException:
+                session.warnings[:0] = taken  # the lock is held (an RLock)
+                raise
+            if new_state is not None:
+                self.sessions.adopt(session, new_state)
+        self._publish(task, row_id, ref, outcome["ok"])
         return {
             "ref": ref,
             "uri": uri.out_uri(n),
             "ok": outcome["ok"],
             "status": outcome["status"],
-            "stored": {"out_len": out_info.size, "err_len": err_info.size},
+            "stored": {"out_len": out.info.size, "err_len": err.info.size},
             "output_capped": run.output_capped,
             "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
+
+    def _read_report(self, run: RunningCommand) -> tuple[tuple[str, dict] | None, int | None]:
+        """The EXIT trap's (cwd, env) report, bounded, and when it was written (ns)."""
+        try:
+            st = os.stat(run.state_path)
+        except FileNotFoundError:
+            return None, None
+        try:
+            if st.st_size > STATE_REPORT_MAX_BYTES:
+                return None, st.st_mtime_ns  # a flood on the descriptor: ignored whole
+            return run.read_state(), st.st_mtime_ns
+        finally:
+            run.discard_state()
+
+    def _delta(self, task: Task, ok: bool, report: tuple[str, dict] | None) -> Filtered:
+        """What this exec may change in its session: nothing for a background task or
+        without a report, nothing for a failed exec of an untrusted (non-permissive)
+        principal; else its filtered delta (``state_report``)."""
+        if report is None or task.listed or task.start_state is None:
+            return Filtered(StateDelta())
+        policy = self.guard.for_principal(task.principal)
+        if not ok and not policy.permissive:
+            return Filtered(StateDelta())
+        return filter_report(
+            task.start_state,
+            report,
+            trusted=policy.permissive,
+            env_grants=policy.env_write_grants,
+        )
+
+    def _publish(self, task: Task, row_id: int, ref: str, ok: bool) -> None:
+        self.events.publish(
+            "journal",
+            {
+                "id": row_id,
+                "session": task.session,
+                "principal": task.principal,
+                "head": command_head(task.run.src),
+                "ok": ok,
+                "ref": ref,
+            },
+        )
+        self.events.publish("session.transcript", {"session": task.session, "ref": ref, "ok": ok})
 
     def _spool_full(self, run: RunningCommand) -> str | None:
         """Why ``run``'s spooled output is incomplete for lack of room, or None.
@@ -173,3 +271,20 @@ class Finalizer:
                 ref=ref,
             )
         )
+
+
+def run_duration_ns(run: RunningCommand, report_end_ns: int | None) -> int:
+    """How long the command ran, by its own clock where the kernel's cannot be trusted.
+
+    The kernel's monotonic clock measures spawn → reap; if the kernel itself was stopped
+    (SIGSTOP) meanwhile, the reap comes late and that span would count. The EXIT trap's
+    report is written when the script ends, so its mtime (minus the wall-clock spawn
+    time) bounds the run from above. When the kernel's span is longer by more than
+    ``RUN_CLOCK_SLACK_NS`` (the kernel was not running), the report's span is used.
+    """
+    observed = (run.finished_ns or time.monotonic_ns()) - run.started_ns
+    if report_end_ns is None:
+        return observed
+    by_report = report_end_ns - int(run.started * 1e9)
+    stalled = observed - by_report > RUN_CLOCK_SLACK_NS
+    return by_report if by_report >= 0 and stalled else observed

@@ -12,6 +12,7 @@ whether the caller hung up and whether a cancel overtook the spawn.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_ref
 from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
-from ..store.sessions import SessionTable
+from ..store.sessions import Session, SessionTable
 from ..values.elision import ElideOptions
 from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
@@ -264,8 +265,10 @@ class ExecService:
             self.tasks.forget(task)
 
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
+        """Spawn in the session's state as it is now, write the ``running`` journal row,
+        start the task; the task remembers that state (its delta is computed from it)."""
         session = self.sessions.get_or_create(who.session)
-        cwd, env = session.snapshot()
+        cwd, env = self._usable_state(session)
         # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
         # readable inside the sandbox too.
         outputs = str(self.values.outputs.sync(who.principal, who.session))
@@ -278,13 +281,44 @@ class ExecService:
             self._check_task_quota(who)
             self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
         try:
-            run = self._launch(who, src, cwd, env, outputs)
-            return self.tasks.start(who.session, who.principal, src, run, background, effects)
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
+            run, start_env = self._launch(who, src, cwd, env, outputs)
+            try:
+                journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
+            except BaseException:
+                run.terminate()
+                for path in (run.out_path, run.err_path, run.state_path):
+                    path.unlink(missing_ok=True)
+                raise
+            return self.tasks.start(
+                who.session,
+                who.principal,
+                src,
+                run,
+                background,
+                effects,
+                journal_id=journal_id,
+                start_state=(cwd, start_env),
+            )
         finally:
             with lock:
                 left = self._starting.pop(who.principal) - 1
                 if left:
                     self._starting[who.principal] = left
+
+    def _usable_state(self, session: Session) -> tuple[str, dict[str, str]]:
+        """The session's (cwd, env); a cwd that vanished falls back to ``$HOME`` (the
+        session's, else the kernel's), persisted, with a warning in the next outcome."""
+        cwd, env = session.snapshot()
+        if os.path.isdir(cwd):
+            return cwd, env
+        home = env.get("HOME") or os.path.expanduser("~")
+        if not os.path.isdir(home):
+            home = "/"
+        self.sessions.set_cwd(
+            session, home, f"session cwd {cwd!r} no longer exists; this exec ran in {home!r}"
+        )
+        return session.snapshot()
 
     def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
         """The OS sandbox spec ``who``'s processes run in (None: not confined), with
@@ -301,8 +335,9 @@ class ExecService:
 
     def _launch(
         self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
-    ) -> RunningCommand:
-        """Under the principal's warm zygote when there is one, else a cold supervisor."""
+    ) -> tuple[RunningCommand, dict[str, str]]:
+        """Under the principal's warm zygote when there is one, else a cold supervisor;
+        also the env the command got (TMPDIR of its sandbox included)."""
         sandbox = self._sandbox_for(who, outputs)
         spec_bytes = b""
         if sandbox is not None:
@@ -311,7 +346,7 @@ class ExecService:
             # state report echoing it is no change of the agent's (nothing to refuse).
             env = {**env, **sandbox.environ()}
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
-        return spawn(
+        run = spawn(
             src,
             cwd,
             env,
@@ -320,6 +355,7 @@ class ExecService:
             max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
             supervisor=warm,
         )
+        return run, env  # the env bash got: the state the exec's delta is measured from
 
     def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
         """Watch ``task`` on this thread within the budget; False when the budget ran out

@@ -48,6 +48,8 @@ class Task:
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    journal_id: int | None = None  # its ``running`` journal row (finalize completes it)
+    start_state: tuple[str, dict[str, str]] | None = None  # session (cwd, env) at spawn
     # The watcher's throttle for ``output`` events: last sizes sent and when the next may go.
     sizes_sent: tuple[int, int] = (0, 0)
     next_output_at: float = 0.0
@@ -108,9 +110,20 @@ class TaskManager:
         run: RunningCommand,
         background: bool,
         effects: list[dict],
+        *,
+        journal_id: int | None = None,
+        start_state: tuple[str, dict[str, str]] | None = None,
     ) -> Task:
         task = Task(
-            next(self._ids), session, principal, src, run, listed=background, effects=effects
+            next(self._ids),
+            session,
+            principal,
+            src,
+            run,
+            listed=background,
+            effects=effects,
+            journal_id=journal_id,
+            start_state=start_state,
         )
         with self._lock:
             closing = self._closing

@@ -32,6 +32,7 @@ from ...protocol.jsonrpc import (
 )
 from ...protocol.limits import MAX_OVERSIZE_PER_CONNECTION
 from ...protocol.schema import validate
+from ...protocol.wiretext import to_wire
 from ..access.identity import Principal
 from ..app import Kernel
 from .registry import REGISTRY, MethodSpec
@@ -68,15 +69,7 @@ class Connection:
         """Write one message; False when the peer is gone."""
         if self.closed.is_set():
             return False
-        try:
-            frame = encode_frame(message)
-        except FrameTooLarge:
-            log.error("reply to %r too large; sending -32603 instead", message.get("id"))
-            frame = encode_frame(
-                error_response(
-                    message.get("id"), ErrorCode.INTERNAL, "result too large for one frame"
-                )
-            )
+        frame = _encode_reply(message)
         # Checked and written under ``lock``, which _close_conn also takes before closing
         # the fd: a reply can never go to a recycled fd (another client's connection).
         with self.lock:
@@ -302,6 +295,25 @@ class KernelServer:
             hook(conn)
         with self._lock:
             self.connections.discard(conn)
+
+
+def _encode_reply(message: dict) -> bytes:
+    """One frame for ``message``, never an exception: text that is not UTF-8 goes as
+    bytes nodes (``protocol.wiretext``), anything else unencodable becomes -32603."""
+    try:
+        try:
+            return encode_frame(message)
+        except FrameTooLarge:
+            raise
+        except TypeError:  # orjson: a lone surrogate (non-UTF-8 path/env) or bytes
+            return encode_frame(to_wire(message))
+    except FrameTooLarge:
+        log.error("reply to %r too large; sending -32603 instead", message.get("id"))
+        why = "result too large for one frame"
+    except Exception as exc:  # noqa: BLE001 - a reply must always go out
+        log.exception("cannot encode reply to %r", message.get("id"))
+        why = f"cannot encode the result: {type(exc).__name__}: {exc}"[:500]
+    return encode_frame(error_response(message.get("id"), ErrorCode.INTERNAL, why))
 
 
 def _close_conn(conn: Connection, close_fd: bool = True) -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import codecs
 import mmap
 import os
+import sqlite3
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from typing import Protocol
 import blake3
 
 from ...protocol.errors import ErrorCode, RpcError, is_disk_full, state_dir_full
-from ...protocol.limits import MiB
+from ...protocol.limits import VERIFIED_BLOBS_REMEMBERED, VERIFY_REPORT_MAX, MiB
 from .db import Database
 
 INGEST_BLOCK = 1 * MiB
@@ -149,17 +152,106 @@ def count_newlines(source: BlobSource, start: int, end: int) -> int:
     return sum(block.count(b"\n") for _, block in source.blocks(start, end))
 
 
+class StoredBlob(FileSource):
+    """A CAS blob read only while it still is what was recorded.
+
+    Every open checks the file's length against the recorded size (a blob that grew,
+    shrank or was truncated is refused); the first access to a file (a map, or a
+    ranged read) also checks its blake3 hash, remembered per file identity (inode,
+    mtime, size) so later reads cost nothing. A mismatch is -32006 corrupted, never data (docs/decisions.md,
+    Crash consistency).
+    """
+
+    def __init__(self, store: ContentStore, info: BlobInfo) -> None:
+        super().__init__(store.path_of(info.hash))
+        self.store = store
+        self.info_ = info
+
+    def _fd(self) -> int:
+        fd = super()._fd()
+        try:
+            st = os.fstat(fd)
+            self._check_size(st)
+            self.store.verify_hash(fd, st, self.info_)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_size(self, st: os.stat_result) -> None:
+        if st.st_size != self.info_.size:
+            raise corrupted(
+                self.info_.hash,
+                f"stored file is {st.st_size} bytes, recorded {self.info_.size}",
+            )
+
+    @contextmanager
+    def open(self) -> Iterator[bytes | mmap.mmap]:
+        fd = self._fd()
+        try:
+            st = os.fstat(fd)
+            if st.st_size == 0:
+                yield b""
+                return
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+                yield mm
+        finally:
+            os.close(fd)
+
+
+def corrupted(digest: str, reason: str) -> RpcError:
+    return RpcError(
+        ErrorCode.CORRUPTED,
+        f"stored output {digest[:16]}… is corrupted: {reason}",
+        {"hash": digest, "reason": reason, "hint": "run `shoal doctor --verify`"},
+    )
+
+
+def hash_fd(fd: int) -> str:
+    hasher = blake3.blake3()
+    pos = 0
+    while True:
+        block = os.pread(fd, INGEST_BLOCK, pos)
+        if not block:
+            return hasher.hexdigest()
+        hasher.update(block)
+        pos += len(block)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A spool hashed and moved into the store, not yet recorded in the database."""
+
+    info: BlobInfo
+    new_file: bool  # this call created the file (undo removes it)
+
+
 class ContentStore:
     def __init__(self, root: Path, db: Database) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.db = db
+        self._verified: OrderedDict[tuple, None] = OrderedDict()
+        self._verified_lock = threading.Lock()
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest
 
     def ingest(self, spool: Path) -> BlobInfo:
         """Hash ``spool`` into the store (moving it) and record its metadata."""
+        placed = self.place(spool)
+        try:
+            with self.db.transaction() as conn:
+                self.record_in(conn, placed.info)
+        except BaseException as exc:
+            self.unplace(placed)
+            if is_disk_full(exc):
+                raise state_dir_full(f"cannot store output blob: {exc.strerror}") from exc
+            raise
+        return placed.info
+
+    def place(self, spool: Path) -> Placed:
+        """Hash ``spool`` (one streaming pass) and move it to ``cas/ab/<hash>``."""
         hasher = blake3.blake3()
         decoder = codecs.getincrementaldecoder("utf-8")()
         size = lines = chars = 0
@@ -188,26 +280,37 @@ class ContentStore:
             lines += 1
         info = BlobInfo(hasher.hexdigest(), size, lines, chars if utf8 else None, utf8)
         target = self.path_of(info.hash)
-        placed = False
         try:
-            if target.exists():
+            if target.exists() and os.stat(target).st_size == size:
                 os.unlink(spool)
-            else:
-                target.parent.mkdir(exist_ok=True, mode=0o700)
-                os.replace(spool, target)
-                placed = True
-            with self.db.transaction() as conn:
-                conn.execute(
-                    "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
-                    (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
-                )
-        except BaseException as exc:
-            if placed:  # never leave a blob on disk that no row describes
-                target.unlink(missing_ok=True)
+                return Placed(info, False)
+            # Missing dirs are recreated (someone removed cas/ under a live kernel); a
+            # same-hash file of the wrong size is damaged, and this good copy replaces it.
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.replace(spool, target)
+            # Just hashed from these very bytes: the first read need not hash it again.
+            self._remember(info.hash, os.stat(target))
+        except OSError as exc:
             if is_disk_full(exc):
                 raise state_dir_full(f"cannot store output blob: {exc.strerror}") from exc
             raise
-        return info
+        return Placed(info, True)
+
+    @staticmethod
+    def record_in(conn: sqlite3.Connection, info: BlobInfo) -> None:
+        """The blob's row, inside the caller's transaction."""
+        conn.execute(
+            "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
+            (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
+        )
+
+    def unplace(self, placed: Placed) -> None:
+        """Undo ``place`` after the recording transaction failed: never leave a blob on
+        disk that no row describes (a file that was there before stays)."""
+        if placed.new_file and not self.db.query(
+            "SELECT 1 FROM blobs WHERE hash = ?", (placed.info.hash,)
+        ):
+            self.path_of(placed.info.hash).unlink(missing_ok=True)
 
     def info(self, digest: str) -> BlobInfo:
         rows = self.db.query("SELECT * FROM blobs WHERE hash = ?", (digest,))
@@ -216,10 +319,60 @@ class ContentStore:
         row = rows[0]
         return BlobInfo(row["hash"], row["size"], row["lines"], row["chars"], bool(row["utf8"]))
 
-    def source(self, digest: str) -> FileSource:
-        """A reader over one stored blob (mmap-backed)."""
-        return FileSource(self.path_of(digest))
+    def source(self, digest: str) -> StoredBlob:
+        """A reader over one stored blob (mmap-backed), checked against its record."""
+        return StoredBlob(self, self.info(digest))
 
     def read_range(self, digest: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a blob (clamped); copies only that range."""
         return self.source(digest).read_range(start, end)
+
+    # -- verification ---------------------------------------------------------------------
+
+    def verify_hash(self, fd: int, st: os.stat_result, info: BlobInfo) -> None:
+        """Hash the open blob unless this very file (inode, mtime, size) was checked."""
+        key = (info.hash, st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._verified_lock:
+            if key in self._verified:
+                self._verified.move_to_end(key)
+                return
+        actual = hash_fd(fd)
+        if actual != info.hash:
+            raise corrupted(info.hash, f"content hashes to {actual[:16]}…")
+        self._remember(info.hash, st)
+
+    def _remember(self, digest: str, st: os.stat_result) -> None:
+        key = (digest, st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._verified_lock:
+            self._verified[key] = None
+            self._verified.move_to_end(key)
+            while len(self._verified) > VERIFIED_BLOBS_REMEMBERED:
+                self._verified.popitem(last=False)
+
+    def verify_all(self) -> dict:
+        """Every recorded blob checked (length and hash): ``shoal doctor --verify``."""
+        checked = 0
+        bad: list[dict] = []
+        damaged = 0
+        for row in self.db.query("SELECT hash, size FROM blobs ORDER BY hash"):
+            checked += 1
+            reason = self._check_file(row["hash"], row["size"])
+            if reason is not None:
+                damaged += 1
+                if len(bad) < VERIFY_REPORT_MAX:
+                    bad.append({"hash": row["hash"], "reason": reason})
+        return {"checked": checked, "corrupted": damaged, "bad": bad}
+
+    def _check_file(self, digest: str, size: int) -> str | None:
+        try:
+            fd = os.open(self.path_of(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            return "missing"
+        try:
+            actual_size = os.fstat(fd).st_size
+            if actual_size != size:
+                return f"stored file is {actual_size} bytes, recorded {size}"
+            actual = hash_fd(fd)
+            return None if actual == digest else f"content hashes to {actual[:16]}…"
+        finally:
+            os.close(fd)

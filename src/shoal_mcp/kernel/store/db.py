@@ -46,16 +46,41 @@ CREATE TABLE IF NOT EXISTS journal (
     status INTEGER,
     ok INTEGER,
     ref TEXT,
-    outputs TEXT NOT NULL     -- JSON list of {kind, hash, len}
+    outputs TEXT NOT NULL,    -- JSON list of {kind, hash, len}
+    state TEXT,               -- exec rows: running | done | lost | failed (NULL: done)
+    spool TEXT,               -- a running exec's spool files (JSON), for crash recovery
+    error TEXT                -- why finalizing failed / what recovery found
 );
 CREATE INDEX IF NOT EXISTS journal_ts ON journal(ts);
 CREATE INDEX IF NOT EXISTS journal_principal ON journal(principal);
 CREATE TABLE IF NOT EXISTS sessions (
     name TEXT PRIMARY KEY,
-    cwd TEXT NOT NULL,
-    env TEXT NOT NULL
+    cwd TEXT NOT NULL,        -- BLOB of the exact bytes (TEXT in shoal 0.1)
+    env TEXT NOT NULL         -- BLOB of NUL-separated NAME=value (JSON TEXT in shoal 0.1)
 );
+CREATE INDEX IF NOT EXISTS journal_running ON journal(state) WHERE state = 'running';
 """
+
+MIGRATIONS = {
+    "journal": (("state", "TEXT"), ("spool", "TEXT"), ("error", "TEXT")),
+}
+"""Columns added since shoal 0.1 (``ALTER TABLE … ADD COLUMN`` when missing)."""
+
+
+class StoreCorrupt(Exception):
+    """The database fails its integrity check (or was truncated); the kernel refuses to start.
+
+    The message names the file and the way out (``shoal doctor --repair``).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"database {path} is damaged ({reason}); the kernel will not use it. "
+            f"Run `shoal doctor --repair` to move it aside and start a fresh one "
+            f"(stored outputs in cas/ stay on disk)."
+        )
+        self.path = path
+        self.reason = reason
 
 
 class Database:
@@ -83,7 +108,19 @@ class Database:
         self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
         self._closed = False
         with self._lease() as conn:
+            self._check(conn)
+            _migrate_before(conn)
             conn.executescript(SCHEMA)  # executescript manages its own transaction
+
+    def _check(self, conn: sqlite3.Connection) -> None:
+        """``PRAGMA quick_check`` at start: a damaged file is refused, never half used."""
+        try:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreCorrupt(self.path, str(exc)) from exc
+        problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        if problems:
+            raise StoreCorrupt(self.path, "; ".join(problems[:3]))
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -176,6 +213,42 @@ class Database:
                 conn.close()
             except sqlite3.Error:
                 pass
+
+
+def _migrate_before(conn: sqlite3.Connection) -> None:
+    """Add the columns newer code needs to tables an older kernel created."""
+    for table, columns in MIGRATIONS.items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if not have:
+            continue  # a fresh database: SCHEMA creates it whole
+        for name, decl in columns:
+            if name not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+
+
+def check_not_truncated(path: Path, evidence: list[Path]) -> None:
+    """Refuse an empty database file when the state dir shows it once held data.
+
+    SQLite takes a zero-length file as a fresh, valid database; without this a truncated
+    journal would silently start empty while ``cas/`` and the ref counter remember more.
+    """
+    try:
+        if os.stat(path).st_size:
+            return
+    except FileNotFoundError:
+        return  # never created, or moved aside by `shoal doctor --repair`: start fresh
+    for place in evidence:
+        if _holds_data(place):
+            raise StoreCorrupt(path, f"the file is empty (0 bytes) but {place} holds earlier state")
+
+
+def _holds_data(place: Path) -> bool:
+    try:
+        if place.is_dir():
+            return any(place.iterdir())
+        return place.stat().st_size > 0
+    except OSError:
+        return False
 
 
 _SQLITE_FULL = 13

@@ -5,16 +5,26 @@ The `journal.query` method is in docs/protocol.md, Kernel methods.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS
+from ...protocol.wiretext import text_or_bytes, to_wire
 from .db import Database
 
 JOURNAL_QUERY_MAX = 1000
 JOURNAL_QUERY_DEFAULT = 50
+
+RUNNING = "running"
+DONE = "done"
+LOST = "lost"
+FAILED = "failed"
+"""An exec row's ``state``: spawned; finished and stored; the kernel died while it ran
+(what it had spooled is kept as a partial output); finalizing failed (``error`` says why)."""
 
 
 @dataclass
@@ -31,6 +41,8 @@ class JournalEntry:
     outputs: list[dict] = field(default_factory=list)
     duration_ms: float | None = None
     ts: float = field(default_factory=time.time)
+    state: str | None = None
+    error: str | None = None
 
 
 def command_head(src: str) -> str:
@@ -51,32 +63,87 @@ class Journal:
         self.db = db
 
     def record(self, entry: JournalEntry) -> dict:
-        kinds = sorted({e.get("kind", "") for e in entry.effects})
         with self.db.transaction() as conn:
-            cur = conn.execute(
-                """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
-                   effects, effect_kinds, status, ok, ref, outputs)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-                (
-                    entry.ts,
-                    entry.duration_ms,
-                    entry.session,
-                    entry.principal,
-                    entry.cwd,
-                    entry.src,
-                    command_head(entry.src),
-                    entry.kind,
-                    orjson.dumps(entry.effects).decode(),
-                    "," + ",".join(kinds) + ",",
-                    entry.status,
-                    None if entry.ok is None else int(entry.ok),
-                    entry.ref,
-                    orjson.dumps(entry.outputs).decode(),
-                ),
-            )
-            row_id = cur.lastrowid
-        assert row_id is not None  # an INSERT always sets it
+            row_id = self.insert_in(conn, entry)
         return self.get(row_id)
+
+    def insert_in(
+        self,
+        conn: sqlite3.Connection,
+        entry: JournalEntry,
+        state: str | None = None,
+        spool: dict | None = None,
+    ) -> int:
+        """Insert ``entry`` inside the caller's transaction; its row id."""
+        kinds = sorted({e.get("kind", "") for e in entry.effects})
+        cur = conn.execute(
+            """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
+               effects, effect_kinds, status, ok, ref, outputs, state, spool)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+            (
+                entry.ts,
+                entry.duration_ms,
+                entry.session,
+                entry.principal,
+                text_or_bytes(entry.cwd),
+                entry.src,
+                command_head(entry.src),
+                entry.kind,
+                orjson.dumps(to_wire(entry.effects)).decode(),
+                "," + ",".join(kinds) + ",",
+                entry.status,
+                None if entry.ok is None else int(entry.ok),
+                entry.ref,
+                orjson.dumps(entry.outputs).decode(),
+                state,
+                None if spool is None else orjson.dumps(spool).decode(),
+            ),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    # -- an exec's two rows: ``running`` at its start, its end (docs/decisions.md) ------
+
+    def begin(self, entry: JournalEntry, spool: dict) -> int:
+        """The ``running`` row of an exec just spawned (its spool files, for recovery)."""
+        with self.db.transaction() as conn:
+            return self.insert_in(conn, entry, state=RUNNING, spool=spool)
+
+    def finish_in(self, conn: sqlite3.Connection, row_id: int | None, entry: JournalEntry) -> int:
+        """The exec's end, inside the finalize transaction: its running row becomes ``done``
+        (a row is inserted when there was none)."""
+        if row_id is None:
+            return self.insert_in(conn, entry, state=DONE)
+        conn.execute(
+            """UPDATE journal SET duration_ms = ?, status = ?, ok = ?, ref = ?, outputs = ?,
+               state = ?, spool = NULL, error = ? WHERE id = ?""",
+            (
+                entry.duration_ms,
+                entry.status,
+                None if entry.ok is None else int(entry.ok),
+                entry.ref,
+                orjson.dumps(entry.outputs).decode(),
+                entry.state or DONE,
+                entry.error,
+                row_id,
+            ),
+        )
+        return row_id
+
+    def fail(self, row_id: int | None, error: str, duration_ms: float | None = None) -> None:
+        """Finalizing failed: the row says so (``failed``, ok false, the reason); best effort."""
+        if row_id is None:
+            return
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE journal SET state = ?, ok = 0, error = ?, duration_ms = ?, spool = NULL "
+                "WHERE id = ?",
+                (FAILED, error[:JOURNAL_ERROR_MAX_CHARS], duration_ms, row_id),
+            )
+
+    def running_rows(self) -> list[sqlite3.Row]:
+        """Rows left ``running`` by a kernel that did not finish them (a crash)."""
+        return self.db.query("SELECT * FROM journal WHERE state = ?", (RUNNING,))
 
     def get(self, row_id: int) -> dict:
         rows = self.db.query("SELECT * FROM journal WHERE id = ?", (row_id,))
@@ -150,5 +217,7 @@ def _row(r) -> dict:
         "ok": None if r["ok"] is None else bool(r["ok"]),
         "ref": r["ref"],
         "outputs": orjson.loads(r["outputs"]),
+        "state": r["state"],
+        "error": r["error"],
     }
     return {k: v for k, v in out.items() if v is not None}

@@ -59,6 +59,21 @@ class ElideOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "page_bytes"}
 
 
+OUTCOME_PLAIN_FIELDS = (
+    "status",
+    "signal",
+    "ok",
+    "output_capped",
+    "dur_ns",
+    "pid",
+    "cwd",
+    "env_refused",
+    "warnings",
+    "lost",
+    "partial",
+)
+
+
 def encoded_size(wire: Any) -> int:
     return len(orjson.dumps(wire))
 
@@ -141,7 +156,7 @@ class WireEncoder:
             tag = node.get("$") if is_node(node) else None  # output's "$" keys are data
             if tag == "outcome":
                 return self._outcome(node, rel, budget)
-            if tag in ("task", "ref", "error", "datetime"):
+            if tag in ("task", "ref", "error", "datetime", "bytes"):
                 return {k: v for k, v in node.items()}
             if len(node) > self.opts.max_items:
                 return self.ref(node, rel)
@@ -153,7 +168,9 @@ class WireEncoder:
 
     def _outcome(self, node: dict, rel: list[Segment], budget: int) -> dict:
         wire: dict[str, Any] = {"$": "outcome"}
-        for key in ("status", "signal", "ok", "output_capped", "dur_ns", "pid", "cwd"):
+        # env_refused / warnings / lost / partial: session-state notes (docs/decisions.md,
+        # Session state); small lists of names and sentences, passed as they are.
+        for key in OUTCOME_PLAIN_FIELDS:
             if node.get(key) is not None:
                 wire[key] = node[key]
         children = {

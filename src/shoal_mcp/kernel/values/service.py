@@ -17,6 +17,7 @@ from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import bound_text
 from ...protocol.limits import ELIDE_MAX_ITEMS, ELIDE_MAX_ROWS, VALUE_HARD_CAP
+from ...protocol.wiretext import text_node
 from ..access.identity import Principal
 from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
@@ -186,7 +187,7 @@ class ValueService:
                 "err": Node({"$": "spool", "path": str(task.run.err_path)}),
                 "pid": task.run.pid,
                 "cmd": task.src,
-                "cwd": task.run.cwd,
+                "cwd": text_node(task.run.cwd),
             }
         )
         if stream:

@@ -1,4 +1,4 @@
-"""kernel.status: what `shoal kernel status` shows."""
+"""kernel.status (what `shoal kernel status` shows) and store.verify (`shoal doctor --verify`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ....protocol.errors import ErrorCode, RpcError
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -31,3 +32,12 @@ def kernel_status(call: Call, params: dict) -> dict:
         "connections": kernel.connection_count(),
         "uid": os.geteuid(),
     }
+
+
+@method("store.verify", blocking=True)
+def store_verify(call: Call, params: dict) -> dict:
+    """Every stored output's length and blake3 hash, and the database's quick_check
+    (``shoal doctor --verify``); approvers only: it reads every principal's blobs."""
+    if not call.kernel.guard.for_principal(call.who.principal).approver:
+        raise RpcError(ErrorCode.DENIED, "store.verify is for approvers")
+    return call.kernel.verify_store()
