@@ -103,3 +103,42 @@ PLAN_REF_HEX = 32
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-06-18"
 MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+
+# --- budgets (docs/configuration.md, Budgets; docs/security.md, Budgets) ----------
+# Each per-principal budget is a policy key of the same name (``max_…``); the first value
+# is a token principal's default, the ``_LOCAL`` one the local human's. Hitting a budget
+# answers -32031 naming the key (except the ring, which drops its oldest events).
+CHANNEL_BYTES = 8 * MiB
+"""``max_channel_bytes``: encoded payload bytes one channel's ring keeps (oldest dropped)."""
+CHANNELS = 8
+CHANNELS_LOCAL = 64
+"""``max_channels``: ``user.*`` channels a principal has created that the kernel holds."""
+PLANS = 64
+PLANS_LOCAL = 1024
+"""``max_plans``: plans a principal has stored (applied ones are dropped first)."""
+PLAN_BYTES = 16 * MiB
+PLAN_BYTES_LOCAL = 256 * MiB
+"""``max_plan_bytes``: total source bytes of a principal's stored plans."""
+CONNECTIONS = 16
+CONNECTIONS_LOCAL = 128
+"""``max_connections``: attached connections per principal."""
+KERNEL_CONNECTIONS = 256
+"""``[kernel] max_connections``: open connections (one thread each) of the whole kernel."""
+STATE_BYTES = 32 * 1024 * MiB
+"""``[kernel] max_state_bytes``: size of the state dir past which new execs and plans are
+refused (-32031) until ``shoal gc`` frees room."""
+MIN_FREE_BYTES = 256 * MiB
+"""``[kernel] min_free_bytes``: free space on the state dir's filesystem below which new
+execs and plans are refused too (a clear error before the disk is full)."""
+STATE_SIZE_RECHECK_S = 2.0
+"""How long a measured state dir size is trusted before it is measured again."""
+FRAME_BEFORE_ATTACH = 64 * KiB
+"""Largest frame accepted before ``session.attach`` (SPEC §6)."""
+ATTACH_TIMEOUT_S = 30.0
+"""A connection that has not attached after this long is closed."""
+LIST_REPLY_BYTES = 4 * MiB
+"""Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
+before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""
+SRC_INLINE_CHARS = 4 * KiB
+"""A journal source longer than this is stored once in the CAS by hash; the row keeps a
+head of this many characters for display."""

@@ -37,6 +37,12 @@ REF = {"type": "string", "minLength": 1, "maxLength": REF_MAX_CHARS}
 SRC = {"type": "string", "maxLength": SRC_MAX_CHARS, "description": "bash source"}
 POSITION = {"type": "string", "enum": ["stmt", "value"]}
 PLAN_REF = {"type": "string", "minLength": 1, "maxLength": 200}
+CURSOR = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "description": "continue a list where the previous reply stopped (its `cursor`)",
+}
 EFFECT_KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 16}
 TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
 CALL_ID = {
@@ -167,6 +173,7 @@ EVENTS_READ = closed(
         "channel": CHANNEL,
         "since": SEQ,
         "limit": {"type": "integer", "minimum": 1, "maximum": EVENT_RING},
+        "cursor": CURSOR,
     },
     ("channel",),
 )

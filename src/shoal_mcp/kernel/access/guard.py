@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...tokens import TokenStore
+from .budgets import PRINCIPAL_BUDGETS
 from .policy import Policy, PrincipalPolicy
 
 
@@ -52,6 +53,7 @@ class Guard:
             "max_tasks": pol.max_tasks,
             "max_ptys": pol.max_ptys,
             "max_subscriptions": pol.max_subscriptions,
+            **{key: pol.budget(key) for key in PRINCIPAL_BUDGETS},
         }
 
     def check_quota(self, principal: str, what: str, current: int) -> None:

@@ -36,6 +36,14 @@ subscribed loses its ring (finished ``task.N`` / ``pty.N`` channels go first in 
 its next seq is remembered (up to ``MAX_TOMBSTONES`` names) so its numbering continues if
 it is published again; ``read`` of an evicted channel reports its ``latest_seq`` and
 ``truncated``.
+
+Budgets (docs/configuration.md, Budgets): a ring also keeps at most ``max_bytes`` of
+encoded payload (oldest events dropped first, as when it is full by count), and a
+publisher that names its principal (``ChannelBudget``) owns the ``user.*`` channels it
+creates: past ``max_channels`` of them a new one is refused with -32031. A client's
+payload is kept as its encoded JSON (an ``orjson.Fragment``), so the ring's memory is
+its byte count, not a tree of Python objects. A ``read`` reply carries at most
+``read_max_bytes`` of payload and says ``more`` with a ``cursor`` when it stopped there.
 """
 
 from __future__ import annotations
@@ -48,10 +56,20 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import DURABLE_CHANNELS, EVENT_RING, SUBSCRIBER_QUEUE
+from ...protocol.limits import (
+    CHANNEL_BYTES,
+    DURABLE_CHANNELS,
+    EVENT_RING,
+    LIST_REPLY_BYTES,
+    SUBSCRIBER_QUEUE,
+)
+from ..access.budgets import over_budget
 from .store import Event, EventStore, dumps_payload
 from .subscriptions import Sink, Subscription, gap_summary
 
@@ -69,6 +87,23 @@ CLOSE_JOIN_S = 1.0
 """How long ``EventBus.close`` waits, in total, for delivery threads to finish."""
 
 CLIENT_PUBLISH_REFUSED = "only user.* channels are publishable"
+EVENT_OVERHEAD = 64
+"""Bytes counted per event besides its payload (channel, seq, ts and their JSON)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelBudget:
+    """Who publishes, and that principal's ``max_channels`` / ``max_channel_bytes``."""
+
+    owner: str
+    max_channels: int
+    max_bytes: int
+
+
+def payload_size(payload: Any) -> int:
+    """Encoded size of a payload (an ``orjson.Fragment`` is encoded as it is)."""
+    return len(orjson.dumps(payload))
+
 
 _CHANNEL_RE = re.compile(
     r"journal|session\.transcript|approval"
@@ -139,16 +174,47 @@ def _check_limit(limit: Any) -> int | None:
 
 
 class _Channel:
-    __slots__ = ("name", "durable", "lock", "ring", "next_seq", "subs", "evicted")
+    __slots__ = (
+        "name",
+        "durable",
+        "lock",
+        "ring",
+        "sizes",
+        "bytes",
+        "max_bytes",
+        "owner",
+        "ring_size",
+        "next_seq",
+        "subs",
+        "evicted",
+    )
 
-    def __init__(self, name: str, durable: bool, next_seq: int, ring_size: int) -> None:
+    def __init__(
+        self, name: str, durable: bool, next_seq: int, ring_size: int, max_bytes: int
+    ) -> None:
         self.name = name
         self.durable = durable
         self.lock = threading.Lock()
-        self.ring: deque[Event] = deque(maxlen=ring_size)
+        self.ring: deque[Event] = deque()
+        self.sizes: deque[int] = deque()  # encoded size of each ring event, in step
+        self.bytes = 0
+        self.max_bytes = max_bytes
+        self.owner: str | None = None  # principal that created it (budgeted user.* only)
+        self.ring_size = ring_size
         self.next_seq = next_seq
         self.subs: tuple[Subscription, ...] = ()
         self.evicted = False
+
+    def append(self, event: Event, size: int) -> None:
+        """Add ``event`` and drop the oldest while over the count or byte budget."""
+        self.ring.append(event)
+        self.sizes.append(size)
+        self.bytes += size
+        while len(self.ring) > 1 and (
+            len(self.ring) > self.ring_size or self.bytes > self.max_bytes
+        ):
+            self.ring.popleft()
+            self.bytes -= self.sizes.popleft()
 
     def first_seq(self) -> int:
         """Seq of the oldest event in the ring (== next_seq when the ring is empty)."""
@@ -175,12 +241,16 @@ class EventBus:
         *,
         max_channels: int = MAX_CHANNELS,
         read_max: int = READ_MAX_EVENTS,
+        ring_bytes: int = CHANNEL_BYTES,
+        read_max_bytes: int = LIST_REPLY_BYTES,
     ) -> None:
         for name, value in (
             ("ring_size", ring_size),
             ("queue_size", queue_size),
             ("max_channels", max_channels),
             ("read_max", read_max),
+            ("ring_bytes", ring_bytes),
+            ("read_max_bytes", read_max_bytes),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -189,6 +259,9 @@ class EventBus:
         self._queue_size = queue_size
         self._max_channels = max_channels
         self._read_max = read_max
+        self._ring_bytes = ring_bytes
+        self._read_max_bytes = read_max_bytes
+        self._owned: dict[str, set[str]] = {}  # principal -> user.* channels it created
         self._lock = threading.Lock()
         self._channels: OrderedDict[str, _Channel] = OrderedDict()
         self._tombstones: OrderedDict[str, int] = OrderedDict()
@@ -197,25 +270,66 @@ class EventBus:
         self._closed = False
         if store is not None:
             for name in DURABLE_CHANNELS:
-                self._channels[name] = _Channel(name, True, store.last_seq(name) + 1, ring_size)
+                self._channels[name] = _Channel(
+                    name, True, store.last_seq(name) + 1, ring_size, ring_bytes
+                )
 
     # -- channel table ----------------------------------------------------------------------
 
-    def _channel(self, name: str, *, create: bool) -> _Channel | None:
+    def _channel(
+        self, name: str, *, create: bool, budget: ChannelBudget | None = None
+    ) -> _Channel | None:
         with self._lock:
             ch = self._channels.get(name)
             if ch is not None:
                 self._channels.move_to_end(name)
+                if budget is not None and ch.owner is None and not ch.durable:
+                    self._own_locked(ch, budget)  # e.g. created by a subscribe
                 return ch
             if not create:
                 return None
             validate_channel(name)
             durable = self._store is not None and name in DURABLE_CHANNELS
-            ch = _Channel(name, durable, self._tombstones.pop(name, 0), self._ring_size)
+            ch = _Channel(
+                name, durable, self._tombstones.get(name, 0), self._ring_size, self._ring_bytes
+            )
+            if budget is not None and not durable:
+                self._own_locked(ch, budget)
+            self._tombstones.pop(name, None)
             self._channels[name] = ch
             if len(self._channels) > self._max_channels:
                 self._evict_locked(keep=ch)
             return ch
+
+    def _own_locked(self, ch: _Channel, budget: ChannelBudget) -> None:
+        """Count ``ch`` against ``budget.owner``'s max_channels.
+
+        At the budget, the owner's least recently used channel without subscribers
+        gives up its ring (as global eviction would); when every one of them has
+        subscribers the new channel is refused with -32031 naming ``max_channels``.
+        """
+        owned = self._owned.setdefault(budget.owner, set())
+        if len(owned) >= budget.max_channels:
+            for name, other in list(self._channels.items()):  # least recently used first
+                if len(owned) < budget.max_channels:
+                    break
+                if name in owned and other is not ch:
+                    self._evict_one_locked(name, other)
+        if len(owned) >= budget.max_channels:
+            raise over_budget(
+                "max_channels",
+                budget.max_channels,
+                f"{budget.owner} holds {len(owned)} subscribed channels",
+                channel=ch.name,
+            )
+        owned.add(ch.name)
+        ch.owner = budget.owner
+        ch.max_bytes = budget.max_bytes
+
+    def owned_channels(self, owner: str) -> int:
+        """How many channels held in memory ``owner`` created (its max_channels count)."""
+        with self._lock:
+            return len(self._owned.get(owner, ()))
 
     def _evict_locked(self, keep: _Channel) -> None:
         for name, ch in list(self._channels.items()):
@@ -223,15 +337,22 @@ class EventBus:
                 return
             if ch is keep or name in DURABLE_CHANNELS:
                 continue
-            with ch.lock:
-                if ch.subs:
-                    continue
-                ch.evicted = True
-                del self._channels[name]
-                self._tombstones[name] = ch.next_seq
-                self._tombstones.move_to_end(name)
+            self._evict_one_locked(name, ch)
+
+    def _evict_one_locked(self, name: str, ch: _Channel) -> bool:
+        """Drop ``ch``'s ring, remembering its next seq; False when it has subscribers."""
+        with ch.lock:
+            if ch.subs:
+                return False
+            ch.evicted = True
+            del self._channels[name]
+            if ch.owner is not None:
+                self._owned.get(ch.owner, set()).discard(name)
+            self._tombstones[name] = ch.next_seq
+            self._tombstones.move_to_end(name)
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
+        return True
 
     def channels(self) -> list[str]:
         """Names of the channels currently held in memory (ring and/or subscribers), sorted."""
@@ -240,21 +361,37 @@ class EventBus:
 
     # -- publish ----------------------------------------------------------------------------
 
-    def publish(self, channel: str, payload: dict[str, Any]) -> Event:
+    def publish(
+        self,
+        channel: str,
+        payload: dict[str, Any] | orjson.Fragment,
+        budget: ChannelBudget | None = None,
+        *,
+        size: int | None = None,
+    ) -> Event:
         """Append an event to ``channel`` and return it (``{"channel","seq","ts","payload"}``).
 
         Never waits for a subscriber. Durable channels are written to SQLite first (under
         the channel lock, so the store is gap-free and ordered); a failing insert is logged
         and the event is still published in memory. Raises -32602 for a bad channel, a
         non-object payload, or (durable channels) a payload that is not JSON-serializable.
+        ``payload`` may be an ``orjson.Fragment`` of an encoded object (a client's payload,
+        kept as bytes; ``size`` is then its length). With a ``budget`` the channel counts against its owner's
+        ``max_channels`` (-32031 when the owner can hold no more).
         """
         if not isinstance(channel, str):
             raise invalid_params("channel", "must be a string")
-        if not isinstance(payload, dict):
+        if not isinstance(payload, (dict, orjson.Fragment)):
             raise invalid_params("payload", "must be an object")
         payload_json: str | None = None
+        if size is None:
+            try:
+                size = payload_size(payload)
+            except TypeError:  # checked where it matters (durable channels, below)
+                size = 0
+        size += EVENT_OVERHEAD
         while True:
-            ch = self._channel(channel, create=True)
+            ch = self._channel(channel, create=True, budget=budget)
             assert ch is not None
             if ch.durable and payload_json is None:
                 payload_json = dumps_payload(payload)
@@ -270,7 +407,7 @@ class EventBus:
                         log.exception("events: could not store %s seq %d", channel, seq)
                 ch.next_seq = seq + 1
                 event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
-                ch.ring.append(event)
+                ch.append(event, size)
                 if ch.subs:
                     for sub in ch.subs:
                         sub._offer(event)
@@ -293,6 +430,11 @@ class EventBus:
         Durable channels serve what the ring no longer holds from SQLite. Non-durable ones
         return what the ring has, plus ``"truncated": true`` when ``since`` is older than the
         ring (events right after ``since`` are gone).
+
+        The reply carries at most ``read_max_bytes`` of events (always one at least): past
+        that the oldest (forward: the newest) are left out, with ``"more": true`` and a
+        ``"cursor"`` — the ``since`` of a forward read that continues where this one
+        stopped (for a newest-first read: from the start of the asked range).
         """
         validate_channel(channel)
         since = _check_since(since)
@@ -315,33 +457,40 @@ class EventBus:
             durable = ch.durable
             n = len(ch.ring)
             start = max(0, lo - first)
-            if forward:
-                ring_part = _ring_slice(ch.ring, start, min(n, start + cap))
-            else:
-                ring_part = _ring_slice(ch.ring, max(start, n - cap), n)
+            lo_i, hi_i = (start, min(n, start + cap)) if forward else (max(start, n - cap), n)
+            ring_part = _ring_slice(ch.ring, lo_i, hi_i)
+            ring_sizes = _ring_slice(ch.sizes, lo_i, hi_i)
 
         events = ring_part
+        sizes = ring_sizes
         if durable and lo < first and cap > 0 and self._store is not None:
             older = first - 1
             try:
                 if forward:
                     store_part = self._store.page(channel, lo - 1, older, cap)
                     events = store_part + ring_part[: cap - len(store_part)]
+                    sizes = _sizes(store_part) + ring_sizes[: cap - len(store_part)]
                 elif len(ring_part) < cap:
                     store_part = self._store.since(
                         channel, lo - 1, cap - len(ring_part), until=older
                     )
                     events = store_part + ring_part
+                    sizes = _sizes(store_part) + ring_sizes
             except sqlite3.Error as exc:
                 log.exception("events: reading %s from the store failed", channel)
                 raise RpcError(
                     ErrorCode.INTERNAL, "event store unavailable", {"channel": channel}
                 ) from exc
+        events, cut = _fit_bytes(events, sizes, self._read_max_bytes, keep_newest=not forward)
         out = {"channel": channel, "events": events, "latest_seq": latest}
         if since is not None and not durable and lo < first:
             out["truncated"] = True
         if forward and events and events[-1]["seq"] < latest:
             out["more"] = True
+            out["cursor"] = str(events[-1]["seq"])
+        elif cut:
+            out["more"] = True
+            out["cursor"] = str(lo - 1)
         return out
 
     # -- subscriptions ----------------------------------------------------------------------
@@ -430,7 +579,29 @@ class EventBus:
             sub.join(max(0.0, deadline - time.monotonic()))
 
 
-def _ring_slice(ring: deque[Event], start: int, stop: int) -> list[Event]:
+def _sizes(events: list[Event]) -> list[int]:
+    return [payload_size(e["payload"]) + EVENT_OVERHEAD for e in events]
+
+
+def _fit_bytes(
+    events: list[Event], sizes: list[int], budget: int, *, keep_newest: bool
+) -> tuple[list[Event], bool]:
+    """The events that fit ``budget`` encoded bytes (at least one), and whether any were
+    left out; ``keep_newest`` keeps the end of the list, else its start."""
+    total = 0
+    order = reversed(range(len(events))) if keep_newest else range(len(events))
+    kept = 0
+    for i in order:
+        total += sizes[i]
+        if total > budget and kept:
+            break
+        kept += 1
+    if kept == len(events):
+        return events, False
+    return (events[len(events) - kept :] if keep_newest else events[:kept]), True
+
+
+def _ring_slice(ring: deque, start: int, stop: int) -> list:
     if start >= stop:
         return []
     return list(itertools.islice(ring, start, stop))

@@ -1,0 +1,96 @@
+"""Budgets: the policy keys that stop any principal from growing the kernel without bound.
+
+Per-principal keys live in the principal's policy table (docs/configuration.md, Budgets)::
+
+    max_channels      = 8         user.* channels it created that the kernel holds
+    max_channel_bytes = 8388608   encoded payload bytes a channel it created keeps
+    max_plans         = 64        plans it has stored
+    max_plan_bytes    = 16777216  source bytes of those plans
+    max_connections   = 16        attached connections
+
+Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
+
+    max_connections = 256          open connections (each is one thread)
+    max_state_bytes = 34359738368  state dir size past which writes are refused
+    min_free_bytes  = 268435456    free disk under the state dir below which they are too
+
+Hitting a budget answers -32031 whose ``data.quota`` names the key (``kernel.`` prefixed
+for the kernel table), so a caller can tell which one and an operator can raise it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.limits import (
+    CHANNEL_BYTES,
+    CHANNELS,
+    CHANNELS_LOCAL,
+    CONNECTIONS,
+    CONNECTIONS_LOCAL,
+    KERNEL_CONNECTIONS,
+    MIN_FREE_BYTES,
+    PLAN_BYTES,
+    PLAN_BYTES_LOCAL,
+    PLANS,
+    PLANS_LOCAL,
+    STATE_BYTES,
+)
+
+MAX_BUDGET = 1 << 62
+"""Largest value any budget key accepts (bytes keys need more than the quota range)."""
+
+PRINCIPAL_BUDGETS: dict[str, tuple[int, int]] = {
+    # key: (token principal default, local human default)
+    "max_channels": (CHANNELS, CHANNELS_LOCAL),
+    "max_channel_bytes": (CHANNEL_BYTES, CHANNEL_BYTES),
+    "max_plans": (PLANS, PLANS_LOCAL),
+    "max_plan_bytes": (PLAN_BYTES, PLAN_BYTES_LOCAL),
+    "max_connections": (CONNECTIONS, CONNECTIONS_LOCAL),
+}
+
+KERNEL_BUDGETS: dict[str, int] = {
+    "max_connections": KERNEL_CONNECTIONS,
+    "max_state_bytes": STATE_BYTES,
+    "min_free_bytes": MIN_FREE_BYTES,
+}
+
+
+class BudgetValueError(ValueError):
+    """A budget value of the wrong type or range; the policy loader names the key."""
+
+
+def check_budget_value(value: Any) -> int:
+    """``value`` as a budget (an integer 0..MAX_BUDGET), else BudgetValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUDGET:
+        raise BudgetValueError(f"expected an integer 0..{MAX_BUDGET}, got {value!r}")
+    return value
+
+
+def token_defaults() -> dict[str, int]:
+    return {k: v[0] for k, v in PRINCIPAL_BUDGETS.items()}
+
+
+def local_defaults() -> dict[str, int]:
+    return {k: v[1] for k, v in PRINCIPAL_BUDGETS.items()}
+
+
+def kernel_budgets(table: Mapping[str, Any]) -> dict[str, int]:
+    """The ``[kernel]`` table with defaults filled in; KeyError for an unknown key."""
+    out = dict(KERNEL_BUDGETS)
+    for key, value in table.items():
+        if key not in KERNEL_BUDGETS:
+            raise KeyError(key)
+        out[key] = check_budget_value(value)
+    return out
+
+
+def over_budget(key: str, limit: int, what: str, **data: Any) -> RpcError:
+    """The -32031 answer for budget ``key`` (``limit``): ``what`` says what was refused."""
+    return RpcError(
+        ErrorCode.QUOTA,
+        f"quota exceeded: {key} = {limit} ({what})",
+        {"quota": key, "limit": limit, **data},
+    )
