@@ -21,6 +21,7 @@ from .wire import RawConn
 PRINCIPALS = ("agent:flood", "agent:small", "agent:other")
 SMALL_POLICY = f"""
 [principal."agent:small"]
+ungranted = "ask"
 max_channel_bytes = {1 * MiB}
 max_plans = 4
 max_plan_bytes = {2 * MiB}

@@ -3,6 +3,13 @@
 Each plan lives under its (session, principal); its ref hashes (session, principal,
 src, effects) to 128 bits, so two callers planning the same command never share or
 overwrite a plan. Only approvers decide; a denied plan stays denied.
+
+Budgets (docs/configuration.md, Budgets): a principal keeps at most ``max_plans`` plans
+holding ``max_plan_bytes`` of source in all. Storing one more first drops that
+principal's finished plans (applied, denied), then its oldest pending ones; plans
+waiting for or holding an approval are never dropped, so past them the store answers
+-32031. A plan the policy denies outright is never kept: only its ref is remembered
+(``DENIED_REFS`` of them), so asking about it still says "denied by policy".
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +26,7 @@ import orjson
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import PLAN_REF_HEX
+from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
     "pending",
@@ -73,6 +82,19 @@ class Plan:
         return {e["kind"] for e in self.effects}
 
 
+DENIED_REFS = 4096
+"""Refs of policy-denied plans remembered (a ref and its owner each), oldest forgotten."""
+_DROP_ORDER = (APPLIED, DENIED, PENDING)  # what gives way to a new plan, in this order
+
+
+@dataclass(frozen=True, slots=True)
+class PlanBudget:
+    """A principal's ``max_plans`` and ``max_plan_bytes``."""
+
+    max_plans: int
+    max_bytes: int
+
+
 def plan_ref(session: str, principal: str, src: str, effects: list[dict]) -> str:
     material = orjson.dumps([session, principal, src, effects])
     return "plan:" + hashlib.blake2b(material, digest_size=PLAN_REF_HEX // 2).hexdigest()
@@ -81,18 +103,86 @@ def plan_ref(session: str, principal: str, src: str, effects: list[dict]) -> str
 class PlanStore:
     def __init__(self) -> None:
         self._by_owner: dict[tuple[str, str], dict[str, Plan]] = {}
+        self._denied: OrderedDict[str, tuple[str, str]] = OrderedDict()  # ref -> owner
+        self._held: dict[str, list[int]] = {}  # principal -> [plans, source bytes]
         self._lock = threading.Lock()
 
-    def put(self, plan: Plan) -> Plan:
-        """Store ``plan``; an existing plan with the same ref (same owner) is kept."""
+    def put(self, plan: Plan, budget: PlanBudget | None = None) -> Plan:
+        """Store ``plan``; an existing plan with the same ref (same owner) is kept.
+
+        A plan whose verdict is ``deny`` is not stored (its ref is remembered). With a
+        ``budget``, older plans of the principal give way first; -32031 when none can.
+        """
         with self._lock:
             store = self._by_owner.setdefault((plan.session, plan.principal), {})
-            return store.setdefault(plan.ref, plan)
+            existing = store.get(plan.ref)
+            if existing is not None:
+                return existing
+            if plan.verdict == "deny":
+                self._denied[plan.ref] = (plan.session, plan.principal)
+                self._denied.move_to_end(plan.ref)
+                while len(self._denied) > DENIED_REFS:
+                    self._denied.popitem(last=False)
+                return plan
+            if budget is not None:
+                self._make_room_locked(plan, budget)
+            store[plan.ref] = plan
+            held = self._held.setdefault(plan.principal, [0, 0])
+            held[0] += 1
+            held[1] += _src_bytes(plan)
+            return plan
+
+    def _make_room_locked(self, plan: Plan, budget: PlanBudget) -> None:
+        held = self._held.get(plan.principal, [0, 0])
+        size = _src_bytes(plan)
+
+        def fits() -> bool:
+            return held[0] + 1 <= budget.max_plans and held[1] + size <= budget.max_bytes
+
+        if size > budget.max_bytes:
+            raise over_budget("max_plan_bytes", budget.max_bytes, f"a {size}-byte source")
+        for state in _DROP_ORDER:
+            if fits():
+                return
+            for victim in sorted(self._owned_locked(plan.principal), key=lambda p: p.created):
+                if fits():
+                    return
+                if victim.state == state:
+                    self._drop_locked(victim)
+        if not fits():
+            key, limit = (
+                ("max_plans", budget.max_plans)
+                if held[0] + 1 > budget.max_plans
+                else ("max_plan_bytes", budget.max_bytes)
+            )
+            raise over_budget(
+                key, limit, f"{plan.principal} holds {held[0]} plans awaiting approval"
+            )
+
+    def _owned_locked(self, principal: str) -> list[Plan]:
+        return [p for (_, pr), st in self._by_owner.items() if pr == principal for p in st.values()]
+
+    def _drop_locked(self, plan: Plan) -> None:
+        store = self._by_owner.get((plan.session, plan.principal), {})
+        if store.pop(plan.ref, None) is not None:
+            held = self._held[plan.principal]
+            held[0] -= 1
+            held[1] -= _src_bytes(plan)
+
+    def held(self, principal: str) -> tuple[int, int]:
+        """(plans, source bytes) ``principal`` has stored."""
+        with self._lock:
+            count, size = self._held.get(principal, [0, 0])
+        return count, size
 
     def get_own(self, ref: str, session: str, principal: str) -> Plan:
+        ref = _norm(ref)
         with self._lock:
-            plan = self._by_owner.get((session, principal), {}).get(_norm(ref))
+            plan = self._by_owner.get((session, principal), {}).get(ref)
+            denied = self._denied.get(ref) == (session, principal)
         if plan is None:
+            if denied:
+                raise _denied_by_policy(ref)
             raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
         return plan
 
@@ -103,6 +193,9 @@ class PlanStore:
             for store in self._by_owner.values():
                 if ref in store:
                     return store[ref]
+            denied = ref in self._denied
+        if denied:
+            raise _denied_by_policy(ref)
         raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
 
     def list(
@@ -181,6 +274,18 @@ class PlanStore:
         plan.approved_kinds = sorted(granted & needed) if needed else []
         plan.state = APPROVED
         plan.decided_by = approver
+
+
+def _denied_by_policy(ref: str) -> RpcError:
+    return RpcError(
+        ErrorCode.DENIED,
+        f"{ref} is denied by policy; approval cannot override it",
+        {"plan_ref": ref},
+    )
+
+
+def _src_bytes(plan: Plan) -> int:
+    return len(plan.src.encode("utf-8", "surrogatepass"))
 
 
 def _norm(ref: str) -> str:
