@@ -35,11 +35,11 @@ class BudgetEnv:
         self.tokens = tokens
 
     @contextlib.contextmanager
-    def raw(self, session: str, principal: str = "agent:flood") -> Iterator[RawConn]:
+    def raw(self, session: str, principal: str | None = "agent:flood") -> Iterator[RawConn]:
         """An attached raw connection of ``principal`` (the local human when None)."""
         conn = RawConn(self.kernel.socket, keep_frames=False)
         try:
-            params = {"session": session}
+            params: dict = {"session": session}
             if principal is not None:
                 params["token"] = self.tokens[principal]
             reply = conn.call("session.attach", params)

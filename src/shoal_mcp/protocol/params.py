@@ -125,6 +125,7 @@ PLAN_LIST = closed(
             "enum": ["pending", "requested", "approved", "denied", "applied"],
         },
         "all": BOOL,
+        "cursor": CURSOR,
     }
 )
 PLAN_APPLY = closed(
@@ -159,7 +160,8 @@ TASK_LIST = closed(
         "state": {
             "type": "string",
             "enum": ["running", "completed", "failed", "cancelled", "suspended"],
-        }
+        },
+        "cursor": CURSOR,
     }
 )
 TASK_GET = closed({"task": TASK_ID, "call": CALL_ID})
@@ -190,6 +192,7 @@ JOURNAL_QUERY = closed(
         "effects": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
         "session": {"type": "string", "maxLength": 128},
         "limit": {"type": "integer", "minimum": 1, "maximum": JOURNAL_MAX_ROWS},
+        "cursor": CURSOR,
     }
 )
 

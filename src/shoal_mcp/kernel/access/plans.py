@@ -209,7 +209,8 @@ class PlanStore:
                 for p in store.values()
             ]
         return sorted(
-            (p for p in plans if state is None or p.state == state), key=lambda p: p.created
+            (p for p in plans if state is None or p.state == state),
+            key=lambda p: (p.created, p.ref),
         )
 
     def claim(self, plan: Plan) -> str:

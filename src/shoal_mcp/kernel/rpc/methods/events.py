@@ -14,6 +14,7 @@ from ....protocol.params import (
     JOURNAL_QUERY,
 )
 from ...events.bus import ChannelBudget, is_client_publishable, validate_channel
+from ..paging import bounded_page
 from ..registry import method
 
 
@@ -101,7 +102,7 @@ def events_unsubscribe(call, params):
 def journal_query(call, params):
     kernel = call.kernel
     visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal
-    rows = kernel.journal.query(
+    rows = kernel.journal.iter_query(
         since=params.get("since"),
         until=params.get("until"),
         principal=params.get("principal"),
@@ -111,5 +112,13 @@ def journal_query(call, params):
         session=params.get("session"),
         limit=params.get("limit", 50),
         visible_to=visible_to,
+        before_id=_cursor_int(params["cursor"]) if "cursor" in params else None,
     )
-    return {"rows": rows, "count": len(rows)}
+    # Streamed into a bounded reply: rows past LIST_REPLY_BYTES are never read.
+    return bounded_page(rows, lambda row: row, lambda row: str(row["id"])).reply("rows")
+
+
+def _cursor_int(cursor: str) -> int:
+    if not cursor.isdigit() or len(cursor) > 19:
+        raise invalid_params("cursor", "not a cursor from journal.query")
+    return int(cursor)
