@@ -21,6 +21,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
+from .access.budgets import over_budget
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -93,6 +94,7 @@ class Kernel:
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
+        self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
         self._clean_spool()
 
     def _clean_spool(self) -> None:
@@ -131,6 +133,14 @@ class Kernel:
                 ids.add(sub_id)
             else:
                 ids.discard(sub_id)
+
+    def check_connection_budget(self, principal: str, already: bool) -> None:
+        """max_connections: attached connections per principal (``already``: this
+        connection is one of them, re-attaching)."""
+        limit = self.guard.for_principal(principal).budget("max_connections")
+        held = self.connections_of(principal) - (1 if already else 0)
+        if held >= limit:
+            raise over_budget("max_connections", limit, f"{principal} has {held} connections")
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""

@@ -136,6 +136,8 @@ FRAME_BEFORE_ATTACH = 64 * KiB
 """Largest frame accepted before ``session.attach`` (SPEC §6)."""
 ATTACH_TIMEOUT_S = 30.0
 """A connection that has not attached after this long is closed."""
+MAX_BLOCKING_CALLS = 64
+"""Blocking calls (exec, task.await, …: one thread each) one connection runs at once."""
 LIST_REPLY_BYTES = 4 * MiB
 """Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
 before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""
