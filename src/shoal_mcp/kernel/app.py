@@ -21,7 +21,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
-from .access.budgets import over_budget
+from .access.budgets import StateBudget, over_budget
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -69,6 +69,7 @@ class Kernel:
         self.local_principal = local_principal()
         self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
         self.plans = PlanStore()
+        self.state_budget = StateBudget(state, self.guard.policy.kernel, self._blob_bytes)
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
             cas=self.cas,
@@ -96,6 +97,9 @@ class Kernel:
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
         self._clean_spool()
+
+    def _blob_bytes(self) -> int:
+        return int(self.db.query("SELECT COALESCE(SUM(size), 0) FROM blobs")[0][0])
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):

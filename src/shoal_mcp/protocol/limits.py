@@ -130,8 +130,6 @@ refused (-32031) until ``shoal gc`` frees room."""
 MIN_FREE_BYTES = 256 * MiB
 """``[kernel] min_free_bytes``: free space on the state dir's filesystem below which new
 execs and plans are refused too (a clear error before the disk is full)."""
-STATE_SIZE_RECHECK_S = 2.0
-"""How long a measured state dir size is trusted before it is measured again."""
 FRAME_BEFORE_ATTACH = 64 * KiB
 """Largest frame accepted before ``session.attach`` (SPEC §6)."""
 ATTACH_TIMEOUT_S = 30.0

@@ -20,7 +20,9 @@ for the kernel table), so a caller can tell which one and an operator can raise 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
@@ -94,3 +96,60 @@ def over_budget(key: str, limit: int, what: str, **data: Any) -> RpcError:
         f"quota exceeded: {key} = {limit} ({what})",
         {"quota": key, "limit": limit, **data},
     )
+
+
+class StateBudget:
+    """The state dir budget: ``[kernel] max_state_bytes`` and ``min_free_bytes``.
+
+    ``check()`` runs before each exec, plan and apply and refuses (-32031) once the state
+    dir holds more than ``max_state_bytes`` or its filesystem has less than
+    ``min_free_bytes`` free, so the disk never fills under the kernel. The size is stored
+    blobs (their recorded sizes) plus the database files plus the spool, measured each
+    time: a SUM over an indexed table and a few ``stat`` calls.
+    """
+
+    def __init__(
+        self, state_dir: Path, budgets: Mapping[str, int], blob_bytes: Callable[[], int]
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.max_bytes = budgets["max_state_bytes"]
+        self.min_free = budgets["min_free_bytes"]
+        self._blob_bytes = blob_bytes
+
+    def used(self) -> int:
+        total = self._blob_bytes()
+        for path in self.state_dir.glob("*.sqlite3*"):
+            total += _size(path)
+        spool = self.state_dir / "spool"
+        if spool.is_dir():
+            total += sum(_size(p) for p in spool.iterdir())
+        return total
+
+    def free(self) -> int:
+        st = os.statvfs(self.state_dir)
+        return st.f_bavail * st.f_frsize
+
+    def check(self) -> None:
+        used = self.used()
+        if used > self.max_bytes:
+            raise over_budget(
+                "kernel.max_state_bytes",
+                self.max_bytes,
+                f"the state dir holds {used} bytes; free room with `shoal gc`",
+                used=used,
+            )
+        free = self.free()
+        if free < self.min_free:
+            raise over_budget(
+                "kernel.min_free_bytes",
+                self.min_free,
+                f"{free} bytes free under {self.state_dir}",
+                free=free,
+            )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # gone meanwhile (a finished spool, a checkpointed WAL)
+        return 0

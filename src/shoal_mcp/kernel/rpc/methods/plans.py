@@ -46,6 +46,7 @@ def _plan_cursor(cursor: str) -> tuple[float, str]:
 @method("plan.apply", PLAN_APPLY, blocking=True)
 def plan_apply(call, params):
     opts = RunOptions.from_params(params)
+    call.kernel.state_budget.check()
     return call.kernel.exec.apply(call.who, params["plan_ref"], opts, call)
 
 
