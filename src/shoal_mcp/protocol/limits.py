@@ -128,8 +128,10 @@ STATE_BYTES = 32 * 1024 * MiB
 """``[kernel] max_state_bytes``: size of the state dir past which new execs and plans are
 refused (-32031) until ``shoal gc`` frees room."""
 MIN_FREE_BYTES = 256 * MiB
+MIN_FREE_FRACTION = 0.01
 """``[kernel] min_free_bytes``: free space on the state dir's filesystem below which new
-execs and plans are refused too (a clear error before the disk is full)."""
+execs and plans are refused too (a clear error before the disk is full). Unset, it is
+``MIN_FREE_FRACTION`` of that filesystem's size, at most ``MIN_FREE_BYTES``."""
 FRAME_BEFORE_ATTACH = 64 * KiB
 """Largest frame accepted before ``session.attach`` (SPEC §6)."""
 ATTACH_TIMEOUT_S = 30.0

@@ -13,6 +13,7 @@ Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
     max_connections = 256          open connections (each is one thread)
     max_state_bytes = 34359738368  state dir size past which writes are refused
     min_free_bytes  = 268435456    free disk under the state dir below which they are too
+                                   (unset: 1% of that filesystem, at most 256 MiB)
 
 Hitting a budget answers -32031 whose ``data.quota`` names the key (``kernel.`` prefixed
 for the kernel table), so a caller can tell which one and an operator can raise it.
@@ -34,6 +35,7 @@ from ...protocol.limits import (
     CONNECTIONS_LOCAL,
     KERNEL_CONNECTIONS,
     MIN_FREE_BYTES,
+    MIN_FREE_FRACTION,
     PLAN_BYTES,
     PLAN_BYTES_LOCAL,
     PLANS,
@@ -56,7 +58,7 @@ PRINCIPAL_BUDGETS: dict[str, tuple[int, int]] = {
 KERNEL_BUDGETS: dict[str, int] = {
     "max_connections": KERNEL_CONNECTIONS,
     "max_state_bytes": STATE_BYTES,
-    "min_free_bytes": MIN_FREE_BYTES,
+    "min_free_bytes": -1,  # unset: see StateBudget.min_free_now
 }
 
 
@@ -125,9 +127,13 @@ class StateBudget:
             total += sum(_size(p) for p in spool.iterdir())
         return total
 
-    def free(self) -> int:
+    def free_and_floor(self) -> tuple[int, int]:
+        """(free bytes, the least free space allowed) on the state dir's filesystem."""
         st = os.statvfs(self.state_dir)
-        return st.f_bavail * st.f_frsize
+        floor = self.min_free
+        if floor < 0:  # unset: a share of the filesystem, so a small one stays usable
+            floor = min(MIN_FREE_BYTES, int(st.f_blocks * st.f_frsize * MIN_FREE_FRACTION))
+        return st.f_bavail * st.f_frsize, floor
 
     def check(self) -> None:
         used = self.used()
@@ -138,11 +144,11 @@ class StateBudget:
                 f"the state dir holds {used} bytes; free room with `shoal gc`",
                 used=used,
             )
-        free = self.free()
-        if free < self.min_free:
+        free, floor = self.free_and_floor()
+        if free < floor:
             raise over_budget(
                 "kernel.min_free_bytes",
-                self.min_free,
+                floor,
                 f"{free} bytes free under {self.state_dir}",
                 free=free,
             )

@@ -58,6 +58,7 @@ from wcmatch import fnmatch, glob
 
 from ..effects.analyzer import SHELL_BUILTINS
 from .budgets import (
+    KERNEL_BUDGETS,
     PRINCIPAL_BUDGETS,
     BudgetValueError,
     check_budget_value,
@@ -461,7 +462,7 @@ class Policy:
         kernel: Mapping[str, int] | None = None,
     ) -> None:
         self.tables = {k: dict(v) for k, v in (tables or {}).items()}
-        self.kernel: dict[str, int] = kernel_budgets(kernel or {})  # the [kernel] budgets
+        self.kernel: dict[str, int] = {**KERNEL_BUDGETS, **(kernel or {})}  # [kernel] budgets
         self.home = home or os.path.expanduser("~")
         self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
 
