@@ -108,7 +108,7 @@ MCP_SUPPORTED_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
 # Each per-principal budget is a policy key of the same name (``max_…``); the first value
 # is a token principal's default, the ``_LOCAL`` one the local human's. Hitting a budget
 # answers -32031 naming the key (except the ring, which drops its oldest events).
-CHANNEL_BYTES = 8 * MiB
+CHANNEL_BYTES = 4 * MiB
 """``max_channel_bytes``: encoded payload bytes one channel's ring keeps (oldest dropped)."""
 CHANNELS = 8
 CHANNELS_LOCAL = 64
@@ -144,3 +144,9 @@ before it stops with ``more`` and a ``cursor`` (at least one row always goes out
 SRC_INLINE_CHARS = 4 * KiB
 """A journal source longer than this is stored once in the CAS by hash; the row keeps a
 head of this many characters for display."""
+
+# --- allocator (kernel/rpc/malloc.py) ----------------------------------------------
+MALLOC_ARENAS = 2
+"""glibc arenas the kernel's threads share (the default is 8 per core)."""
+MALLOC_MMAP_THRESHOLD = 128 * KiB
+"""Allocations from this size get their own mapping, returned to the OS when freed."""

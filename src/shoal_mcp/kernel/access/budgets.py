@@ -3,7 +3,7 @@
 Per-principal keys live in the principal's policy table (docs/configuration.md, Budgets)::
 
     max_channels      = 8         user.* channels it created that the kernel holds
-    max_channel_bytes = 8388608   encoded payload bytes a channel it created keeps
+    max_channel_bytes = 4194304   encoded payload bytes a channel it created keeps
     max_plans         = 64        plans it has stored
     max_plan_bytes    = 16777216  source bytes of those plans
     max_connections   = 16        attached connections

@@ -51,6 +51,7 @@ from ...protocol.schema import validate
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
+from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ class Call:
 
 class KernelServer:
     def __init__(self, kernel: Kernel, listener: socket.socket) -> None:
+        tune_malloc()  # before the connection threads: see malloc.py
         self.kernel = kernel
         self.listener = listener
         self.connections: set[Connection] = set()
