@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.protocol.limits import CHANNELS, LIST_REPLY_BYTES, VALUE_HARD_CAP, MiB
+from shoal_mcp.protocol.limits import (
+    CHANNEL_BYTES,
+    CHANNELS,
+    LIST_REPLY_BYTES,
+    VALUE_HARD_CAP,
+    MiB,
+)
 from tests.support.budgets import token_kernel
 from tests.support.procfs import rss_kib
 from tests.support.wire import RawConn
@@ -47,29 +53,34 @@ def test_flooding_two_channels_keeps_rss_bounded(env) -> None:
         _flood(conn, "user.flood-b")
         grown = rss_kib(env.kernel.pid) - before
         assert grown <= RSS_GROWTH_KIB, f"kernel RSS grew {grown} KiB"
-        # The ring kept its newest events within the byte budget; the read says more.
+        # The ring kept its newest events within max_channel_bytes.
         got = conn.call("events.read", {"channel": "user.flood-a"})["result"]
         assert got["latest_seq"] == FLOOD - 1
         assert got["events"][-1]["seq"] == FLOOD - 1
-        assert len(got["events"]) * VALUE_HARD_CAP <= LIST_REPLY_BYTES + VALUE_HARD_CAP
-        assert got["more"] is True and "cursor" in got
+        assert 1 < len(got["events"]) <= CHANNEL_BYTES // (VALUE_HARD_CAP - 64)
 
 
 def test_read_pages_follow_the_cursor(env) -> None:
-    with env.raw("pages") as conn:
-        _flood(conn, "user.paged", 200)
+    # agent:wide keeps 16 MiB per ring: more than one 4 MiB reply can carry.
+    with env.raw("pages", principal="agent:wide") as conn:
+        _flood(conn, "user.paged", 300)
+        newest = conn.call("events.read", {"channel": "user.paged"})["result"]
+        assert newest["more"] is True and newest["events"][-1]["seq"] == 299
         seen: list[int] = []
+        pages = 0
         params: dict = {"channel": "user.paged", "since": -1}
         for _ in range(50):
             msg = conn.call("events.read", params)
             page = msg["result"]
             assert len(conn.last_reply) <= LIST_REPLY_BYTES + 4096
             seen.extend(e["seq"] for e in page["events"])
+            pages += 1
             if not page.get("more"):
                 break
             params = {"channel": "user.paged", "cursor": page["cursor"]}
         ring_first = seen[0]
-        assert seen == list(range(ring_first, 200))  # contiguous, oldest kept to newest
+        assert seen == list(range(ring_first, 300))  # contiguous, oldest kept to newest
+        assert pages >= 3 and ring_first > 0 and 300 - ring_first >= 16 * MiB // VALUE_HARD_CAP - 8
         bad = conn.call("events.read", {"channel": "user.paged", "cursor": "x1"})
         assert bad["error"]["code"] == -32602 and "cursor" in bad["error"]["message"]
 

@@ -18,7 +18,7 @@ from .kernel import KernelProcess
 from .tmp import short_tmp
 from .wire import RawConn
 
-PRINCIPALS = ("agent:flood", "agent:small", "agent:other")
+PRINCIPALS = ("agent:flood", "agent:small", "agent:other", "agent:wide")
 SMALL_POLICY = f"""
 [principal."agent:small"]
 ungranted = "ask"
@@ -26,6 +26,9 @@ max_channel_bytes = {1 * MiB}
 max_plans = 4
 max_plan_bytes = {2 * MiB}
 max_connections = 3
+
+[principal."agent:wide"]
+max_channel_bytes = {16 * MiB}
 """
 
 

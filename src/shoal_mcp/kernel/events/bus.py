@@ -50,13 +50,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import sqlite3
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -70,13 +68,27 @@ from ...protocol.limits import (
     SUBSCRIBER_QUEUE,
 )
 from ..access.budgets import over_budget
+from .channels import (
+    CLIENT_PUBLISH_REFUSED,
+    MAX_CHANNEL_LEN,
+    is_client_publishable,
+    require_client_publishable,
+    validate_channel,
+)
+from .ring import (
+    EVENT_OVERHEAD,
+    Channel,
+    ChannelBudget,
+    event_sizes,
+    fit_bytes,
+    payload_size,
+    ring_slice,
+)
 from .store import Event, EventStore, dumps_payload
 from .subscriptions import Sink, Subscription, gap_summary
 
 log = logging.getLogger(__name__)
 
-MAX_CHANNEL_LEN = 256
-"""Longest accepted channel name, in characters."""
 READ_MAX_EVENTS = EVENT_RING
 """Most events one ``read`` returns, whatever ``limit`` asks (keeps a response framable)."""
 MAX_CHANNELS = 256
@@ -85,76 +97,6 @@ MAX_TOMBSTONES = 64 * 1024
 """Evicted channel names whose next seq is remembered (an int each)."""
 CLOSE_JOIN_S = 1.0
 """How long ``EventBus.close`` waits, in total, for delivery threads to finish."""
-
-CLIENT_PUBLISH_REFUSED = "only user.* channels are publishable"
-EVENT_OVERHEAD = 64
-"""Bytes counted per event besides its payload (channel, seq, ts and their JSON)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelBudget:
-    """Who publishes, and that principal's ``max_channels`` / ``max_channel_bytes``."""
-
-    owner: str
-    max_channels: int
-    max_bytes: int
-
-
-def payload_size(payload: Any) -> int:
-    """Encoded size of a payload (an ``orjson.Fragment`` is encoded as it is)."""
-    return len(orjson.dumps(payload))
-
-
-_CHANNEL_RE = re.compile(
-    r"journal|session\.transcript|approval"
-    r"|(?:task|pty)\.(?:0|[1-9][0-9]*)"
-    r"|user\.[A-Za-z0-9._:@+=~-]+"
-)
-
-
-# --- channel names ----------------------------------------------------------------------
-
-
-def validate_channel(name: Any) -> str:
-    """Return ``name`` when it is a channel, else raise -32602 (field ``channel``).
-
-    The channels are listed in docs/protocol.md, Events.
-
-    Accepted: ``journal``, ``session.transcript``, ``approval``, ``task.N``, ``pty.N``
-    (N a decimal integer without leading zeros) and ``user.<suffix>`` where the suffix is
-    1+ characters of ``A-Z a-z 0-9 . _ : @ + = ~ -`` (URI-safe, so ``shoal://events/{channel}``
-    needs no escaping). At most ``MAX_CHANNEL_LEN`` characters.
-    """
-    if not isinstance(name, str):
-        raise invalid_params("channel", "must be a string")
-    if not name:
-        raise invalid_params("channel", "must not be empty")
-    if len(name) > MAX_CHANNEL_LEN:
-        raise invalid_params("channel", f"longer than {MAX_CHANNEL_LEN} characters")
-    if _CHANNEL_RE.fullmatch(name) is None:
-        raise invalid_params(
-            "channel",
-            "unknown channel (journal, session.transcript, approval, task.N, pty.N, user.*)",
-        )
-    return name
-
-
-def is_client_publishable(name: Any) -> bool:
-    """True only for a valid ``user.*`` channel: the only ones clients may publish to."""
-    return (
-        isinstance(name, str)
-        and name.startswith("user.")
-        and len(name) <= MAX_CHANNEL_LEN
-        and _CHANNEL_RE.fullmatch(name) is not None
-    )
-
-
-def require_client_publishable(name: Any) -> str:
-    """Validate ``name`` for ``events.publish``: -32602 naming ``channel`` unless ``user.*``."""
-    validate_channel(name)
-    if not is_client_publishable(name):
-        raise invalid_params("channel", CLIENT_PUBLISH_REFUSED)
-    return name
 
 
 def _check_since(since: Any) -> int | None:
@@ -171,54 +113,6 @@ def _check_limit(limit: Any) -> int | None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise invalid_params("limit", "must be a non-negative integer")
     return limit
-
-
-class _Channel:
-    __slots__ = (
-        "name",
-        "durable",
-        "lock",
-        "ring",
-        "sizes",
-        "bytes",
-        "max_bytes",
-        "owner",
-        "ring_size",
-        "next_seq",
-        "subs",
-        "evicted",
-    )
-
-    def __init__(
-        self, name: str, durable: bool, next_seq: int, ring_size: int, max_bytes: int
-    ) -> None:
-        self.name = name
-        self.durable = durable
-        self.lock = threading.Lock()
-        self.ring: deque[Event] = deque()
-        self.sizes: deque[int] = deque()  # encoded size of each ring event, in step
-        self.bytes = 0
-        self.max_bytes = max_bytes
-        self.owner: str | None = None  # principal that created it (budgeted user.* only)
-        self.ring_size = ring_size
-        self.next_seq = next_seq
-        self.subs: tuple[Subscription, ...] = ()
-        self.evicted = False
-
-    def append(self, event: Event, size: int) -> None:
-        """Add ``event`` and drop the oldest while over the count or byte budget."""
-        self.ring.append(event)
-        self.sizes.append(size)
-        self.bytes += size
-        while len(self.ring) > 1 and (
-            len(self.ring) > self.ring_size or self.bytes > self.max_bytes
-        ):
-            self.ring.popleft()
-            self.bytes -= self.sizes.popleft()
-
-    def first_seq(self) -> int:
-        """Seq of the oldest event in the ring (== next_seq when the ring is empty)."""
-        return self.next_seq - len(self.ring)
 
 
 class EventBus:
@@ -263,14 +157,14 @@ class EventBus:
         self._read_max_bytes = read_max_bytes
         self._owned: dict[str, set[str]] = {}  # principal -> user.* channels it created
         self._lock = threading.Lock()
-        self._channels: OrderedDict[str, _Channel] = OrderedDict()
+        self._channels: OrderedDict[str, Channel] = OrderedDict()
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
         self._ids = itertools.count(1)
         self._closed = False
         if store is not None:
             for name in DURABLE_CHANNELS:
-                self._channels[name] = _Channel(
+                self._channels[name] = Channel(
                     name, True, store.last_seq(name) + 1, ring_size, ring_bytes
                 )
 
@@ -278,7 +172,7 @@ class EventBus:
 
     def _channel(
         self, name: str, *, create: bool, budget: ChannelBudget | None = None
-    ) -> _Channel | None:
+    ) -> Channel | None:
         with self._lock:
             ch = self._channels.get(name)
             if ch is not None:
@@ -290,7 +184,7 @@ class EventBus:
                 return None
             validate_channel(name)
             durable = self._store is not None and name in DURABLE_CHANNELS
-            ch = _Channel(
+            ch = Channel(
                 name, durable, self._tombstones.get(name, 0), self._ring_size, self._ring_bytes
             )
             if budget is not None and not durable:
@@ -301,7 +195,7 @@ class EventBus:
                 self._evict_locked(keep=ch)
             return ch
 
-    def _own_locked(self, ch: _Channel, budget: ChannelBudget) -> None:
+    def _own_locked(self, ch: Channel, budget: ChannelBudget) -> None:
         """Count ``ch`` against ``budget.owner``'s max_channels.
 
         At the budget, the owner's least recently used channel without subscribers
@@ -331,7 +225,7 @@ class EventBus:
         with self._lock:
             return len(self._owned.get(owner, ()))
 
-    def _evict_locked(self, keep: _Channel) -> None:
+    def _evict_locked(self, keep: Channel) -> None:
         for name, ch in list(self._channels.items()):
             if len(self._channels) <= self._max_channels:
                 return
@@ -339,7 +233,7 @@ class EventBus:
                 continue
             self._evict_one_locked(name, ch)
 
-    def _evict_one_locked(self, name: str, ch: _Channel) -> bool:
+    def _evict_one_locked(self, name: str, ch: Channel) -> bool:
         """Drop ``ch``'s ring, remembering its next seq; False when it has subscribers."""
         with ch.lock:
             if ch.subs:
@@ -458,8 +352,8 @@ class EventBus:
             n = len(ch.ring)
             start = max(0, lo - first)
             lo_i, hi_i = (start, min(n, start + cap)) if forward else (max(start, n - cap), n)
-            ring_part = _ring_slice(ch.ring, lo_i, hi_i)
-            ring_sizes = _ring_slice(ch.sizes, lo_i, hi_i)
+            ring_part = ring_slice(ch.ring, lo_i, hi_i)
+            ring_sizes = ring_slice(ch.sizes, lo_i, hi_i)
 
         events = ring_part
         sizes = ring_sizes
@@ -469,19 +363,19 @@ class EventBus:
                 if forward:
                     store_part = self._store.page(channel, lo - 1, older, cap)
                     events = store_part + ring_part[: cap - len(store_part)]
-                    sizes = _sizes(store_part) + ring_sizes[: cap - len(store_part)]
+                    sizes = event_sizes(store_part) + ring_sizes[: cap - len(store_part)]
                 elif len(ring_part) < cap:
                     store_part = self._store.since(
                         channel, lo - 1, cap - len(ring_part), until=older
                     )
                     events = store_part + ring_part
-                    sizes = _sizes(store_part) + ring_sizes
+                    sizes = event_sizes(store_part) + ring_sizes
             except sqlite3.Error as exc:
                 log.exception("events: reading %s from the store failed", channel)
                 raise RpcError(
                     ErrorCode.INTERNAL, "event store unavailable", {"channel": channel}
                 ) from exc
-        events, cut = _fit_bytes(events, sizes, self._read_max_bytes, keep_newest=not forward)
+        events, cut = fit_bytes(events, sizes, self._read_max_bytes, keep_newest=not forward)
         out = {"channel": channel, "events": events, "latest_seq": latest}
         if since is not None and not durable and lo < first:
             out["truncated"] = True
@@ -533,7 +427,7 @@ class EventBus:
                     sub._floor = since
                     lo = since + 1
                     first = ch.first_seq()
-                    sub._replay = _ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
+                    sub._replay = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
                     if lo < first and lo <= latest:
                         if ch.durable:
                             sub._replay_store = (since, first - 1)
@@ -579,32 +473,14 @@ class EventBus:
             sub.join(max(0.0, deadline - time.monotonic()))
 
 
-def _sizes(events: list[Event]) -> list[int]:
-    return [payload_size(e["payload"]) + EVENT_OVERHEAD for e in events]
-
-
-def _fit_bytes(
-    events: list[Event], sizes: list[int], budget: int, *, keep_newest: bool
-) -> tuple[list[Event], bool]:
-    """The events that fit ``budget`` encoded bytes (at least one), and whether any were
-    left out; ``keep_newest`` keeps the end of the list, else its start."""
-    total = 0
-    order = reversed(range(len(events))) if keep_newest else range(len(events))
-    kept = 0
-    for i in order:
-        total += sizes[i]
-        if total > budget and kept:
-            break
-        kept += 1
-    if kept == len(events):
-        return events, False
-    return (events[len(events) - kept :] if keep_newest else events[:kept]), True
-
-
-def _ring_slice(ring: deque, start: int, stop: int) -> list:
-    if start >= stop:
-        return []
-    return list(itertools.islice(ring, start, stop))
-
-
-__all__ = ["EventBus", "EventStore", "Subscription", "is_client_publishable", "validate_channel"]
+__all__ = [  # channel names live in channels.py; re-exported for existing importers
+    "CLIENT_PUBLISH_REFUSED",
+    "MAX_CHANNEL_LEN",
+    "ChannelBudget",
+    "EventBus",
+    "EventStore",
+    "Subscription",
+    "is_client_publishable",
+    "require_client_publishable",
+    "validate_channel",
+]
