@@ -24,6 +24,7 @@ that have already expired.
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -112,6 +113,7 @@ class TokenStore:
             raise TokenStoreError("label must be printable and at most 256 characters")
         with self._locked():
             key = self._key(create=True)
+            assert key is not None  # create=True makes one when missing
             records = self._read_records(strict=True)
             now = _now()
             # Housekeeping: records that have expired can never verify again.
@@ -224,7 +226,7 @@ class TokenStore:
             raise TokenStoreError(f"{self.key_path}: expected {KEY_BYTES} bytes")
         return key
 
-    def _read_records(self, strict: bool) -> list[dict[str, Any]]:
+    def _read_records(self, strict: bool) -> builtins.list[dict[str, Any]]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -240,7 +242,7 @@ class TokenStore:
             raise
         return records
 
-    def _write_records(self, records: list[dict[str, Any]]) -> None:
+    def _write_records(self, records: builtins.list[dict[str, Any]]) -> None:
         data = orjson.dumps({"version": 1, "tokens": records}, option=orjson.OPT_INDENT_2)
         try:
             previous = os.stat(self.path).st_mtime_ns

@@ -248,7 +248,7 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         for row in rows:
             emit_json(row)
         return
-    data = [
+    table_rows = [
         [
             r["id"],
             when(r["ts"]),
@@ -263,10 +263,10 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         for r in rows
     ]
     if header:
-        table(data, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
+        table(table_rows, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
     else:
-        for row in data:
-            click.echo("  ".join("-" if v is None else str(v) for v in row))
+        for cells in table_rows:
+            click.echo("  ".join("-" if v is None else str(v) for v in cells))
 
 
 @click.group("events")

@@ -252,7 +252,7 @@ def read_contents(text_uri: str, result: dict, mime: str) -> dict:
             result.get("render")
             if "render" in result
             else result.get("raw", result.get("raw_base64", ""))
-        )
+        ) or ""
     else:
         text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
     return {

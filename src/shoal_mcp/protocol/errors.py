@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 
 class ErrorCode(IntEnum):
@@ -68,7 +68,7 @@ def invalid_params(field: str, why: str) -> RpcError:
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
-def is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException) -> TypeGuard[OSError]:
     """An OSError meaning "no room left" (full disk, file size limit, quota)."""
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 

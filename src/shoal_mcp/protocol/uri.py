@@ -30,6 +30,7 @@ control and non-ASCII characters).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -89,7 +90,7 @@ class Ref:
 # -- building ----------------------------------------------------------------------------
 
 
-def encode_query(query: dict[str, object]) -> str:
+def encode_query(query: Mapping[str, object]) -> str:
     """``?k=v&…`` for the non-empty items of ``query`` (None values are left out)."""
     items = [(k, v) for k, v in query.items() if v is not None and v != ""]
     if not items:
@@ -97,7 +98,9 @@ def encode_query(query: dict[str, object]) -> str:
     return "?" + "&".join(f"{k}={quote(str(v), safe=QUERY_SAFE)}" for k, v in items)
 
 
-def build(kind: str, ident: str | int | None = None, query: dict[str, object] | None = None) -> str:
+def build(
+    kind: str, ident: str | int | None = None, query: Mapping[str, object] | None = None
+) -> str:
     """The URI of ``kind`` (one of the constants above) for ``ident``, with ``query``."""
     q = encode_query(query or {})
     if kind in (OUT, VAL, PLAN, SESSION, PTY, EVENTS):
@@ -229,9 +232,8 @@ def parse_ref(text: str) -> Ref:
         if uri.kind == PLAN:
             return Ref(PLAN, uri.ident or "")
         if uri.kind == PTY:
-            return parse_ref(
-                uri.ident if (uri.ident or "").startswith("pty:") else f"pty:{uri.ident}"
-            )
+            ident = uri.ident or ""
+            return parse_ref(ident if ident.startswith("pty:") else f"pty:{ident}")
         raise BadName(f"{_shown(text)!r} names no value (refs look like out:N, task:N, plan:<hex>)")
     kind, sep, rest = text.partition(":")
     if sep and kind in (OUT, TASK, PTY) and _NUMBER.fullmatch(rest):

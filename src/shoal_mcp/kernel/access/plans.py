@@ -14,6 +14,7 @@ waiting for or holding an approval are never dropped, so past them the store ans
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import threading
 import time
@@ -246,7 +247,7 @@ class PlanStore:
             plan.state = REQUESTED
 
     @staticmethod
-    def decide(plan: Plan, approver: str, approve: bool, kinds: list[str] | None) -> None:
+    def decide(plan: Plan, approver: str, approve: bool, kinds: builtins.list[str] | None) -> None:
         if plan.state == DENIED:
             raise RpcError(
                 ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref}

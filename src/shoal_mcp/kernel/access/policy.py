@@ -257,7 +257,7 @@ class PrincipalPolicy:
             for h, _, p in (e.rpartition(":") for e in settings.get("net_connect", ()))
         ]
         self._env = {
-            k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)
+            k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)  # type: ignore[type-var]
             for k in ("env_read", "env_write")
         }
         self._fs = {

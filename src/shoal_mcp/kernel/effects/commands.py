@@ -267,8 +267,11 @@ def _find(a: Recorder, name: str, args: Args) -> bool:
     while i < len(args) and args[i] in ("-H", "-L", "-P"):
         i += 1
     starts: Args = []
-    while i < len(args) and (args[i] is None or not (args[i].startswith(("-", "(", "!", ")")))):
-        starts.append(args[i])
+    while i < len(args):
+        arg = args[i]
+        if arg is not None and arg.startswith(("-", "(", "!", ")")):
+            break
+        starts.append(arg)
         i += 1
     starts = starts or ["."]
     expr = args[i:]

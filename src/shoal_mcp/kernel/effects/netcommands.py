@@ -181,7 +181,7 @@ def _wget(a: Recorder, name: str, args: Args) -> bool:
                     or "index.html"
                 )
             )
-            a.write(None if base is None else posixpath.join(prefix, base), name)
+            a.write(None if base is None or prefix is None else posixpath.join(prefix, base), name)
     return False
 
 

@@ -34,6 +34,7 @@ Decisions (also the contract for the server/facade):
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -390,7 +391,7 @@ class PtyManager:
         if ptys:
             self._shutdown(ptys)
 
-    def _shutdown(self, ptys: list[_Pty]) -> None:
+    def _shutdown(self, ptys: builtins.list[_Pty]) -> None:
         for p in ptys:
             p.stopping.set()
             p.wake()

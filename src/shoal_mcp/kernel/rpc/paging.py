@@ -10,7 +10,6 @@ past the budget are never built at all. A reply cut short says ``"more": true`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -53,7 +52,7 @@ def bounded_page(
     total = 0
     last: T | None = None
     source: Iterator[T] = iter(items)
-    with closing(source) if hasattr(source, "close") else nullcontext():  # type: ignore[arg-type]
+    try:
         for item in source:
             if limit is not None and len(page.rows) >= limit:
                 break
@@ -64,6 +63,10 @@ def bounded_page(
             total += len(encoded)
             page.rows.append(orjson.Fragment(encoded))
             last = item
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:  # a generator over a database cursor: release it now
+            close()
     if page.more and last is not None:
         page.cursor = cursor_of(last)
     return page

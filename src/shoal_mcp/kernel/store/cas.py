@@ -135,7 +135,7 @@ class FileSource:
         return BlobInfo(hash="", size=size, lines=lines, chars=None, utf8=True)
 
 
-def count_newlines(source: FileSource, start: int, end: int) -> int:
+def count_newlines(source: BlobSource, start: int, end: int) -> int:
     """Newlines in ``[start, end)``, counted in pread blocks (memchr speed, flat memory)."""
     return sum(block.count(b"\n") for _, block in source.blocks(start, end))
 

@@ -110,6 +110,7 @@ class Journal:
                 ),
             )
             row_id = cur.lastrowid
+        assert row_id is not None  # an INSERT always sets it
         return self.get(row_id)
 
     def get(self, row_id: int) -> dict:

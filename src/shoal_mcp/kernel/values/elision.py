@@ -112,8 +112,8 @@ class WireEncoder:
                 return self.ref(node, rel)
             data = node.read()
             if node.is_text:
-                wire = {"$": "str", "v": data.decode("utf-8", "replace")}
-                return wire if encoded_size(wire) <= budget else self.ref(node, rel)
+                text = {"$": "str", "v": data.decode("utf-8", "replace")}
+                return text if encoded_size(text) <= budget else self.ref(node, rel)
             return {"$": "bytes", "v": base64.b64encode(data).decode("ascii")}
         if isinstance(node, LinesView):
             if len(node) > self.opts.max_items or len(node) * 4 > budget:
@@ -143,8 +143,8 @@ class WireEncoder:
                 return self.ref(node, rel)
             keys = [k for k in node if k != "$"]
             conv = {k: self._convert(node[k], rel + [Field(k)], budget) for k in keys}
-            wire = {"$": "record", "v": conv}
-            return self._fit(wire, conv, keys, node, rel, budget)
+            record: dict[str, Any] = {"$": "record", "v": conv}
+            return self._fit(record, conv, keys, node, rel, budget)
         return {"$": "str", "v": repr(node)}
 
     def _outcome(self, node: dict, rel: list[Segment], budget: int) -> dict:

@@ -13,6 +13,9 @@ import orjson
 from ..limits import MAX_FRAME
 from . import _pure
 
+# Shared types live in the twin so both backends return the same classes.
+from ._pure import FrameTooLarge, Oversize
+
 _FORCED_PURE = os.environ.get("SHOAL_PURE_PYTHON", "") not in ("", "0")
 
 if _FORCED_PURE:
@@ -35,10 +38,6 @@ utf8_slice = _impl.utf8_slice
 utf8_offset = _impl.utf8_offset
 line_offsets = _impl.line_offsets
 
-# Shared types live in the twin so both backends return the same classes.
-Oversize = _pure.Oversize
-FrameTooLarge = _pure.FrameTooLarge
-
 
 def encode_frame(obj: object, max_frame: int = MAX_FRAME) -> bytes:
     """Serialize ``obj`` as one compact JSON line; FrameTooLarge when over the limit."""
@@ -52,7 +51,7 @@ def backends() -> dict[str, object]:
     """Both backends by name (the compiled one only when built); for tests and bench."""
     found: dict[str, object] = {"python": _pure}
     try:
-        from . import _frame
+        from . import _frame  # type: ignore[attr-defined]
     except ImportError:
         return found
     found["cython"] = _frame

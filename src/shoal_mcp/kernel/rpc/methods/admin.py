@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("kernel.status")
-def kernel_status(call, params):
+def kernel_status(call: Call, params: dict) -> dict:
     kernel = call.kernel
     status = {
         **kernel.info(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
@@ -17,9 +19,12 @@ from ...events.bus import ChannelBudget, is_client_publishable, validate_channel
 from ..paging import bounded_page
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("events.read", EVENTS_READ)
-def events_read(call, params):
+def events_read(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     call.kernel.check_channel_access(call.who, channel)
@@ -41,7 +46,7 @@ def _cursor_seq(cursor: str) -> int:
 
 
 @method("events.publish", EVENTS_PUBLISH)
-def events_publish(call, params):
+def events_publish(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     if not is_client_publishable(channel):
@@ -59,7 +64,7 @@ def events_publish(call, params):
 
 
 @method("events.subscribe", EVENTS_SUBSCRIBE)
-def events_subscribe(call, params):
+def events_subscribe(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     kernel = call.kernel
@@ -86,7 +91,7 @@ def events_subscribe(call, params):
 
 
 @method("events.unsubscribe", EVENTS_UNSUBSCRIBE)
-def events_unsubscribe(call, params):
+def events_unsubscribe(call: Call, params: dict) -> dict:
     sub = call.conn.subscriptions.pop(params["subscription"], None)
     if sub is None:
         raise RpcError(
@@ -99,7 +104,7 @@ def events_unsubscribe(call, params):
 
 
 @method("journal.query", JOURNAL_QUERY)
-def journal_query(call, params):
+def journal_query(call: Call, params: dict) -> dict:
     kernel = call.kernel
     visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal
     rows = kernel.journal.iter_query(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.errors import invalid_params
 from ....protocol.params import EXEC
 from ...exec.service import RunOptions
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("exec", EXEC, blocking=True)
-def exec_(call, params):
+def exec_(call: Call, params: dict) -> dict:
     src = params["src"]
     if "\x00" in src:  # bash -c cannot take a NUL byte; say so instead of failing inside spawn
         raise invalid_params("src", "must not contain NUL characters")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import CAP_DECIDE, CAP_REQUEST, EXPLAIN, PLAN_APPLY, PLAN_GET, PLAN_LIST
 from ...access.plans import APPROVED, Plan, PlanStore
@@ -9,19 +11,22 @@ from ...exec.service import RunOptions
 from ..paging import bounded_page
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("explain", EXPLAIN)
-def explain(call, params):
+def explain(call: Call, params: dict) -> dict:
     return call.kernel.exec.explain(call.who, params["src"])
 
 
 @method("plan.get", PLAN_GET)
-def plan_get(call, params):
+def plan_get(call: Call, params: dict) -> dict:
     return _visible_plan(call, params["plan_ref"]).record()
 
 
 @method("plan.list", PLAN_LIST)
-def plan_list(call, params):
+def plan_list(call: Call, params: dict) -> dict:
     kernel = call.kernel
     approver = kernel.guard.for_principal(call.who.principal).approver
     if params.get("all") and approver:
@@ -44,14 +49,14 @@ def _plan_cursor(cursor: str) -> tuple[float, str]:
 
 
 @method("plan.apply", PLAN_APPLY, blocking=True)
-def plan_apply(call, params):
+def plan_apply(call: Call, params: dict) -> dict:
     opts = RunOptions.from_params(params)
     call.kernel.state_budget.check()
     return call.kernel.exec.apply(call.who, params["plan_ref"], opts, call)
 
 
 @method("cap.request", CAP_REQUEST)
-def cap_request(call, params):
+def cap_request(call: Call, params: dict) -> dict:
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
     PlanStore.request(plan)
@@ -75,7 +80,7 @@ def cap_request(call, params):
 
 
 @method("cap.decide", CAP_DECIDE)
-def cap_decide(call, params):
+def cap_decide(call: Call, params: dict) -> dict:
     kernel = call.kernel
     if not kernel.guard.for_principal(call.who.principal).approver:
         raise RpcError(
@@ -92,7 +97,7 @@ def cap_decide(call, params):
     return plan.record()
 
 
-def _visible_plan(call, ref: str):
+def _visible_plan(call: Call, ref: str):
     kernel = call.kernel
     try:
         return kernel.plans.get_own(ref, call.who.session, call.who.principal)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from ....protocol.errors import invalid_params
 from ....protocol.params import PTY_CLOSE, PTY_OPEN, PTY_READ, PTY_RESIZE, PTY_SEND
 from ...access.identity import owner_key
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @method("pty.open", PTY_OPEN, blocking=True)
-def pty_open(call, params):
+def pty_open(call: Call, params: dict) -> dict:
     kernel = call.kernel
     who = call.who
     argv = [params["cmd"], *params.get("args", [])]
@@ -46,29 +50,29 @@ def pty_open(call, params):
 
 
 @method("pty.send", PTY_SEND, blocking=True)
-def pty_send(call, params):
+def pty_send(call: Call, params: dict) -> dict:
     return call.kernel.ptys.send(params["pty_id"], params["input"], owner_key(call.who))
 
 
 @method("pty.read", PTY_READ)
-def pty_read(call, params):
+def pty_read(call: Call, params: dict) -> dict:
     return call.kernel.ptys.read(
         params["pty_id"], call.conn.id, owner_key(call.who), params.get("scrollback", 0)
     )
 
 
 @method("pty.resize", PTY_RESIZE)
-def pty_resize(call, params):
+def pty_resize(call: Call, params: dict) -> dict:
     return call.kernel.ptys.resize(
         params["pty_id"], params["cols"], params["rows"], owner_key(call.who)
     )
 
 
 @method("pty.close", PTY_CLOSE, blocking=True)
-def pty_close(call, params):
+def pty_close(call: Call, params: dict) -> dict:
     return call.kernel.ptys.close(params["pty_id"], owner_key(call.who))
 
 
 @method("pty.list")
-def pty_list(call, params):
+def pty_list(call: Call, params: dict) -> dict:
     return {"ptys": call.kernel.ptys.list(owner_key(call.who))}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.limits import DEFAULT_SESSION
 from ....protocol.params import PARSE, SESSION_ATTACH
 from ...access.identity import Principal
@@ -10,14 +12,17 @@ from ...exec.reef import reef
 from ...values.elision import ElideOptions
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 
 @method("ping")
-def ping(call, params):
+def ping(call: Call, params: dict) -> dict:
     return {"pong": True, "kernel": call.kernel.info()}
 
 
 @method("session.attach", SESSION_ATTACH)
-def attach(call, params):
+def attach(call: Call, params: dict) -> dict:
     kernel = call.kernel
     name = params.get("session", DEFAULT_SESSION)
     principal = kernel.guard.authenticate(params.get("token"))
@@ -42,13 +47,13 @@ def attach(call, params):
 
 
 @method("session.cwd")
-def cwd(call, params):
+def cwd(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
     return {"session": session.name, "cwd": session.snapshot()[0]}
 
 
 @method("session.env")
-def env(call, params):
+def env(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
     _, env_vars = session.snapshot()
     readable = call.kernel.guard.for_principal(call.who.principal).env_readable
@@ -62,12 +67,12 @@ def env(call, params):
 
 
 @method("session.reef", blocking=True)
-def session_reef(call, params):
+def session_reef(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
     cwd_now, env_vars = session.snapshot()
     return reef(cwd_now, env_vars)
 
 
 @method("parse", PARSE)
-def parse(call, params):
+def parse(call: Call, params: dict) -> dict:
     return analyzer.parse_summary(params["src"])

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import TASK_AWAIT, TASK_CANCEL, TASK_GET, TASK_LIST, TASK_STEER
 from ..paging import bounded_page
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
 
-def _task(call, params):
+
+def _task(call: Call, params: dict):
     return call.kernel.tasks.get(
         params["task"],
         call.who.session,
@@ -17,7 +22,7 @@ def _task(call, params):
     )
 
 
-def _steerable(call, params):
+def _steerable(call: Call, params: dict):
     """The task, if the caller may control it: tasks_read = all lets one see others'
     tasks, not cancel or stop them; only the creator or an approver may."""
     task = _task(call, params)
@@ -32,7 +37,7 @@ def _steerable(call, params):
 
 
 @method("task.list", TASK_LIST)
-def task_list(call, params):
+def task_list(call: Call, params: dict) -> dict:
     tasks = call.kernel.tasks.list(
         call.who.session,
         call.who.principal,
@@ -50,7 +55,7 @@ def task_list(call, params):
 
 
 @method("task.get", TASK_GET)
-def task_get(call, params):
+def task_get(call: Call, params: dict) -> dict:
     if "task" in params:
         return _task(call, params).record()
     task = _inflight(call, params).task
@@ -59,7 +64,7 @@ def task_get(call, params):
     return task.record()
 
 
-def _inflight(call, params):
+def _inflight(call: Call, params: dict):
     """The in-flight exec behind request id ``call`` on this connection."""
     if "call" not in params:
         raise invalid_params("task", "required (or call)")
@@ -74,7 +79,7 @@ def _inflight(call, params):
 
 
 @method("task.await", TASK_AWAIT, blocking=True)
-def task_await(call, params):
+def task_await(call: Call, params: dict) -> dict:
     task = _task(call, params)
     timeout_ms = params.get("timeout_ms", 30_000)
     task.done.wait(timeout_ms / 1000)
@@ -84,7 +89,7 @@ def task_await(call, params):
 
 
 @method("task.cancel", TASK_CANCEL)
-def task_cancel(call, params):
+def task_cancel(call: Call, params: dict) -> dict:
     if "task" in params:
         task = _steerable(call, params)
     else:
@@ -96,14 +101,14 @@ def task_cancel(call, params):
 
 
 @method("task.suspend", TASK_STEER)
-def task_suspend(call, params):
+def task_suspend(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.suspend(task)
     return {"task": task.ref, "state": task.state}
 
 
 @method("task.resume", TASK_STEER)
-def task_resume(call, params):
+def task_resume(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.resume(task)
     return {"task": task.ref, "state": task.state}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING, Any
 
 from ....protocol import uri
 from ....protocol.limits import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
@@ -11,16 +12,19 @@ from ...values.elision import ElideOptions
 from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
 
+if TYPE_CHECKING:
+    from ..server import Call
+
 # Any page size may be asked for; it is clamped to what encodes under the hard cap.
 
 
 @method("value.get", VALUE_GET)
-def value_get(call, params):
+def value_get(call: Call, params: dict) -> dict:
     kernel = call.kernel
     elide = ElideOptions.from_params(params.get("elide"))
     sel = kernel.values.select(call.who, params["ref"], params.get("path"), params.get("slice"))
     fmt = params.get("format", "json")
-    out = {"ref": sel.ref, "uri": sel.base_uri}
+    out: dict[str, Any] = {"ref": sel.ref, "uri": sel.base_uri}
     if sel.path:
         from ...values.selectors import format_path
 
@@ -37,7 +41,7 @@ def value_get(call, params):
 
 
 @method("blob.get", BLOB_GET)
-def blob_get(call, params):
+def blob_get(call: Call, params: dict) -> dict:
     kernel = call.kernel
     info = kernel.cas.info(params["hash"])
     kernel.check_blob_access(call.who, info.hash)
