@@ -65,9 +65,11 @@ class Kernel:
         self.transcript = TranscriptStore(self.db)
         self.journal = Journal(self.db)
         self.event_store = EventStore(str(state / "journal.sqlite3"))
-        self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
         self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.events = EventBus(
+            self.event_store, total_bytes=self.guard.policy.kernel["max_event_bytes"]
+        )
         self.plans = PlanStore()
         self.state_budget = StateBudget(state, self.guard.policy.kernel, self._blob_bytes)
         self.ptys = PtyManager(on_screen_change=self._pty_event)

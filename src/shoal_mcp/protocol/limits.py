@@ -122,6 +122,9 @@ PLAN_BYTES_LOCAL = 256 * MiB
 CONNECTIONS = 16
 CONNECTIONS_LOCAL = 128
 """``max_connections``: attached connections per principal."""
+EVENT_BYTES = 256 * MiB
+"""``[kernel] max_event_bytes``: encoded bytes all event rings keep together (past it the
+least recently used rings without subscribers are evicted)."""
 KERNEL_CONNECTIONS = 256
 """``[kernel] max_connections``: open connections (one thread each) of the whole kernel."""
 STATE_BYTES = 32 * 1024 * MiB

@@ -11,6 +11,7 @@ Per-principal keys live in the principal's policy table (docs/configuration.md, 
 Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
 
     max_connections = 256          open connections (each is one thread)
+    max_event_bytes = 268435456    encoded bytes all event rings keep together
     max_state_bytes = 34359738368  state dir size past which writes are refused
     min_free_bytes  = 268435456    free disk under the state dir below which they are too
                                    (unset: 1% of that filesystem, at most 256 MiB)
@@ -33,6 +34,7 @@ from ...protocol.limits import (
     CHANNELS_LOCAL,
     CONNECTIONS,
     CONNECTIONS_LOCAL,
+    EVENT_BYTES,
     KERNEL_CONNECTIONS,
     MIN_FREE_BYTES,
     MIN_FREE_FRACTION,
@@ -57,6 +59,7 @@ PRINCIPAL_BUDGETS: dict[str, tuple[int, int]] = {
 
 KERNEL_BUDGETS: dict[str, int] = {
     "max_connections": KERNEL_CONNECTIONS,
+    "max_event_bytes": EVENT_BYTES,
     "max_state_bytes": STATE_BYTES,
     "min_free_bytes": -1,  # unset: see StateBudget.min_free_now
 }

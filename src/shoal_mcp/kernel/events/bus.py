@@ -39,7 +39,9 @@ it is published again; ``read`` of an evicted channel reports its ``latest_seq``
 
 Budgets (docs/configuration.md, Budgets): a ring also keeps at most ``max_bytes`` of
 encoded payload (oldest events dropped first, as when it is full by count), and a
-publisher that names its principal (``ChannelBudget``) owns the ``user.*`` channels it
+kernel's rings together keep at most ``total_bytes`` (``[kernel] max_event_bytes``; past
+it the least recently used unsubscribed rings go), a publisher that names its principal
+(``ChannelBudget``) owns the ``user.*`` channels it
 creates: past ``max_channels`` of them a new one is refused with -32031. A client's
 payload is kept as its encoded JSON (an ``orjson.Fragment``), so the ring's memory is
 its byte count, not a tree of Python objects. A ``read`` reply carries at most
@@ -63,6 +65,7 @@ from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import (
     CHANNEL_BYTES,
     DURABLE_CHANNELS,
+    EVENT_BYTES,
     EVENT_RING,
     LIST_REPLY_BYTES,
     SUBSCRIBER_QUEUE,
@@ -137,6 +140,7 @@ class EventBus:
         read_max: int = READ_MAX_EVENTS,
         ring_bytes: int = CHANNEL_BYTES,
         read_max_bytes: int = LIST_REPLY_BYTES,
+        total_bytes: int = EVENT_BYTES,
     ) -> None:
         for name, value in (
             ("ring_size", ring_size),
@@ -145,6 +149,7 @@ class EventBus:
             ("read_max", read_max),
             ("ring_bytes", ring_bytes),
             ("read_max_bytes", read_max_bytes),
+            ("total_bytes", total_bytes),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -155,6 +160,9 @@ class EventBus:
         self._read_max = read_max
         self._ring_bytes = ring_bytes
         self._read_max_bytes = read_max_bytes
+        self._total_bytes = total_bytes
+        self._held_bytes = 0  # every ring's bytes together, under _bytes_lock (a leaf lock)
+        self._bytes_lock = threading.Lock()
         self._owned: dict[str, set[str]] = {}  # principal -> user.* channels it created
         self._lock = threading.Lock()
         self._channels: OrderedDict[str, Channel] = OrderedDict()
@@ -242,6 +250,7 @@ class EventBus:
             del self._channels[name]
             if ch.owner is not None:
                 self._owned.get(ch.owner, set()).discard(name)
+            self._add_bytes(-ch.bytes)
             self._tombstones[name] = ch.next_seq
             self._tombstones.move_to_end(name)
         while len(self._tombstones) > MAX_TOMBSTONES:
@@ -301,11 +310,32 @@ class EventBus:
                         log.exception("events: could not store %s seq %d", channel, seq)
                 ch.next_seq = seq + 1
                 event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
-                ch.append(event, size)
+                grown = ch.append(event, size)
                 if ch.subs:
                     for sub in ch.subs:
                         sub._offer(event)
-                return event
+            if self._add_bytes(grown) > self._total_bytes:
+                self._shrink_to_total(keep=ch)
+            return event
+
+    def _add_bytes(self, delta: int) -> int:
+        with self._bytes_lock:
+            self._held_bytes += delta
+            return self._held_bytes
+
+    def held_bytes(self) -> int:
+        """Encoded bytes every ring holds together (``[kernel] max_event_bytes`` count)."""
+        with self._bytes_lock:
+            return self._held_bytes
+
+    def _shrink_to_total(self, keep: Channel) -> None:
+        """Evict least recently used rings until all of them fit ``total_bytes``."""
+        with self._lock:
+            for name, ch in list(self._channels.items()):
+                if self.held_bytes() <= self._total_bytes:
+                    return
+                if ch is not keep and name not in DURABLE_CHANNELS:
+                    self._evict_one_locked(name, ch)
 
     # -- read -------------------------------------------------------------------------------
 

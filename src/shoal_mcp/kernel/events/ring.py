@@ -65,8 +65,10 @@ class Channel:
         self.subs: tuple[Subscription, ...] = ()
         self.evicted = False
 
-    def append(self, event: Event, size: int) -> None:
-        """Add ``event`` and drop the oldest while over the count or byte budget."""
+    def append(self, event: Event, size: int) -> int:
+        """Add ``event``, drop the oldest while over the count or byte budget; returns
+        by how much the ring's bytes changed."""
+        before = self.bytes
         self.ring.append(event)
         self.sizes.append(size)
         self.bytes += size
@@ -75,6 +77,7 @@ class Channel:
         ):
             self.ring.popleft()
             self.bytes -= self.sizes.popleft()
+        return self.bytes - before
 
     def first_seq(self) -> int:
         """Seq of the oldest event in the ring (== next_seq when the ring is empty)."""
