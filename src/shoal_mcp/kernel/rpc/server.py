@@ -281,6 +281,7 @@ class KernelServer:
                     sock.settimeout(max(0.001, deadline - time.monotonic()))
                     peeked = sock.recv(FRAME_BEFORE_ATTACH + 1, socket.MSG_PEEK)
                 except TimeoutError:
+                    sock.settimeout(None)
                     conn.send(_attach_timeout())
                     return False
                 if not peeked:
@@ -297,6 +298,7 @@ class KernelServer:
                 line, length = bytearray(), 0
                 if size > FRAME_BEFORE_ATTACH:
                     conn.oversize += 1
+                    sock.settimeout(None)
                     conn.send(_oversize_before_attach(frame[:OVERSIZE_HEAD], size))
                     if conn.oversize >= MAX_OVERSIZE_PER_CONNECTION:
                         return False
@@ -304,6 +306,7 @@ class KernelServer:
                 if frame.endswith(b"\r"):
                     frame = frame[:-1]
                 if frame:
+                    sock.settimeout(None)  # replies are written in blocking mode
                     self._handle_frame(conn, frame)
         finally:
             if not conn.closed.is_set():
