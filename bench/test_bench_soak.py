@@ -22,6 +22,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.abuse import abuse
 from tests.support.budgets import token_kernel
 from tests.support.procfs import rss_kib, threads, vm_hwm_kib
@@ -61,6 +63,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+@pytest.mark.timeout(IDLE_S + ABUSE_S + 300)  # the suite's 300 s default is per test
 def test_soak_two_abusers_beside_a_normal_agent() -> None:
     with token_kernel("shsoak") as env:
         pid = env.kernel.pid
