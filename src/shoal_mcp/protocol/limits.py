@@ -151,5 +151,7 @@ head of this many characters for display."""
 # --- allocator (kernel/rpc/malloc.py) ----------------------------------------------
 MALLOC_ARENAS = 2
 """glibc arenas the kernel's threads share (the default is 8 per core)."""
+MALLOC_TRIM_INTERVAL_S = 5.0
+"""How often the kernel returns free heap pages to the OS (glibc ``malloc_trim``)."""
 MALLOC_MMAP_THRESHOLD = 128 * KiB
 """Allocations from this size get their own mapping, returned to the OS when freed."""

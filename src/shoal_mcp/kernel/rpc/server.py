@@ -161,7 +161,6 @@ class Call:
 
 class KernelServer:
     def __init__(self, kernel: Kernel, listener: socket.socket) -> None:
-        tune_malloc()  # before the connection threads: see malloc.py
         self.kernel = kernel
         self.listener = listener
         self.connections: set[Connection] = set()
@@ -169,6 +168,7 @@ class KernelServer:
         self._workers = 0  # connection and blocking-call threads still running
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
+        tune_malloc(self.stopping)  # before the connection threads: see malloc.py
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
 
