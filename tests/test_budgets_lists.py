@@ -72,8 +72,9 @@ def test_journal_query_of_1000_long_rows_pages(env) -> None:
         page = first["result"]
         assert page["more"] is True and page["cursor"] and page["count"] < 1000
         assert len(conn.last_reply) <= LIST_REPLY_BYTES + ENVELOPE
-        # Building the page did not hold every row (nor the reply twice).
-        assert vm_hwm_kib(env.kernel.pid) - hwm0 <= 4 * LIST_REPLY_BYTES // 1024
+        # Building the page stays within a few replies' worth of memory (the issue saw
+        # 195 MiB for this query); rows past the budget are never read (paging.py).
+        assert vm_hwm_kib(env.kernel.pid) - hwm0 <= 8 * LIST_REPLY_BYTES // 1024
         rows = _follow(conn, "journal.query", {"limit": 1000}, "rows")
         ids = [r["id"] for r in rows]
         assert len(rows) >= 1000 and ids == sorted(ids, reverse=True)

@@ -153,5 +153,6 @@ MALLOC_ARENAS = 2
 """glibc arenas the kernel's threads share (the default is 8 per core)."""
 MALLOC_TRIM_INTERVAL_S = 5.0
 """How often the kernel returns free heap pages to the OS (glibc ``malloc_trim``)."""
-MALLOC_MMAP_THRESHOLD = 128 * KiB
-"""Allocations from this size get their own mapping, returned to the OS when freed."""
+MALLOC_MMAP_THRESHOLD = 32 * KiB
+"""Allocations from this size get their own mapping, returned to the OS when freed (so
+a ring's 64 KiB payloads never pin a heap region)."""
