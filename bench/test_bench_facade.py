@@ -15,18 +15,18 @@ printed at the end and written to bench/.results/facade.json.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
 
 from tests.support.facade import facade_env
 from tests.support.kernel import running_kernel
+
+from .mcp_pipe import PipeClient
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "facade.json"
@@ -36,58 +36,6 @@ WARMUP = 1 if QUICK else 10
 GROUP = "exec-true-round-trip"
 
 MEDIANS: dict[str, float] = {}
-
-
-class PipeClient:
-    """A synchronous MCP client over a server's stdio: one request, one reply line."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
-        )
-        self._ids = itertools.count(1)
-        reply = self.request(
-            "initialize",
-            {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "shoal-bench", "version": "0"},
-            },
-        )
-        assert "result" in reply, reply
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, message: dict) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(orjson.dumps(message) + b"\n")
-        self.proc.stdin.flush()
-
-    def request(self, method: str, params: dict) -> dict:
-        msg_id = next(self._ids)
-        self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
-        assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("server closed stdout")
-            message = orjson.loads(line)
-            if message.get("id") == msg_id and "method" not in message:
-                return message
-
-    def call_tool(self, name: str, arguments: dict) -> dict:
-        reply = self.request("tools/call", {"name": name, "arguments": arguments})
-        result = reply["result"]
-        assert result.get("isError") is False, result
-        return result
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import children, fd_count, threads
 
+from .summary import cpu_seconds, load_baseline, register_summary
+
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 FACADES = 8 if QUICK else 32
 CALLS = 50 if QUICK else 200
@@ -28,11 +30,22 @@ WINDOW = 4
 RESULTS = Path(__file__).resolve().parent / ".results" / "load.json"
 
 
-def test_load_many_facades(benchmark):
+def baseline_line(baseline: dict | None, figures: dict) -> str:
+    if not baseline:
+        return "no recorded baseline for this mode (bench/baselines.json)"
+    return (
+        f"throughput {figures['calls_per_s_over_baseline']}x the recorded baseline "
+        f"({baseline['calls_per_s']} calls/s, p99 {baseline['p99_ms']} ms, {baseline['note']}; "
+        "target >= 3x)"
+    )
+
+
+def test_load_many_facades(benchmark, request):
     figures: dict = {}
     with running_kernel(prefix="shbl-") as kernel:
         pid = kernel.pid
         before = {"fds": fd_count(pid), "threads": threads(pid)}
+        cpu0 = cpu_seconds(pid)
 
         def once():
             figures.update(
@@ -42,6 +55,9 @@ def test_load_many_facades(benchmark):
         benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         wait_until(lambda: not children(pid), timeout=60, interval=0.2)
         after = {"fds": fd_count(pid), "threads": threads(pid)}
+        figures["kernel_cpu_ms_per_call"] = round(
+            (cpu_seconds(pid) - cpu0) / (FACADES * CALLS) * 1e3, 3
+        )
 
     figures.update(
         backend=BACKEND, quick=QUICK, kernel_before=before, kernel_after=after, cpus=os.cpu_count()
@@ -49,16 +65,35 @@ def test_load_many_facades(benchmark):
     benchmark.extra_info.update(
         {k: figures[k] for k in ("calls_per_s", "p50_ms", "p99_ms", "calls")}
     )
+    figures["lost"] = figures["calls"] - figures["answered"]
+    baseline = load_baseline("load", QUICK)
+    if baseline:
+        figures["calls_per_s_over_baseline"] = round(
+            figures["calls_per_s"] / baseline["calls_per_s"], 2
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps({k: v for k, v in figures.items() if k != "bad_lines"}, indent=2) + "\n"
     )
-    print(
-        f"\nload: {FACADES} facades x {CALLS} calls (window {WINDOW}, {BACKEND}): "
+    line = (
+        f"load: {FACADES} facades x {CALLS} calls (window {WINDOW}, {BACKEND}): "
         f"{figures['answered']}/{figures['calls']} answered in {figures['wall_s']} s = "
         f"{figures['calls_per_s']} calls/s, p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms; "
         f"kernel fds {before['fds']} -> {after['fds']}, threads {before['threads']} -> {after['threads']}; "
         f"saved to {RESULTS}"
+    )
+    print("\n" + line)
+    register_summary(
+        request.config,
+        f"load ({BACKEND} framing)",
+        [
+            f"{FACADES} facades x {CALLS} calls: lost {figures['lost']}, "
+            f"{figures['calls_per_s']} calls/s, p50 {figures['p50_ms']} ms, "
+            f"p99 {figures['p99_ms']} ms (target: 0 lost, p99 <= 150 ms); "
+            f"kernel CPU {figures['kernel_cpu_ms_per_call']} ms per call",
+            baseline_line(baseline, figures),
+            line,
+        ],
     )
     assert figures["errors"] == []
     assert figures["duplicates"] == {}

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from shoal_mcp import __version__
 from shoal_mcp.client import KernelClient, KernelLost
 from shoal_mcp.protocol.errors import ErrorCode
 from tests.support.kernel import close_client
@@ -65,9 +66,56 @@ def test_refuses_live_listener_first_keeps_serving(kernel_factory):
     second = kernel_factory(wait=False)
     code, err = _exit_code(second)
     assert code == EXIT_REFUSED, err
-    assert "already listening" in err
+    assert "already serves state dir" in err and f"pid {first.pid}" in err, err
     assert first.proc.poll() is None
     assert _ping(first.socket)["kernel"]["pid"] == first.pid
+
+
+def test_one_kernel_per_state_dir_whatever_its_socket(kernel_factory, short_tmp_path):
+    """A second kernel on the same state dir but another socket refuses, naming the
+    first's pid and socket; kernel.json describes the one that serves (0600)."""
+    first = kernel_factory()
+    record = orjson.loads((first.state / "kernel.json").read_bytes())
+    assert record["pid"] == first.pid and record["socket"] == str(first.socket)
+    assert record["version"] == __version__ and record["started"] > 0
+    assert stat.S_IMODE(os.stat(first.state / "kernel.json").st_mode) == 0o600
+    second = kernel_factory(start=False)
+    second.state = first.state
+    second.socket = short_tmp_path / "other" / "kernel.sock"
+    second.start(wait=False)
+    code, err = _exit_code(second)
+    assert code == EXIT_REFUSED, err
+    assert f"pid {first.pid}" in err and str(first.socket) in err, err
+    assert not os.path.lexists(second.socket)
+    assert _ping(first.socket)["kernel"]["pid"] == first.pid
+    assert first.stop() == 0
+    assert not (first.state / "kernel.json").exists()  # a stopped kernel leaves no record
+
+
+def test_refuses_symlinked_socket_dir_and_leaves_its_target_alone(kernel_factory, short_tmp_path):
+    k = kernel_factory(start=False)
+    target = short_tmp_path / "squatted"
+    target.mkdir()
+    os.chmod(target, 0o755)
+    os.symlink(target, k.socket.parent)
+    k.start(wait=False)
+    code, err = _exit_code(k)
+    assert code == EXIT_REFUSED, err
+    assert "is a symlink" in err and "Traceback" not in err
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o755  # not chmod-ed through the link
+    assert list(target.iterdir()) == []  # nothing bound there
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown a directory to another uid")
+def test_refuses_socket_dir_of_another_user(kernel_factory):
+    k = kernel_factory(start=False)
+    k.socket.parent.mkdir(mode=0o700)
+    os.chown(k.socket.parent, 65534, 65534)
+    k.start(wait=False)
+    code, err = _exit_code(k)
+    assert code == EXIT_REFUSED, err
+    assert "belongs to uid 65534" in err
+    assert not os.path.lexists(k.socket)
 
 
 def test_refuses_foreign_live_listener(tmp_path, kernel_factory):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.client import KernelClient
+from shoal_mcp.kernel.access import sandbox
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
@@ -559,10 +560,13 @@ def test_attach_reports_the_principals_caps(env: Env) -> None:
     try:
         got = c.call("session.attach", {"session": "caps", "token": env.tokens["agent:a"]})
         assert got["principal"] == "agent:a"
-        assert got["caps"]["enforced"] is False and got["caps"]["approver"] is False
+        # The agent's processes are confined exactly when this machine enforces the sandbox.
+        assert got["caps"]["enforced"] == sandbox.probe().enforced()
+        assert got["caps"]["approver"] is False
         assert got["caps"]["journal_read"] == "own"
         human = c.call("session.attach", {"session": "caps"})
         assert human["principal"].startswith("uid:") and human["caps"]["approver"] is True
+        assert human["caps"]["enforced"] is False  # the local human is not sandboxed by default
     finally:
         c.close()
 

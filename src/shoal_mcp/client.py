@@ -4,6 +4,17 @@ Used by the MCP facade and the CLI. Calls are matched to responses by id, so any
 number of threads can have calls in flight on the same connection; kernel event
 notifications go to ``on_event``. Losing the kernel fails every pending call with
 ``KernelLost`` instead of leaving it hanging.
+
+Before a byte is sent the client checks whom it talks to: the socket's directory must be
+ours and not a symlink, and the peer (``SO_PEERCRED``) our uid or root
+(``KernelUntrusted`` otherwise). Every wait is bounded: connect, attach, and each call
+(a per-method default or the caller's budget), and a call left unanswered makes the
+client ping the kernel, so a stopped or wedged kernel becomes ``KernelStalled``
+naming what stalled (docs/configuration.md, "Timeouts").
+
+``connect`` finds the kernel (docs/configuration.md, "Discovery"): an explicit socket,
+else the one ``<state>/kernel.json`` names when its kernel is the peer there, else the
+default path, autostarting a kernel unless ``SHOAL_NO_AUTOSTART`` says not to.
 """
 
 from __future__ import annotations
@@ -11,6 +22,8 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -21,35 +34,121 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .protocol import discovery
 from .protocol.errors import ErrorCode, RpcError
 from .protocol.framing import FrameReader, FrameWriter, Oversize, encode_frame
 from .protocol.jsonrpc import Notification, Response, parse_message, request
-from .protocol.limits import AUTOSTART_TIMEOUT_S
+from .protocol.limits import (
+    ATTACH_TIMEOUT_S,
+    AUTOSTART_TIMEOUT_S,
+    CALL_BUDGET_GRACE_S,
+    CALL_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    LIVENESS_INTERVAL_S,
+    LIVENESS_TIMEOUT_S,
+)
 from .protocol.paths import ensure_private_dir, socket_path, state_dir
 
 AUTOSTART_POLL_S = 0.05
 CLOSE_JOIN_S = 5.0
+LOG_REASON_CHARS = 500
+"""How much of the autostarted kernel's last output line an autostart failure quotes."""
+
+# Methods whose answer legitimately waits on a command, a task or a program: no default
+# ceiling (the caller's ``timeout_ms`` sets one), liveness pings only.
+WAITING_METHODS = frozenset(
+    {"exec", "plan.apply", "task.await", "session.reef", "pty.open", "pty.send", "value.get"}
+)
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class KernelLost(ConnectionError):
     """The kernel connection closed (or never opened) while a call needed it."""
 
 
+class KernelUntrusted(KernelLost):
+    """The socket or its directory is not ours, or another user's process serves it."""
+
+
+class KernelStalled(KernelLost, TimeoutError):
+    """The kernel accepted the connection but did not answer in time."""
+
+
+def autostart_allowed(requested: bool | None = None) -> bool:
+    """``SHOAL_NO_AUTOSTART=1`` forbids starting a kernel, whatever the caller asked;
+    otherwise ``requested`` (None: yes)."""
+    if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
+        return False
+    return True if requested is None else requested
+
+
+def check_socket_dir(directory: Path) -> None:
+    """Refuse a socket directory that is a symlink or not ours (before connecting)."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise KernelLost(f"no shoal kernel: {directory} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise KernelUntrusted(
+            f"refusing the socket directory {directory}: it is a symlink (someone may be "
+            "impersonating the kernel); remove it and let shoal recreate it"
+        )
+    if st.st_uid != os.geteuid():
+        raise KernelUntrusted(
+            f"refusing the socket directory {directory}: it belongs to uid {st.st_uid}, not "
+            f"to you (uid {os.geteuid()}); another user may be impersonating the kernel"
+        )
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
 class KernelClient:
-    def __init__(self, path: Path, on_event: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        on_event: Callable[[dict], None] | None = None,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        liveness_interval: float = LIVENESS_INTERVAL_S,
+        liveness_timeout: float = LIVENESS_TIMEOUT_S,
+    ) -> None:
         self.path = Path(path)
         self.on_event = on_event
+        self.liveness_interval = liveness_interval
+        self.liveness_timeout = liveness_timeout
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self.closed = threading.Event()
+        check_socket_dir(self.path.parent)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            self.sock.settimeout(connect_timeout)
             self.sock.connect(str(self.path))
+            self.sock.settimeout(None)
+            self.peer_pid, peer_uid, _ = peer_credentials(self.sock)
+        except TimeoutError:
+            self.sock.close()
+            raise KernelStalled(
+                f"the shoal kernel at {self.path} did not accept a connection within "
+                f"{connect_timeout:g} s (stalled? see `shoal kernel status`)"
+            ) from None
         except OSError as exc:
             self.sock.close()
             raise KernelLost(f"cannot connect to the shoal kernel at {self.path}: {exc}") from exc
+        if peer_uid not in (os.geteuid(), 0):
+            self.sock.close()
+            raise KernelUntrusted(
+                f"refusing {self.path}: it is served by uid {peer_uid} (pid {self.peer_pid}), "
+                f"not by you (uid {os.geteuid()}); nothing was sent"
+            )
         self.writer = FrameWriter(self.sock.fileno())
         self._reader = threading.Thread(target=self._read_loop, name="kernel-demux", daemon=True)
         self._reader.start()
@@ -76,13 +175,48 @@ class KernelClient:
         return msg_id, fut
 
     def call(self, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
+        """Call and wait: ``timeout`` if given, else the method's default (see ``budget``);
+        ``KernelStalled`` when it runs out or the kernel stops answering pings."""
+        params = params or {}
         msg_id, fut = self.start_call(method, params)
+        return self.wait(msg_id, fut, method, budget(method, params, timeout))
+
+    def wait(self, msg_id: int, fut: Future, method: str, limit: float | None) -> Any:
+        """Wait for a started call up to ``limit`` seconds (None: as long as the kernel
+        answers pings). The call is forgotten when the wait gives up."""
+        deadline = None if limit is None else time.monotonic() + limit
         try:
-            return fut.result(timeout)
-        except FutureTimeout:
+            while True:
+                step = self.liveness_interval
+                if deadline is not None:
+                    step = min(step, max(0.0, deadline - time.monotonic()))
+                try:
+                    return fut.result(step)
+                except FutureTimeout:
+                    pass
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise KernelStalled(
+                        f"the shoal kernel at {self.path} did not answer {method} within "
+                        f"{limit:g} s"
+                    )
+                if method != "ping":
+                    self.check_alive(f"while {method} was waiting")
+        except BaseException:
             with self._lock:
                 self._pending.pop(msg_id, None)
             raise
+
+    def check_alive(self, doing: str = "") -> None:
+        """Ping on this connection; ``KernelStalled`` if no answer within the liveness
+        timeout (a SIGSTOPped kernel, or a listener that accepts and never answers)."""
+        try:
+            self.call("ping", {}, self.liveness_timeout)
+        except KernelStalled:
+            raise KernelStalled(
+                f"the shoal kernel at {self.path} (pid {self.peer_pid}) is stalled: no answer "
+                f"to ping within {self.liveness_timeout:g} s {doing}".rstrip()
+                + " (stopped? `shoal kernel status`, `shoal kernel restart`)"
+            ) from None
 
     def close(self) -> None:
         """Shut down, let the reader thread finish, then release the fd.
@@ -155,6 +289,37 @@ class KernelClient:
                 fut.set_exception(KernelLost(reason))
 
 
+def budget(method: str, params: dict, timeout: float | None = None) -> float | None:
+    """How long to wait for ``method``: the caller's ``timeout``; else its ``timeout_ms``
+    budget plus a grace; else no ceiling for waiting methods, ``CALL_TIMEOUT_S`` for
+    the rest (liveness pings apply either way)."""
+    if timeout is not None:
+        return timeout
+    wait_ms = params.get("timeout_ms")
+    if isinstance(wait_ms, int | float) and not isinstance(wait_ms, bool):
+        return wait_ms / 1000 + CALL_BUDGET_GRACE_S
+    if method == "session.attach":
+        return ATTACH_TIMEOUT_S
+    return None if method in WAITING_METHODS else CALL_TIMEOUT_S
+
+
+_version_reported = False
+
+
+def version_mismatch(kernel_info: dict | None) -> str | None:
+    """A message when the kernel runs another shoal version than this client, reported
+    once per process (later calls return None)."""
+    global _version_reported
+    version = (kernel_info or {}).get("version")
+    if _version_reported or version is None or version == __version__:
+        return None
+    _version_reported = True
+    return (
+        f"shoal: the running kernel is version {version}, this client is {__version__}; "
+        "run `shoal kernel restart` to use the installed version"
+    )
+
+
 def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
     """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir."""
     ensure_private_dir(state)
@@ -182,6 +347,24 @@ def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
         log.close()
 
 
+def discovered(state: Path, on_event: Callable[[dict], None] | None = None) -> KernelClient | None:
+    """A client on the kernel ``<state>/kernel.json`` names, if that kernel is the peer
+    at its socket; None when no live kernel serves the state dir."""
+    record = discovery.live_record(state)
+    if record is None:
+        return None
+    try:
+        client = KernelClient(Path(record["socket"]), on_event)
+    except KernelUntrusted:
+        raise
+    except KernelLost:
+        return None
+    if client.peer_pid != record.get("pid"):
+        client.close()  # a stale record whose socket now has another server
+        return None
+    return client
+
+
 def connect(
     sock: str | Path | None = None,
     state: str | Path | None = None,
@@ -190,27 +373,91 @@ def connect(
     on_event: Callable[[dict], None] | None = None,
     timeout: float = AUTOSTART_TIMEOUT_S,
 ) -> KernelClient:
-    """Connect to the kernel, starting it first when allowed (SHOAL_NO_AUTOSTART=1 opts out)."""
-    sock_path = socket_path(str(sock) if sock else None)
-    if autostart is None:
-        autostart = os.environ.get("SHOAL_NO_AUTOSTART", "") in ("", "0")
-    try:
-        return KernelClient(sock_path, on_event)
-    except KernelLost:
-        if not autostart:
-            raise
-    proc = spawn_kernel(sock_path, state_dir(str(state) if state else None))
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    """Connect to the kernel (docs/configuration.md, "Discovery"), starting it first when
+    allowed: ``autostart`` None follows ``SHOAL_NO_AUTOSTART``, False never starts one,
+    True starts one unless ``SHOAL_NO_AUTOSTART`` is set."""
+    explicit = sock or os.environ.get("SHOAL_SOCKET") or None
+    state_path = state_dir(str(state) if state else None)
+    target = socket_path(str(explicit) if explicit else None)
+
+    def attempt() -> KernelClient | None:
+        if not explicit:
+            found = discovered(state_path, on_event)
+            if found is not None:
+                return found
         try:
-            return KernelClient(sock_path, on_event)
-        except KernelLost as exc:
-            last = exc
+            return KernelClient(target, on_event)
+        except KernelUntrusted:
+            raise
+        except KernelLost:
+            return None
+
+    client = attempt()
+    if client is not None:
+        return client
+    if not autostart_allowed(autostart):
+        why = "SHOAL_NO_AUTOSTART is set" if autostart is not False else "not started"
+        raise KernelLost(
+            f"no shoal kernel is running for state dir {state_path} (socket {target}); {why}: "
+            "start one with `shoal kernel start`"
+        )
+    return start_and_wait(target, state_path, attempt, timeout)
+
+
+def start_and_wait(
+    target: Path,
+    state: Path,
+    attempt: Callable[[], KernelClient | None],
+    timeout: float = AUTOSTART_TIMEOUT_S,
+) -> KernelClient:
+    """Spawn a kernel on ``target`` for ``state`` and return the first client ``attempt``
+    makes; a kernel that exits first is reported with its reason and log file."""
+    proc = spawn_kernel(target, state)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        client = attempt()
+        if client is not None:
+            return client
         code = proc.poll()
         if code not in (None, 0):
-            raise KernelLost(
-                f"shoal-kernel exited with status {code}; see its log in the state dir"
-            )
+            raise KernelLost(autostart_failure(state, code))
         time.sleep(AUTOSTART_POLL_S)
-    raise KernelLost(f"shoal-kernel did not become ready within {timeout:.0f} s: {last}")
+    raise KernelLost(
+        f"shoal-kernel did not become ready on {target} within {timeout:g} s; "
+        f"see {state / 'kernel.out'} and {state / 'kernel.log'}"
+    )
+
+
+def start_kernel(sock: str | Path | None = None, state: str | Path | None = None) -> KernelClient:
+    """``shoal kernel start``: connect to the running kernel or start one, whatever
+    ``SHOAL_NO_AUTOSTART`` says (starting is what was asked for)."""
+    try:
+        return connect(sock, state, autostart=False)
+    except KernelUntrusted:
+        raise
+    except KernelLost:
+        pass
+    explicit = sock or os.environ.get("SHOAL_SOCKET") or None
+    state_path = state_dir(str(state) if state else None)
+    target = socket_path(str(explicit) if explicit else None)
+
+    def attempt() -> KernelClient | None:
+        try:
+            return connect(sock, state, autostart=False)
+        except KernelUntrusted:
+            raise
+        except KernelLost:
+            return None
+
+    return start_and_wait(target, state_path, attempt)
+
+
+def autostart_failure(state: Path, code: int) -> str:
+    """Why an autostarted kernel exited: its last output line and where its log is."""
+    log_path = state / "kernel.out"
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    reason = lines[-1][:LOG_REASON_CHARS] if lines else "no output"
+    return f"shoal-kernel exited with status {code}: {reason} (log: {log_path})"

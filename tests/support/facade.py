@@ -28,9 +28,14 @@ PROTOCOL_VERSION = "2025-06-18"
 CALL_TIMEOUT_S = 60.0
 
 
-def facade_env(kernel: KernelProcess, session: str | None = None, **extra: str) -> dict[str, str]:
+def facade_env(
+    kernel: KernelProcess, session: str | None = "default", **extra: str
+) -> dict[str, str]:
     """Environment for a ``shoal-mcp`` that talks to ``kernel`` and never autostarts one
-    (pass ``SHOAL_NO_AUTOSTART="0"`` to allow it); ``session`` sets ``SHOAL_SESSION``."""
+    (pass ``SHOAL_NO_AUTOSTART="0"`` to allow it); ``session`` sets ``SHOAL_SESSION``:
+    ``default`` unless told, the session ``KernelProcess.client()`` attaches to, so a
+    test can mix raw clients and facades; None leaves it unset (the facade then gets
+    the session of its working directory)."""
     env = child_env(
         {
             "SHOAL_SOCKET": str(kernel.socket),

@@ -6,20 +6,20 @@ so CLI and kernel agree; listings take ``--json`` for scripts.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from .. import __version__
 from ..client import KernelLost
 from ..protocol.framing import BACKEND
-from .admin import doctor, kernel_group, mcp_config, token_group
-from .common import Ctx, pass_ctx
+from .admin import doctor, mcp_config, token_group
+from .common import Ctx, pass_ctx, unreachable
+from .exec_cmd import exec_cmd
+from .gc_cmd import gc_cmd
+from .kernel_cmds import kernel_group
 from .work import (
     approve_cmd,
     deny_cmd,
     events_group,
-    exec_cmd,
     get_cmd,
     journal_cmd,
     plans_cmd,
@@ -33,11 +33,16 @@ from .work import (
     "--state-dir", envvar="SHOAL_STATE_DIR", help="kernel state directory (SHOAL_STATE_DIR)"
 )
 @click.option(
-    "--session", envvar="SHOAL_SESSION", default="default", show_default=True, help="session name"
+    "--session",
+    envvar="SHOAL_SESSION",
+    default=None,
+    help="session name (SHOAL_SESSION); default: the session of the current directory",
 )
 @click.version_option(__version__, message=f"shoal %(version)s (framing: {BACKEND})")
 @click.pass_context
-def main(ctx: click.Context, socket: str | None, state_dir: str | None, session: str) -> None:
+def main(
+    ctx: click.Context, socket: str | None, state_dir: str | None, session: str | None
+) -> None:
     """shoal: a shell for AI agents that cannot flood their context."""
     ctx.obj = Ctx(socket, state_dir, session)
 
@@ -55,6 +60,7 @@ for command in (
     kernel_group,
     doctor,
     mcp_config,
+    gc_cmd,
 ):
     main.add_command(command)
 
@@ -63,8 +69,7 @@ def run() -> None:
     try:
         main()
     except KernelLost as exc:
-        click.echo(f"shoal: {exc}", err=True)
-        sys.exit(3)
+        unreachable(exc)
 
 
 __all__ = ["main", "pass_ctx", "run"]

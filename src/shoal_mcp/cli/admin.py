@@ -1,25 +1,27 @@
-"""Operator commands: token, kernel start|stop|status, doctor, mcp-config."""
+"""Operator commands: token, doctor, mcp-config (kernel control: ``kernel_cmds``)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 import shutil
-import signal
 import stat
 import sys
-import time
+from pathlib import Path
 
 import click
 import orjson
 
-from ..client import KernelClient, KernelLost, connect
+from .. import __version__
+from ..client import KernelLost, autostart_allowed, connect
 from ..protocol.framing import BACKEND
+from ..protocol.limits import CALL_TIMEOUT_S
 from ..tokens import TokenStore, TokenStoreError
 from .common import Ctx, pass_ctx
+from .kernel_cmds import KernelProbe, probe
 from .output import emit_json, style, table
 
-STOP_TIMEOUT_S = 10.0
 GRAMMAR_PROBE = "echo hi | grep h > /tmp/x"  # parsed by the kernel, never run
 
 
@@ -95,74 +97,6 @@ def token_revoke(ctx: Ctx, id_or_principal: str) -> None:
     click.echo(f"revoked {n} token(s)")
 
 
-# -- kernel ----------------------------------------------------------------------------
-
-
-@click.group("kernel")
-def kernel_group() -> None:
-    """Start, stop or inspect the kernel daemon."""
-
-
-@kernel_group.command("start")
-@pass_ctx
-def kernel_start(ctx: Ctx) -> None:
-    """Start the kernel if it is not running."""
-    client = connect(ctx.socket, ctx.state_dir, autostart=True)
-    info = client.call("ping")["kernel"]
-    click.echo(f"kernel running: pid {info['pid']}, socket {ctx.socket_path}")
-
-
-@kernel_group.command("stop")
-@pass_ctx
-def kernel_stop(ctx: Ctx) -> None:
-    """Stop the kernel (SIGTERM: tasks and PTYs are ended, the socket removed)."""
-    try:
-        client = KernelClient(ctx.socket_path)
-    except KernelLost:
-        click.echo("kernel not running")
-        return
-    pid = client.call("ping")["kernel"]["pid"]
-    client.close()
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and os.path.exists(ctx.socket_path):
-        time.sleep(0.05)
-    click.echo(f"kernel {pid} stopped")
-
-
-@kernel_group.command("status")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def kernel_status(ctx: Ctx, as_json: bool) -> None:
-    """pid, socket, state dir, uptime, sessions, tasks, PTYs, framing backend."""
-    try:
-        client = KernelClient(ctx.socket_path)
-    except KernelLost:
-        if as_json:
-            emit_json({"running": False, "socket": str(ctx.socket_path)})
-        else:
-            click.echo(f"kernel not running (socket {ctx.socket_path})")
-        sys.exit(1)
-    client.call("session.attach", {"session": ctx.session, "client": {"kind": "cli"}})
-    status = client.call("kernel.status")
-    if as_json:
-        emit_json({"running": True, **status})
-        return
-    for key in (
-        "pid",
-        "version",
-        "socket",
-        "state_dir",
-        "uptime_s",
-        "sessions",
-        "tasks_running",
-        "ptys",
-        "connections",
-        "framing_backend",
-    ):
-        click.echo(f"{style(key.ljust(16), bold=True)}{status.get(key)}")
-
-
 # -- doctor ----------------------------------------------------------------------------
 
 
@@ -170,11 +104,19 @@ def kernel_status(ctx: Ctx, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def doctor(ctx: Ctx, as_json: bool) -> None:
-    """Check what shoal needs: bash, the bash grammar, pyte, permissions, backend."""
+    """Check what shoal needs: the kernel (running, responsive, same version), bash, the
+    bash grammar, pyte, permissions, backend."""
+    found = probe(ctx)
+    grammar = _check("tree-sitter-bash", lambda: _grammar(ctx, found))
+    if not found.running:
+        found = probe(ctx)  # the grammar check may have started one
     checks = [
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
-        _check("tree-sitter-bash", lambda: _grammar(ctx)),
+        _check("kernel", lambda: _kernel(found)),
+        _check("kernel version", lambda: _kernel_version(found)),
+        grammar,
         _check("pyte", _pyte),
+        _check("sandbox", lambda: _sandbox(ctx, found)),
         _check(
             "framing backend",
             lambda: (
@@ -219,22 +161,60 @@ def _check(name: str, fn) -> tuple[str, str, str]:
         return name, "fail", str(exc)
 
 
-def _grammar(ctx: Ctx) -> str:
+def _kernel(found: KernelProbe) -> str:
+    if found.stalled:
+        raise RuntimeError(f"stalled: {found.detail}")
+    if not found.running:
+        _warn(f"not running ({found.detail})")
+    return f"pid {found.pid}, socket {found.socket}"
+
+
+def _kernel_version(found: KernelProbe) -> str:
+    if found.stale_version:
+        raise RuntimeError(
+            f"the kernel runs {found.version}, the installed shoal is {__version__}; "
+            "run `shoal kernel restart`"
+        )
+    if found.version is None:
+        _warn("no kernel answered; nothing to compare")
+    return f"{__version__} (kernel and client agree)"
+
+
+def _grammar(ctx: Ctx, found: KernelProbe) -> str:
     # The grammar is the kernel's dependency, so ask the kernel (``parse`` needs no
     # attach); this also checks that a kernel can be reached or started.
+    if found.stalled:
+        _warn("not checked: the kernel is stalled")
     try:
         client = connect(ctx.socket, ctx.state_dir)
     except KernelLost as exc:
-        if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
+        if not autostart_allowed():
             _warn(f"not checked, no kernel running and SHOAL_NO_AUTOSTART is set ({exc})")
         raise
     try:
-        summary = client.call("parse", {"src": GRAMMAR_PROBE})
+        summary = client.call("parse", {"src": GRAMMAR_PROBE}, CALL_TIMEOUT_S)
     finally:
         client.close()
     if not summary.get("ok") or summary.get("commands") != ["echo", "grep"]:
         raise RuntimeError(f"the kernel's bash grammar misread a simple pipeline: {summary}")
     return "the kernel parses bash"
+
+
+def _sandbox(ctx: Ctx, found: KernelProbe) -> str:
+    """The kernel's OS sandbox (``ping``): its mode and what it enforces (docs/security.md)."""
+    if found.stalled:
+        _warn("not checked: the kernel is stalled")
+    try:
+        client = connect(ctx.socket, ctx.state_dir)
+    except KernelLost as exc:
+        _warn(f"not checked, no kernel reachable ({exc})")
+    try:
+        box = client.call("ping", None, CALL_TIMEOUT_S).get("kernel", {}).get("sandbox") or {}
+    finally:
+        client.close()
+    if not box.get("enforced"):
+        _warn(f"{box.get('mode', '?')}: not enforcing ({box.get('reason') or 'not reported'})")
+    return f"{box['mode']}: {box['enforced']}"
 
 
 def _pyte() -> str:
@@ -269,20 +249,25 @@ def _private(path, mode: int, must_exist: bool) -> str:
 @click.option("--name", default="shoal", show_default=True, help="server name in the client")
 @pass_ctx
 def mcp_config(ctx: Ctx, name: str) -> None:
-    """Print ready-to-paste MCP config for Claude Code, Claude Desktop and generic clients."""
-    command = shutil.which("shoal-mcp") or sys.executable
-    args = [] if command.endswith("shoal-mcp") else ["-m", "shoal_mcp.facade"]
-    env = {"SHOAL_SESSION": ctx.session}
+    """Print ready-to-paste MCP config (Claude Code, Claude Desktop, generic clients) with
+    absolute paths, so a client with a minimal PATH still finds this installation."""
+    command, args = facade_command()
+    env: dict[str, str] = {}
+    if ctx.session:
+        env["SHOAL_SESSION"] = ctx.session  # else: each project its own session
     if ctx.socket:
-        env["SHOAL_SOCKET"] = str(ctx.socket_path)
+        env["SHOAL_SOCKET"] = str(Path(ctx.socket).absolute())
     if ctx.state_dir:
-        env["SHOAL_STATE_DIR"] = str(ctx.state_path)
-    env_flags = " ".join(f"-e {k}={v}" for k, v in env.items())
+        env["SHOAL_STATE_DIR"] = str(ctx.state_path.absolute())
+    env_flags = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
+    argv = " ".join(shlex.quote(a) for a in [command, *args])
     click.echo(style("# Claude Code", bold=True))
-    click.echo(f"claude mcp add {name} {env_flags} -- {command} {' '.join(args)}".rstrip())
-    server = {"command": command, "env": env}
+    click.echo(f"claude mcp add {shlex.quote(name)}{env_flags} -- {argv}")
+    server: dict = {"command": command}
     if args:
         server["args"] = args
+    if env:
+        server["env"] = env
     click.echo(
         style(
             "\n# Claude Desktop (claude_desktop_config.json) and generic mcpServers clients",
@@ -290,3 +275,12 @@ def mcp_config(ctx: Ctx, name: str) -> None:
         )
     )
     click.echo(orjson.dumps({"mcpServers": {name: server}}, option=orjson.OPT_INDENT_2).decode())
+
+
+def facade_command() -> tuple[str, list[str]]:
+    """The absolute ``shoal-mcp`` of this installation (beside its interpreter), else this
+    interpreter with ``-m shoal_mcp.facade``."""
+    beside = Path(sys.executable).absolute().parent / "shoal-mcp"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside), []
+    return str(Path(sys.executable).absolute()), ["-m", "shoal_mcp.facade"]

@@ -10,6 +10,8 @@ from typing import Any
 import click
 import orjson
 
+from ..protocol.display import escape_controls
+
 
 def is_tty() -> bool:
     return sys.stdout.isatty()
@@ -45,7 +47,7 @@ def _cell(value: Any, max_width: int) -> str:
     elif isinstance(value, bool):
         text = "yes" if value else "no"
     else:
-        text = str(value).replace("\n", "⏎")
+        text = escape_controls(str(value))  # a \r or ESC must not redraw the table
     return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
 

@@ -2,136 +2,114 @@
 
 from __future__ import annotations
 
-import itertools
+import re
 import sys
 import threading
-import time
 
 import click
 
-from ..client import KernelLost
+from ..protocol.display import escape_controls
 from ..protocol.errors import RpcError
-from .common import Ctx, fail, pass_ctx
+from ..protocol.plain import dumps, to_plain
+from .common import EXIT_SHOAL_ERROR, EXIT_STILL_RUNNING, Ctx, command_exit_codes, fail, pass_ctx
+from .exec_cmd import exit_status, write_preview
 from .output import emit_json, state_colour, style, table, when
-
-SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-SPIN_INTERVAL_S = 0.1
-SPIN_AFTER_S = 0.5  # no spinner for quick commands
-
-
-@click.command("exec")
-@click.argument("src")
-@click.option("--json", "as_json", is_flag=True, help="print the whole kernel result as JSON")
-@click.option("--background", is_flag=True, help="run as a task and return at once")
-@pass_ctx
-def exec_cmd(ctx: Ctx, src: str, as_json: bool, background: bool) -> None:
-    """Run SRC (bash) and print what an agent would see: the bounded render and the ref.
-
-    Long commands show a spinner with elapsed time and output bytes on a terminal;
-    Ctrl-C cancels the command's task.
-    """
-    client = ctx.client()
-    msg_id, fut = client.start_call(
-        "exec", {"src": src, "position": "value", "background": background}
-    )
-    try:
-        result = _wait_with_spinner(client, msg_id, fut)
-    except KeyboardInterrupt:
-        try:
-            client.call("task.cancel", {"call": msg_id}, timeout=5)
-        except (RpcError, KernelLost, TimeoutError):
-            pass
-        click.echo(style("\ncancelled", fg="yellow"), err=True)
-        try:
-            result = fut.result(timeout=10)
-        except (RpcError, KernelLost, TimeoutError):
-            sys.exit(130)
-    except RpcError as exc:
-        fail(exc)
-    if as_json:
-        emit_json(result)
-        return
-    if "task" in result:
-        click.echo(f"{result['task']}  {result['uri']}")
-        return
-    render = result.get("render", "")
-    click.echo(render, nl=not render.endswith("\n"))
-    value = result.get("value", {})
-    status = value.get("status")
-    footer = f"── {result['ref']}  {result['uri']}  exit {status}  {result['elapsed_ms']:.0f} ms"
-    click.echo(style(footer, dim=True), err=True)
-    sys.exit(0 if value.get("ok", True) else 1)
-
-
-def _wait_with_spinner(client, msg_id: int, fut):
-    if not sys.stderr.isatty():
-        return fut.result()
-    start = time.monotonic()
-    shown = False
-    frames = itertools.cycle(SPINNER)
-    out_bytes = 0
-    last_poll = 0.0
-    try:
-        while True:
-            try:
-                return fut.result(timeout=SPIN_INTERVAL_S)
-            except TimeoutError:
-                pass
-            elapsed = time.monotonic() - start
-            if elapsed < SPIN_AFTER_S:
-                continue
-            if elapsed - last_poll > 1.0:
-                last_poll = elapsed
-                try:
-                    out_bytes = client.call("task.get", {"call": msg_id}, timeout=1).get(
-                        "out_bytes", 0
-                    )
-                except (RpcError, KernelLost, TimeoutError):
-                    pass
-            sys.stderr.write(
-                f"\r{next(frames)} {elapsed:5.1f} s  {out_bytes} bytes  (Ctrl-C cancels)"
-            )
-            sys.stderr.flush()
-            shown = True
-    finally:
-        if shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
 
 
 @click.command("get")
 @click.argument("ref")
-@click.option("--path", "path", default=None, help="selector, e.g. .out.lines[-3..]")
+@click.option("--path", "path", default=None, help="selector, e.g. .out.lines[-3..] or .err")
+@click.option(
+    "--lines",
+    "line_range",
+    default=None,
+    help="A..B: those lines of stdout (of --path's text when given); negative counts from the end",
+)
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["json", "render", "raw"]),
     default="render",
     show_default=True,
+    help="render: text for people; json: plain JSON; raw: the bytes themselves",
 )
+@click.option("--wire", is_flag=True, help="json: the kernel's tagged wire form, not plain JSON")
+@click.option(
+    "--match", "regex", default=None, help="REGEX: the matching lines, numbered (grep-like)"
+)
+@click.option("-i", "--ignore-case", is_flag=True, help="match: ignore case")
+@click.option("-v", "--invert", is_flag=True, help="match: the lines that do not match")
+@click.option("-C", "--context", type=int, default=0, help="match: lines of context around each")
 @click.option("--offset", type=int, default=None, help="raw: byte offset")
-@click.option("--length", type=int, default=None, help="raw: page size")
+@click.option(
+    "--length", type=int, default=None, help="raw: bytes to write (default: one page, 48 KiB)"
+)
 @pass_ctx
 def get_cmd(
-    ctx: Ctx, ref: str, path: str | None, fmt: str, offset: int | None, length: int | None
+    ctx: Ctx,
+    ref: str,
+    path: str | None,
+    line_range: str | None,
+    fmt: str,
+    wire: bool,
+    regex: str | None,
+    ignore_case: bool,
+    invert: bool,
+    context: int,
+    offset: int | None,
+    length: int | None,
 ) -> None:
-    """Fetch a stored value (out:N, task:N, shoal://…) or a part of it."""
+    """Fetch a stored value (out:N, task:N, shoal://…) or a part of it.
+
+    ``--format raw --length N`` writes up to N bytes, paging through the kernel; without
+    ``--length`` one page is written and the next one named on stderr.
+    """
+    if line_range is not None:
+        base = path if path else (".out" if _is_outcome_ref(ref) else "")
+        path = f"{base}.lines[{line_range}]"
+    if fmt == "raw" and length is not None:
+        copy_raw(ctx.call, ref, path or "", stdout_bytes(), offset or 0, max(0, length))
+        return
     params: dict = {"ref": ref, "format": fmt}
     if path:
         params["path"] = path
+    if regex is not None:
+        params["match"] = {
+            "regex": regex,
+            "ignore_case": ignore_case,
+            "invert": invert,
+            "context": context,
+        }
     if offset is not None:
         params["offset"] = offset
     if length is not None:
         params["length"] = length
     result = ctx.call("value.get", params)
-    if fmt == "render":
-        click.echo(result["render"])
+    if fmt == "render" or regex is not None:
+        text = cli_hints(result["render"])
+        click.echo(text, nl=not text.endswith("\n"))
     elif fmt == "raw":
-        click.echo(result.get("raw", result.get("raw_base64", "")), nl=False)
+        out = stdout_bytes()
+        out.write(page_bytes(result))
+        out.flush()
         if "next" in result:
-            click.echo(style(f"\n── more: {result['next']}", dim=True), err=True)
+            more = f"--offset {result['offset'] + result['length']}"
+            click.echo(style(f"── more: the same with {more}", dim=True), err=True)
     else:
-        emit_json(result["value"])
+        click.echo(dumps(result["value"] if wire else to_plain(result["value"])))
+    _say_where(ref, result)
+
+
+def _is_outcome_ref(ref: str) -> bool:
+    return bool(re.fullmatch(r"(out|task):\d+|shoal://(out|task)/\d+", ref.strip()))
+
+
+def _say_where(ref: str, result: dict) -> None:
+    """``task:5`` shows ``out:6``: say so, since ``out:5`` is another command."""
+    shown = result.get("ref")
+    if shown and ref.strip().startswith("task:") and shown != ref.strip():
+        click.echo(style(f"── {ref.strip()}'s result is {shown}", dim=True), err=True)
 
 
 # -- tasks -----------------------------------------------------------------------------
@@ -150,10 +128,17 @@ def tasks_group(click_ctx: click.Context, as_json: bool) -> None:
         return
     table(
         [
-            [t["task"], state_colour(t["state"]), when(t["started"]), t.get("out_bytes"), t["src"]]
+            [
+                t["task"],
+                state_colour(t["state"]),
+                when(t["started"]),
+                t.get("out_bytes"),
+                t.get("result_ref"),
+                t["src"],
+            ]
             for t in tasks
         ],
-        ["TASK", "STATE", "STARTED", "OUT", "SRC"],
+        ["TASK", "STATE", "STARTED", "OUT", "RESULT", "SRC"],
     )
 
 
@@ -179,16 +164,23 @@ def tasks_cancel(ctx: Ctx, task: str) -> None:
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="seconds")
 @pass_ctx
 def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
-    """Wait for a task to finish and print its result's render."""
+    """Wait for a task and print its output; exit with its status like `shoal exec`
+    (124 when it is still running at the timeout, 125 when shoal failed)."""
+    command_exit_codes()
     record = ctx.call("task.await", {"task": task, "timeout_ms": int(timeout * 1000)})
     if not record.get("done"):
         click.echo(f"{record['task']} still {record['state']}", err=True)
-        sys.exit(4)
-    if "result_ref" in record:
-        click.echo(
-            ctx.call("value.get", {"ref": record["result_ref"], "format": "render"})["render"]
-        )
-    click.echo(style(f"── {record['task']} {record['state']}", dim=True), err=True)
+        sys.exit(EXIT_STILL_RUNNING)
+    if "result_ref" not in record:
+        click.echo(f"{record['task']} {record['state']}: {record.get('error')}", err=True)
+        sys.exit(EXIT_SHOAL_ERROR)
+    result = ctx.call("value.get", {"ref": record["result_ref"], "format": "json"})
+    write_preview(ctx.call, {"ref": record["result_ref"], "value": result["value"]})
+    click.echo(
+        style(f"── {record['task']} {record['state']}: result {record['result_ref']}", dim=True),
+        err=True,
+    )
+    sys.exit(exit_status(result["value"]))
 
 
 # -- journal and events -----------------------------------------------------------------------
@@ -201,14 +193,17 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
 @click.option("--head", help="first command word")
 @click.option("--ok/--failed", "ok", default=None)
 @click.option("--effect", "effects", multiple=True, help="effect kind (repeatable)")
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "-n", "--limit", "limit", type=int, default=20, show_default=True, help="the newest N rows"
+)
 @click.option("--follow", "-f", is_flag=True, help="keep printing new rows")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def journal_cmd(
     ctx: Ctx, since, until, principal, head, ok, effects, limit, follow, as_json
 ) -> None:
-    """What ran: newest first, with filters."""
+    """What ran: the newest N rows (-n), printed oldest first like a log (the newest
+    last, where --follow appends), with filters."""
     params = {
         k: v
         for k, v in {
@@ -266,7 +261,7 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
         table(table_rows, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
     else:
         for cells in table_rows:
-            click.echo("  ".join("-" if v is None else str(v) for v in cells))
+            click.echo("  ".join("-" if v is None else escape_controls(str(v)) for v in cells))
 
 
 @click.group("events")
@@ -321,21 +316,14 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     if as_json:
         emit_json(plans)
         return
-    table(
-        [
-            [
-                p["plan_ref"],
-                state_colour(p["state"]),
-                p["principal"],
-                p["verdict"],
-                ",".join(sorted({e["kind"] for e in p["effects"]})),
-                p["src"],
-            ]
-            for p in plans
-        ],
-        ["PLAN", "STATE", "PRINCIPAL", "VERDICT", "EFFECTS", "SRC"],
-        max_width=70,
-    )
+    # One block per plan, never a table cell: the whole source with its control
+    # characters escaped by the kernel (src_display), and every effect with its target.
+    for p in plans:
+        click.echo(f"{p['plan_ref']}  {state_colour(p['state'])}  {p['principal']}  {p['verdict']}")
+        click.echo(f"  cwd: {escape_controls(p['cwd'])}  env: {p.get('env_hash', '?')}")
+        click.echo(f"  src: {p.get('src_display') or escape_controls(p['src'])}")
+        for e in p["effects"]:
+            click.echo(f"    {e['kind']} {escape_controls(str(e.get('target', '')))}")
 
 
 @click.command("approve")

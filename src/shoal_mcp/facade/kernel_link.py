@@ -13,8 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ..client import KernelClient, KernelLost, connect
-from ..protocol.limits import DEFAULT_SESSION
+from ..client import KernelClient, KernelLost, connect, version_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +22,9 @@ class KernelLink:
     def __init__(
         self, client_info: dict | None = None, on_event: Callable[[dict], None] | None = None
     ) -> None:
-        self.session = os.environ.get("SHOAL_SESSION") or DEFAULT_SESSION
+        # Unset: the kernel gives us the session of our working directory (the project the
+        # MCP client started us in), the one the human's `shoal` there joins too.
+        self.session = os.environ.get("SHOAL_SESSION") or None
         self.token = os.environ.get("SHOAL_TOKEN")
         self.client_info = client_info or {}
         self.on_event = on_event
@@ -34,16 +35,21 @@ class KernelLink:
 
     def _attach(self, client: KernelClient) -> dict:
         params: dict[str, Any] = {
-            "session": self.session,
             "client": {
                 "kind": "mcp",
                 **{k: v for k, v in self.client_info.items() if k in ("name", "version")},
             },
             "cwd": os.getcwd(),
         }
+        if self.session:
+            params["session"] = self.session
         if self.token:
             params["token"] = self.token
-        return client.call("session.attach", params)
+        info = client.call("session.attach", params)
+        mismatch = version_mismatch(info.get("kernel"))
+        if mismatch:
+            log.warning("%s", mismatch)
+        return info
 
     def _open(self, on_event: Callable[[dict], None] | None) -> KernelClient:
         client = connect(on_event=on_event)
@@ -65,6 +71,11 @@ class KernelLink:
             if self._events is None or self._events.closed.is_set():
                 self._events = self._open(self.on_event)
             return self._events
+
+    def connected_calls(self) -> KernelClient | None:
+        """The call link if it is open now, else None (never connects: no waiting)."""
+        client = self._calls
+        return client if client is not None and not client.closed.is_set() else None
 
     def events_alive(self) -> bool:
         return self._events is not None and not self._events.closed.is_set()

@@ -48,12 +48,15 @@ def _ints(q: dict[str, str], *keys: str) -> dict[str, int]:
 
 
 def _value_get(ref: str, q: dict[str, str]) -> KernelRead:
-    params: dict[str, Any] = {"ref": ref}
-    for key in ("path", "slice"):
-        if q.get(key):
-            params[key] = q[key]
-    params["format"] = q.get("format", "json")
-    return "value.get", {**params, **_ints(q, "offset", "length")}
+    params: dict[str, Any] = {"ref": ref, **_ints(q, "offset", "length")}
+    if q.get("path"):
+        params["path"] = q["path"]
+    try:  # the one reading of a value URI's query (slice, format, match…) is protocol.uri's
+        params.update(uri.value_params(q))
+    except uri.BadName as exc:
+        raise invalid_params("uri", str(exc)) from None
+    params.setdefault("format", "json")
+    return "value.get", params
 
 
 def _journal_params(q: dict[str, str]) -> dict[str, Any]:
@@ -126,7 +129,7 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route(
         uri.OUT,
-        "shoal://out/{n}{?path,slice,format}",
+        "shoal://out/{n}{?path,slice,format,offset,length,match,context,max,ignore_case,invert,from_line}",
         "transcript value",
         "Value out:N of this session; path selects.",
         lambda p: _value_get(uri.out_ref(_num(p)), p.query),
@@ -148,7 +151,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         uri.TASK_OUT,
-        "shoal://task/{id}/out{?path,slice,format}",
+        "shoal://task/{id}/out{?path,slice,format,offset,length,match,context,max,ignore_case,invert,from_line}",
         "task output",
         "A task's stdout, live while it runs.",
         lambda p: _value_get(uri.task_uri(_num(p), "out"), p.query),

@@ -71,6 +71,9 @@ class McpSession:
     ) -> None:
         self.send = send
         self.pool = executor or ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="mcp-call")
+        # Lean tools/call path (ToolRunner.begin): no pool hop. Only with the session's own
+        # pool: a caller-supplied executor keeps control of where calls run.
+        self.direct_calls = executor is None
         self.link = link or KernelLink()
         self.link.on_event = self._on_kernel_event
         self.inflight = InFlightCalls()
@@ -128,6 +131,8 @@ class McpSession:
             )
         elif entry.concurrent:
             flight = self.inflight.add(msg.id)
+            if msg.method == "tools/call" and self.direct_calls and self._begin_direct(msg, flight):
+                return
             self.pool.submit(self._serve, entry.handler, msg, flight)
         else:
             self._serve(entry.handler, msg, None)
@@ -137,6 +142,22 @@ class McpSession:
         if flight is not None and not self.inflight.finish(flight):
             return  # MCP: no response for a cancelled request
         self.send(reply)
+
+    def _begin_direct(self, msg: Request, flight: InFlight) -> bool:
+        """Send the kernel call now; the reply is written by the thread that receives the
+        kernel's answer. False when the call needs the pool (see ``ToolRunner.begin``)."""
+        try:
+            fut = self.tools.begin(msg.params, flight)
+        except Exception:  # noqa: BLE001 - the pool path answers whatever this was
+            log.exception("tools/call lean path")
+            return False
+        if fut is None:
+            return False
+        finish = self.tools.finish
+        fut.add_done_callback(
+            lambda done: self._serve(lambda params, fl: finish(done), msg, flight)
+        )
+        return True
 
     @staticmethod
     def _answer(handler: Handler, msg: Request, flight: InFlight | None) -> dict:

@@ -7,6 +7,7 @@ result with ``isError: true`` (the model can read it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from ..client import KernelLost
@@ -16,6 +17,7 @@ from ..protocol.limits import PROGRESS_INTERVAL_S
 from ..protocol.schema import validate
 from .inflight import InFlight, Progress, progress_reporter, progress_token
 from .kernel_link import KernelLink
+from .resources import route
 from .results import error_result, tool_result
 from .tools import TOOLS_BY_NAME
 
@@ -48,6 +50,44 @@ class ToolRunner:
         except RpcError as exc:
             return error_result(exc)
         return tool_result(result)
+
+    def begin(self, params: dict, flight: InFlight | None) -> Future | None:
+        """Start a ``tools/call`` from the reader thread when it is the lean case; the
+        kernel reply then completes it where it lands (``finish``), with no worker thread.
+
+        The lean case: one kernel call (not ``shoal_get``), no progress token (nothing to
+        report while waiting), valid arguments (the tool schema: the facade's one check)
+        and a call link already open (connecting may wait). Anything else returns None
+        and is served on the pool as before, errors included.
+        """
+        name = params.get("name")
+        args = params.get("arguments", {})
+        tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
+        if tool is None or name == "shoal_get" or not isinstance(args, dict):
+            return None
+        client = self.link.connected_calls()
+        if client is None or progress_token(params) is not None:
+            return None
+        try:
+            validate(args, tool.schema, "arguments")
+        except RpcError:
+            return None
+        method, kernel_params = tool.to_kernel(args)
+        try:
+            kernel_id, fut = client.start_call(method, kernel_params)
+        except KernelLost:
+            return None  # the pool path reconnects
+        if tool.cancels_task and flight is not None:
+            flight.own_kernel_call(client, kernel_id, fut)
+        return fut
+
+    @staticmethod
+    def finish(fut: Future) -> dict:
+        """The tool result of a call ``begin`` started (its future is done)."""
+        try:
+            return tool_result(fut.result())
+        except RpcError as exc:
+            return error_result(exc)
 
     def run(
         self,
@@ -89,10 +129,15 @@ class ToolRunner:
         ref = args["ref"].strip()
         value_args = {
             k: args[k]
-            for k in ("path", "slice", "format", "offset", "length", "elide")
+            for k in ("path", "slice", "format", "offset", "length", "elide", "match")
             if k in args
         }
         kind, ident = _record_kind(ref)
+        if kind is None and _is_resource_only(ref):
+            # Any shoal:// URI works as a ref: val/journal/session/events… read as resources.
+            found, parsed = route(ref)
+            method, params = found.read(parsed)
+            return self.link.call(method, params)
         if kind == uri.PLAN:
             return self.link.call("plan.get", {"plan_ref": ident})
         if kind == uri.TASK:
@@ -114,11 +159,40 @@ class ToolRunner:
         params = {"ref": ref, **value_args}
         if "format" not in params:
             params["with_render"] = True
-        return self.link.call("value.get", params)
+        return raw_page_render(self.link.call("value.get", params))
+
+
+def raw_page_render(result: dict) -> dict:
+    """A raw page shown as its own text (not escaped inside JSON), with the next call.
+
+    The page itself stays in structuredContent; the text a model reads is the bytes
+    (or their base64) and one line that says where they are and what comes next.
+    """
+    data = result.get("raw", result.get("raw_base64"))
+    if not isinstance(data, str) or "render" in result:
+        return result
+    offset, length, total = result.get("offset", 0), result.get("length", 0), result.get("total")
+    where = f"bytes {offset}-{offset + length} of {total}"
+    if "raw_base64" in result:
+        where += " (base64)"
+    nxt = result.get("next")
+    trailer = f'[{where}; next: shoal_get {{"ref": "{nxt}"}}]' if nxt else f"[{where}, end]"
+    return {**result, "render": f"{data}\n{trailer}"}
 
 
 def _not_cancellable(client: Any, kernel_id: int, fut: Any) -> None:
     pass
+
+
+def _is_resource_only(ref: str) -> bool:
+    """A shoal:// URI that names no value (a blob, the journal, a session view…)."""
+    if not ref.startswith(uri.SCHEME):
+        return False
+    try:
+        kind = uri.parse_uri(ref).kind
+    except uri.BadName:
+        return False  # value.get answers -32004 for it
+    return kind not in (uri.OUT, uri.TASK, uri.TASK_OUT, uri.TASK_ERR, uri.PLAN)
 
 
 def _record_kind(ref: str) -> tuple[str | None, str]:

@@ -104,6 +104,12 @@ SLICE_DESC = (
     "[a, b] or 'a..b', applied after path: list items, string code points or bytes; "
     "null = open end."
 )
+MATCH_DESC = (
+    'Search instead of paging: a regex (e.g. "FAILED|Error") or {regex, context (lines around), '
+    "ignore_case, invert, max, from_line}. Returns matching lines with 1-based line numbers, the "
+    "exact total, and the call for more. Searches stdout of an exec result unless path selects "
+    "another text (.err, .out.lines[a..b])."
+)
 PTY_ID_DESC = "pty:N from shoal_pty_open"
 KEY_INPUT_DESC = (
     "What to type: a string, {text}, {key} (Enter, Tab, Escape, Backspace, Delete, Space, Up, Down, "
@@ -116,8 +122,9 @@ TOOLS: list[Tool] = [
         "Run bash",
         "Run bash source in this session's shell (cwd and exported env persist across calls). "
         "Output of any size is stored; you get a bounded preview: the first and last lines plus a ref "
-        "(out:N) and a shoal:// URI. Drill in with shoal_get (e.g. path .out.lines[-50..]) instead of "
-        "re-running with head/tail. Long jobs: background:true returns task:N at once; timeout_ms is a "
+        "(out:N) and a shoal:// URI. Drill in with shoal_get (match to find lines, path "
+        ".out.lines[-50..] for pages) instead of re-running; $SHOAL_OUT/N/out and /err are earlier "
+        'outputs as read-only files (grep -c ERROR "$SHOAL_OUT/3/out"). Long jobs: background:true returns task:N at once; timeout_ms is a '
         "wait budget (the command keeps running as a task). Failed commands return their outcome "
         "(status, stderr) unless position is 'stmt'.",
         "exec",
@@ -158,10 +165,16 @@ TOOLS: list[Tool] = [
     Tool(  # run by ToolRunner.get: refs to tasks and plans go to task.*/plan.get
         "shoal_get",
         "Get a stored value",
-        "Fetch a stored result or part of it, bounded. ref is out:N, task:N (its record, or its result "
-        "once finished; wait_ms waits for it), plan:<hex>, or a shoal:// URI. path selects inside "
-        "(.out.lines[-20..], .err, .out.json.key, [3]); slice cuts the selection; format raw returns "
-        "exact bytes in pages (offset/length, next).",
+        "Read a stored result without re-running anything. ref: out:N, task:N (wait_ms waits), "
+        "plan:<hex>, or any shoal:// URI from a hint (its query counts).\n"
+        '- Find lines: match:"FAILED|error" gives matching lines with line numbers and the exact '
+        "total (context:N for lines around, ignore_case, invert). Prefer it to paging.\n"
+        "- Pages: path .out.lines[1000..2000] returns those lines as text, up to 64 KiB, and names "
+        "the next page; previews name the exact call for what they leave out.\n"
+        "- JSON: path .out.json.items[3].name; a large JSON output's preview shows its keys, types "
+        "and these paths.\n"
+        "- format raw: exact bytes in pages (offset/length, follow next). In shoal_exec, "
+        "$SHOAL_OUT/N/out and /err are earlier outputs as files (grep, jq, diff them).",
         "value.get",
         {
             "ref": REF_DESC,
@@ -171,6 +184,7 @@ TOOLS: list[Tool] = [
             "offset": "raw: byte offset",
             "length": "raw: page size in bytes; larger asks get what fits the 64 KiB bound (follow next)",
             "elide": Arg(),
+            "match": MATCH_DESC,
             "wait_ms": Arg(
                 "for task:N, wait up to this long for it to finish",
                 method="task.await",

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
 from .access.budgets import StateBudget, over_budget
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -47,6 +49,7 @@ class KernelConfig:
     state_dir: Path
     policy_path: Path | None = None
     require_token: bool = False
+    sandbox: str = "auto"  # --sandbox auto | required | off (access/confine.py)
 
 
 class Kernel:
@@ -66,7 +69,18 @@ class Kernel:
         self.journal = Journal(self.db)
         self.event_store = EventStore(str(state / "journal.sqlite3"))
         self.local_principal = local_principal()
-        self.guard = Guard(state, config.policy_path, self.local_principal, config.require_token)
+        self.confinement = Confinement(
+            config.sandbox,
+            forbidden=kernel_forbidden(state, config.socket),
+            tmp_root=sandbox_tmp_root(state, config.socket),
+        )  # --sandbox required without enforcement raises SandboxUnavailable: no start
+        self.guard = Guard(
+            state,
+            config.policy_path,
+            self.local_principal,
+            config.require_token,
+            self.confinement,
+        )
         self.events = EventBus(
             self.event_store, total_bytes=self.guard.policy.kernel["max_event_bytes"]
         )
@@ -98,6 +112,7 @@ class Kernel:
         self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
     def _blob_bytes(self) -> int:
@@ -107,8 +122,22 @@ class Kernel:
         for leftover in self.spool_dir.glob("run-*"):
             leftover.unlink(missing_ok=True)
 
+    def live_sessions(self, besides: Any = None) -> set[str]:
+        """Sessions a client is attached to now, ``besides`` that connection (``store.gc``
+        never prunes those; the caller's own attach does not count)."""
+        return {
+            c.who.session
+            for c in list(self.attached)
+            if c is not besides and c.who and not c.closed.is_set()
+        }
+
     def info(self) -> dict[str, Any]:
-        return {"version": __version__, "framing_backend": BACKEND, "pid": os.getpid()}
+        return {
+            "version": __version__,
+            "framing_backend": BACKEND,
+            "pid": os.getpid(),
+            "sandbox": self.confinement.status(),
+        }
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)
@@ -123,6 +152,7 @@ class Kernel:
         self.events.close()
         self.event_store.close()
         self.db.close()
+        self.confinement.close()
 
     # -- access checks that span services --------------------------------------------------
 

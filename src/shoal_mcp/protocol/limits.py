@@ -36,7 +36,47 @@ ELIDE_RENDER_HEAD = 10
 STDERR_TAIL_BYTES = 2 * KiB
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
-"""`.json` parses at most this many bytes of a blob."""
+"""`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
+JSON_PARSE_SLOTS = 1
+"""`.json` parses running at once in one kernel (a parse holds its input and the parsed
+objects, several times the input); others wait for a slot."""
+JSON_PARSE_WAIT_S = 30.0
+"""How long a `.json` selection waits for a parse slot before -32031."""
+JSON_SHAPE_MAX_INPUT = JSON_SELECTOR_MAX
+"""Outputs up to this size get a JSON shape preview in their render."""
+JSON_SHAPE_BYTES = 1536
+"""Most bytes of a render spent on the JSON shape."""
+JSON_SHAPE_BODY_BYTES = 2 * KiB
+"""Bytes of raw text shown above a JSON shape (the shape tells more than a long head)."""
+JSON_SHAPE_KEYS = 20
+"""Keys listed per object in a JSON shape."""
+
+# --- paging (docs/protocol.md, Paging) -------------------------------------------
+PAGE_RESERVE = 1 * KiB
+"""Room in a 64 KiB page for its next-call marker and the MCP footer."""
+PAGE_RAW_BYTES = 48 * KiB
+"""Raw page size the paging hints ask for (the most that encodes under the cap)."""
+
+# --- match: regex search over stored output (docs/protocol.md, Search) ---------------
+MATCH_DEFAULT_MAX = 50
+"""Matching lines one `match` reply returns unless the caller asks for more."""
+MATCH_MAX_RESULTS = 1000
+"""Most matching lines one reply may ask for (the 64 KiB value bound cuts earlier)."""
+MATCH_MAX_CONTEXT = 20
+"""Most context lines before/after each match."""
+MATCH_REGEX_MAX_CHARS = 1024
+"""Longest regex `match` accepts."""
+MATCH_BLOCK = 4 * MiB
+"""Bytes read (pread) per step of a search; the deadline is checked between steps."""
+MATCH_LINE_MAX = 1 * MiB
+"""A line longer than this is searched in its first MATCH_LINE_MAX bytes only."""
+MATCH_TEXT_MAX = 512
+"""Bytes of a matching (or context) line shown in a reply; longer lines are cut."""
+MATCH_DEADLINE_S = 5.0
+"""Wall time one search may take, plus a second per MATCH_DEADLINE_BYTES_PER_S searched;
+a regex running past it is stopped (-32005)."""
+MATCH_DEADLINE_BYTES_PER_S = 64 * MiB
+"""The slowest scan rate the deadline allows for (big outputs get more time)."""
 
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024
@@ -54,6 +94,38 @@ TASK_OUTPUT_EVENT_INTERVAL_S = 0.5
 PROGRESS_INTERVAL_S = 1.0
 """MCP progress notifications: at most one per second."""
 AUTOSTART_TIMEOUT_S = 5.0
+KERNEL_IDLE_WORKERS = 8
+"""Kernel threads kept idle for the next connection or blocking call (starting a thread
+costs a hand-off on the critical path; an idle one is woken instead)."""
+KERNEL_WORKER_IDLE_S = 5.0
+"""An idle kernel worker thread exits after this long without work."""
+
+# --- client timeouts (docs/configuration.md, "Timeouts") -----------------------------
+CONNECT_TIMEOUT_S = 5.0
+"""Longest wait for the kernel's socket to accept a connection."""
+ATTACH_TIMEOUT_S = 30.0
+"""Longest wait for ``session.attach`` to be answered."""
+CALL_TIMEOUT_S = 60.0
+"""Default for a call that is quick by nature (everything but waits and runs)."""
+CALL_BUDGET_GRACE_S = 15.0
+"""Added to a caller's own budget (``timeout_ms``) before the client gives up."""
+LIVENESS_INTERVAL_S = 5.0
+"""A call unanswered this long makes the client ping the kernel on the same link."""
+LIVENESS_TIMEOUT_S = 15.0
+"""A ping unanswered this long means the kernel is stalled (stopped, wedged)."""
+STATUS_PROBE_TIMEOUT_S = 5.0
+"""How long ``shoal kernel status`` and ``shoal doctor`` wait for a ping."""
+KERNEL_STOP_TIMEOUT_S = 10.0
+"""``shoal kernel stop``: SIGTERM, then SIGKILL by pid after this long."""
+
+# --- cleanup (docs/configuration.md, "Cleanup") ------------------------------------
+GC_DEFAULT_MAX_AGE_S = 30 * 24 * 3600
+"""`shoal gc` with neither --older-than nor --max-size: outputs older than 30 days."""
+GC_ORPHAN_GRACE_S = 600.0
+"""A blob no value references is removed only once it is this old (it may be one an
+exec is finalizing right now)."""
+GC_SAMPLE_REFS = 20
+"""How many of the pruned refs a gc report names."""
 
 # --- PTYs (docs/protocol.md, PTYs) -------------------------------------------------
 PTY_MIN_DIM = 1
@@ -99,6 +171,13 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+SANDBOX_SPEC_TTL_S = 2.0
+"""How long a principal's built sandbox spec is reused (building one walks the grants
+and /etc, ~3-10 ms). Safe to reuse: the supervisor re-checks every rule path and leaves
+out any that now resolves elsewhere, so a stale spec can only be narrower."""
+APPROVAL_EVENT_SRC_CHARS = 4096
+"""Longest escaped source in an ``approval`` event; a longer one ends in a marker that
+says how much more there is (``plan.get`` has all of it, never silently cut)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-06-18"

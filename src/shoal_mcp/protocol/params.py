@@ -15,6 +15,9 @@ from __future__ import annotations
 from .limits import (
     EVENT_RING,
     JOURNAL_MAX_ROWS,
+    MATCH_MAX_CONTEXT,
+    MATCH_MAX_RESULTS,
+    MATCH_REGEX_MAX_CHARS,
     PATH_MAX_CHARS,
     PTY_MAX_ARGS,
     PTY_MAX_DIM,
@@ -79,6 +82,24 @@ ELIDE = {
         "render_head": {"type": "integer", "minimum": 0, "maximum": 1000},
     },
     "additionalProperties": False,
+}
+REGEX = {"type": "string", "maxLength": MATCH_REGEX_MAX_CHARS}
+MATCH = {
+    "anyOf": [
+        REGEX,
+        closed(
+            {
+                "regex": REGEX,
+                "context": {"type": "integer", "minimum": 0, "maximum": MATCH_MAX_CONTEXT},
+                "max": {"type": "integer", "minimum": 1, "maximum": MATCH_MAX_RESULTS},
+                "ignore_case": BOOL,
+                "invert": BOOL,
+                "from_line": {"type": "integer", "minimum": 1},
+            },
+            ("regex",),
+        ),
+    ],
+    "description": "regex (a string), or {regex, context?, max?, ignore_case?, invert?, from_line?}",
 }
 PTY_ID = {"type": "string", "minLength": 1, "maxLength": 64}
 PTY_DIM = {"type": "integer", "minimum": PTY_MIN_DIM, "maximum": PTY_MAX_DIM}
@@ -147,6 +168,7 @@ VALUE_GET = closed(
         "offset": OFFSET,
         "length": LENGTH,
         "with_render": {"type": "boolean", "description": "json format: also return the render"},
+        "match": MATCH,
     },
     ("ref",),
 )
@@ -216,6 +238,22 @@ PTY_RESIZE = closed(
 )
 PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
 
+STORE_GC = closed(
+    {
+        "max_age_s": {
+            "type": "number",
+            "minimum": 0,
+            "description": "prune values older than this",
+        },
+        "max_bytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "then prune the oldest until the blobs kept fit this size",
+        },
+        "dry_run": {"type": "boolean", "description": "report only (default true)"},
+    }
+)
+
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
     "ping": NONE,
@@ -250,5 +288,6 @@ PARAMS: dict[str, dict] = {
     "pty.resize": PTY_RESIZE,
     "pty.close": PTY_CLOSE,
     "pty.list": NONE,
+    "store.gc": STORE_GC,
 }
 """Every kernel method's params schema, by method name."""

@@ -159,6 +159,47 @@ def val_uri(digest: str, offset: int | None = None, length: int | None = None) -
     return build(VAL, digest, {"offset": offset, "length": length})
 
 
+# -- value queries (docs/protocol.md, Resource templates and Search) ----------------------
+
+MATCH_FLAGS = ("ignore_case", "invert")
+MATCH_INTS = ("context", "max", "from_line")
+VALUE_QUERY_STRS = ("path", "slice", "format")
+VALUE_QUERY_INTS = ("offset", "length")
+
+
+def match_query(match: dict[str, object]) -> dict[str, object]:
+    """URI query items for a ``match`` param (``match=REGEX&context=2&invert=1``…)."""
+    out: dict[str, object] = {"match": match["regex"]}
+    out.update({k: match[k] for k in MATCH_INTS if k in match})
+    out.update({k: 1 for k in MATCH_FLAGS if match.get(k)})
+    return out
+
+
+def _query_int(query: dict[str, str], key: str) -> int:
+    try:
+        return int(query[key])
+    except ValueError:
+        raise BadName(f"query {key}={_shown(query[key])!r} is not an integer") from None
+
+
+def value_params(query: dict[str, str]) -> dict[str, object]:
+    """The ``value.get`` params a value URI's query stands for (all but ``path``).
+
+    ``match`` with its options becomes the ``match`` object; flags are true for
+    1/true/yes. BadName names a malformed item.
+    """
+    params: dict[str, object] = {k: query[k] for k in ("slice", "format") if query.get(k)}
+    params.update({k: _query_int(query, k) for k in VALUE_QUERY_INTS if k in query})
+    if "match" in query:
+        match: dict[str, object] = {"regex": query["match"]}
+        match.update({k: _query_int(query, k) for k in MATCH_INTS if k in query})
+        match.update(
+            {k: query[k].lower() in ("1", "true", "yes") for k in MATCH_FLAGS if k in query}
+        )
+        params["match"] = match
+    return params
+
+
 def with_query(uri: str, **query: object) -> str:
     """``uri`` with ``query`` items set (replacing same-named ones)."""
     parsed = parse_uri(uri)

@@ -12,13 +12,22 @@ from pathlib import Path
 from ...protocol.errors import ErrorCode, RpcError
 from ...tokens import TokenStore
 from .budgets import PRINCIPAL_BUDGETS
-from .policy import Policy, PrincipalPolicy
+from .confine import Confinement
+from .policy import Policy, PrincipalPolicy, Verdict
+from .sandbox import SandboxSpec
 
 
 class Guard:
     def __init__(
-        self, state_dir: Path, policy_path: Path | None, local_principal: str, require_token: bool
+        self,
+        state_dir: Path,
+        policy_path: Path | None,
+        local_principal: str,
+        require_token: bool,
+        confinement: Confinement | None = None,
     ) -> None:
+        # No confinement given (unit tests, tools): nothing is confined, and caps say so.
+        self.confinement = confinement or Confinement("off", forbidden=(str(state_dir),))
         self.tokens = TokenStore(state_dir / "tokens.json")
         self.policy = Policy.load(str(policy_path) if policy_path else None)
         self.local_principal = local_principal
@@ -28,6 +37,21 @@ class Guard:
 
     def for_principal(self, principal: str) -> PrincipalPolicy:
         return self.policy.for_principal(principal, self.local_principal)
+
+    def evaluate(self, principal: str, effects: list[dict], reversibility: str) -> Verdict:
+        """The policy's verdict; ``opaque`` means "run sandboxed" where the sandbox holds."""
+        return self.for_principal(principal).evaluate(
+            effects, reversibility, enforcing=self.confinement.enforcing
+        )
+
+    def sandbox_spec(
+        self, principal: str, *, ttys: tuple[str, ...] = (), also_read: tuple[str, ...] = ()
+    ) -> SandboxSpec | None:
+        """The sandbox for one process ``principal`` starts, or None when unconfined;
+        ``also_read``: kernel-made paths it may read (``$SHOAL_OUT``)."""
+        return self.confinement.spec_for(
+            self.for_principal(principal), ttys=ttys, also_read=also_read
+        )
 
     def authenticate(self, token: str | None) -> str:
         if token is None:
@@ -46,7 +70,10 @@ class Guard:
     def caps(self, principal: str) -> dict:
         pol = self.for_principal(principal)
         return {
-            "enforced": False,  # no filesystem sandbox: policy gates what shoal runs, not what it touches
+            # The OS sandbox's level for this principal's processes, or false when they
+            # run unconfined (the local human by default, or no Landlock here).
+            "enforced": self.confinement.enforced() if self.confinement.applies_to(pol) else False,
+            "sandbox": self.confinement.mode,
             "approver": pol.approver,
             "journal_read": pol.journal_read,
             "tasks_read": pol.tasks_read,

@@ -1,8 +1,14 @@
 """Plans: analysed commands awaiting (or granted) approval (docs/security.md, Approval flow).
 
 Each plan lives under its (session, principal); its ref hashes (session, principal,
-src, effects) to 128 bits, so two callers planning the same command never share or
-overwrite a plan. Only approvers decide; a denied plan stays denied.
+src, effects, cwd, env hash) to 128 bits, so two callers planning the same command
+never share or overwrite a plan, and a changed cwd or env is a different plan. Only
+approvers decide; a denied plan stays denied; an applied plan is never reused: the same
+source planned (or requested) again gets a fresh ref (a generation in the hash).
+
+Approver views show the source through :func:`escape_controls` (``src_display``): the
+whole of it, every control character visible, so ``\r`` or ESC cannot hide a second
+command behind the first.
 
 Budgets (docs/configuration.md, Budgets): a principal keeps at most ``max_plans`` plans
 holding ``max_plan_bytes`` of source in all. Storing one more first drops that
@@ -25,8 +31,9 @@ from typing import Any
 import orjson
 
 from ...protocol import uri
+from ...protocol.display import escape_controls
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import PLAN_REF_HEX
+from ...protocol.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
@@ -53,6 +60,8 @@ class Plan:
     approved_kinds: list[str] = field(default_factory=list)
     decided_by: str | None = None
     created: float = field(default_factory=time.time)
+    env_hash: str = ""
+    generation: int = 0  # > 0: planned again after an apply (a fresh ref)
 
     @property
     def uri(self) -> str:
@@ -65,7 +74,9 @@ class Plan:
             "session": self.session,
             "principal": self.principal,
             "src": self.src,
+            "src_display": escape_controls(self.src),
             "cwd": self.cwd,
+            "env_hash": self.env_hash,
             "effects": self.effects,
             "reversibility": self.reversibility,
             "verdict": self.verdict,
@@ -96,9 +107,30 @@ class PlanBudget:
     max_bytes: int
 
 
-def plan_ref(session: str, principal: str, src: str, effects: list[dict]) -> str:
-    material = orjson.dumps([session, principal, src, effects])
+def plan_ref(
+    session: str,
+    principal: str,
+    src: str,
+    effects: list[dict],
+    cwd: str = "",
+    env_hash: str = "",
+    generation: int = 0,
+) -> str:
+    material = orjson.dumps([session, principal, src, effects, cwd, env_hash, generation])
     return "plan:" + hashlib.blake2b(material, digest_size=PLAN_REF_HEX // 2).hexdigest()
+
+
+def env_digest(env: dict[str, str]) -> str:
+    """The session env hash a plan is bound to: the same digest as ``Session.env_hash``
+    (what ``session.attach``/``session.env`` report), so an approver can compare them."""
+    blob = orjson.dumps(env, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def _ref_of(plan: Plan, generation: int) -> str:
+    return plan_ref(
+        plan.session, plan.principal, plan.src, plan.effects, plan.cwd, plan.env_hash, generation
+    )
 
 
 class PlanStore:
@@ -109,7 +141,8 @@ class PlanStore:
         self._lock = threading.Lock()
 
     def put(self, plan: Plan, budget: PlanBudget | None = None) -> Plan:
-        """Store ``plan``; an existing plan with the same ref (same owner) is kept.
+        """Store ``plan``; an existing plan with the same ref (same owner) is kept, unless
+        it was applied: then ``plan`` is stored under a fresh ref (next generation).
 
         A plan whose verdict is ``deny`` is not stored (its ref is remembered). With a
         ``budget``, older plans of the principal give way first; -32031 when none can.
@@ -117,6 +150,10 @@ class PlanStore:
         with self._lock:
             store = self._by_owner.setdefault((plan.session, plan.principal), {})
             existing = store.get(plan.ref)
+            while existing is not None and existing.state == APPLIED:
+                plan.generation = existing.generation + 1
+                plan.ref = _ref_of(plan, plan.generation)
+                existing = store.get(plan.ref)
             if existing is not None:
                 return existing
             if plan.verdict == "deny":
@@ -175,6 +212,23 @@ class PlanStore:
         with self._lock:
             count, size = self._held.get(principal, [0, 0])
         return count, size
+
+    def renew(self, plan: Plan) -> Plan:
+        """A fresh plan (new ref, pending) for an applied plan's source, to request again."""
+        fresh = Plan(
+            plan.ref,
+            plan.session,
+            plan.principal,
+            plan.src,
+            plan.cwd,
+            plan.effects,
+            plan.reversibility,
+            plan.verdict,
+            list(plan.reasons),
+            env_hash=plan.env_hash,
+            generation=plan.generation,
+        )
+        return self.put(fresh)
 
     def get_own(self, ref: str, session: str, principal: str) -> Plan:
         ref = _norm(ref)
@@ -295,3 +349,12 @@ def _norm(ref: str) -> str:
         return uri.plan_ref_of(ref)
     except uri.BadName:
         return ref  # not found either way
+
+
+def plan_display(src: str, limit: int = APPROVAL_EVENT_SRC_CHARS) -> str:
+    """:func:`escape_controls` of ``src`` for a bounded view (an event): past ``limit``
+    characters it ends in a marker saying how many more there are, never a silent cut."""
+    shown = escape_controls(src)
+    if len(shown) <= limit:
+        return shown
+    return shown[:limit] + f" …[+{len(shown) - limit} more characters: plan.get shows all]"

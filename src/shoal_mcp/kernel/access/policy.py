@@ -333,6 +333,7 @@ class PrincipalPolicy:
         tmpdir: str,
         forbidden: Iterable[str],
         also_write: Iterable[str] = (),
+        also_read: Iterable[str] = (),
         ttys: Iterable[str] = (),
     ) -> SandboxSpec:
         """The OS sandbox for this principal's processes (see ``sandbox_build.build_spec``)."""
@@ -345,6 +346,7 @@ class PrincipalPolicy:
             tmpdir=tmpdir,
             forbidden=tuple(forbidden),
             also_write=tuple(also_write),
+            also_read=tuple(also_read),
             ttys=tuple(ttys),
         )
 

@@ -164,6 +164,14 @@ class SandboxSpec:
             **kw,  # type: ignore[arg-type]
         )
 
+    def plus(self, *, write: tuple[str, ...] = (), devices: tuple[str, ...] = ()) -> SandboxSpec:
+        """This spec with more canonical paths the kernel made for this one process: its
+        spool files (``write``), its own terminal (``devices``)."""
+        data = self.to_dict()
+        data["write"] = [*self.write, *write]
+        data["devices"] = [*self.devices, *devices]
+        return SandboxSpec.from_dict(data)
+
     def to_bytes(self) -> bytes:
         """The supervisor's wire form: a magic line, then :mod:`marshal` of :meth:`to_dict`
         (parsing JSON would cost the supervisor ~7 ms importing json)."""
@@ -303,11 +311,23 @@ def _read_text(path: str) -> str:
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_run.py")
 
 
-def runner_argv(spec_fd: int, argv: list[str], python: str | None = None) -> list[str]:
-    """The command line that applies the spec read from ``spec_fd`` and execs ``argv``."""
+def runner_argv(
+    spec_fd: int,
+    argv: list[str],
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """The command line that applies the spec read from ``spec_fd`` and execs ``argv``.
+
+    With ``env`` (the environment the child gets), the runner restores ``LC_CTYPE`` as
+    it is there: the interpreter coerces a C locale to ``LC_CTYPE=C.UTF-8`` in its own
+    environment, which the program would otherwise inherit."""
     import sys
 
-    return [python or sys.executable, "-I", "-S", RUNNER, str(spec_fd), "--", *argv]
+    flags: list[str] = []
+    if env is not None:
+        flags.append("--lc-ctype=" + ("=" + env["LC_CTYPE"] if "LC_CTYPE" in env else "-"))
+    return [python or sys.executable, "-I", "-S", RUNNER, str(spec_fd), *flags, "--", *argv]
 
 
 class SandboxSupport:

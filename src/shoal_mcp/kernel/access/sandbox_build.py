@@ -161,6 +161,7 @@ def build_spec(
     tmpdir: str,
     forbidden: tuple[str, ...] | list[str] = (),
     also_write: tuple[str, ...] | list[str] = (),
+    also_read: tuple[str, ...] | list[str] = (),
     ttys: tuple[str, ...] | list[str] = (),
     system_read: tuple[str, ...] = SYSTEM_READ,
     home_read: tuple[str, ...] = HOME_READ,
@@ -173,7 +174,8 @@ def build_spec(
     ``tmpdir``: the private temp dir (must exist; read, write and delete there).
     ``also_write``: exact paths the kernel wants writable even inside its own dirs (an
     exec's own spool files, so ``> /dev/stdout`` works); never a tree holding a
-    forbidden path.  ``ttys``: the PTY's own slave device, if any.
+    forbidden path.  ``also_read``: the same for reading (``$SHOAL_OUT``, the caller's
+    own stored outputs); paths that do not exist are left out.  ``ttys``: the PTY's own slave device, if any.
     ``net_connect``: ``host:port`` grants; hosts are advisory, ports are enforced.
     ``system_secrets``: paths (``*`` allowed in the last part) cut out of the system
     trees; default :data:`SYSTEM_SECRETS` when running as root, else none.
@@ -230,6 +232,13 @@ def build_spec(
         if real == tmp:
             out["read"].append(real)
             out["delete"].append(real)
+
+    for path in also_read:
+        real = os.path.realpath(path)
+        if any(_under(f, real) for f in banned):
+            raise SandboxError(errno.EINVAL, f"{path}: contains a kernel directory")
+        if os.path.exists(real):
+            out["read"].append(real)
 
     tcp: tuple[int, ...] | None = ()
     if net_connect:

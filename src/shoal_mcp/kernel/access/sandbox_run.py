@@ -1,12 +1,14 @@
 """Apply a sandbox spec, then exec a program: the exec supervisor's core.
 
-    python -I -S sandbox_run.py SPEC_FD -- ARGV...
+    python -I -S sandbox_run.py SPEC_FD [--lc-ctype==VALUE|-] -- ARGV...
     python -I -S sandbox_run.py --probe
 
 ``SPEC_FD`` is a readable descriptor holding the spec (``SandboxSpec.to_bytes()``, or
 JSON); it is read to EOF and closed.  ``TMPDIR`` is set to the spec's temp dir.  Exit
 125 when the sandbox cannot be applied (nothing ran), 126/127 when ARGV cannot be
-executed.  ``--probe`` confines this process with an empty sandbox and prints what
+executed.  ``--lc-ctype`` restores the program's ``LC_CTYPE`` (``=VALUE``) or removes it
+(``-``): the interpreter's C-locale coercion set it in this process.  ``--probe``
+confines this process with an empty sandbox and prints what
 enforced, as JSON.  Standard library only; ``-I -S`` keeps start-up near 10 ms.
 """
 
@@ -33,8 +35,11 @@ def main(args: list[str]) -> int:
 
         os.write(1, json.dumps(sandbox.probe_self()).encode())
         return 0
+    lc_ctype = None
+    if len(args) > 1 and args[1].startswith("--lc-ctype="):
+        lc_ctype = args.pop(1)[len("--lc-ctype=") :]
     if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
-        return _fail(2, "usage: sandbox_run.py SPEC_FD -- ARGV...")
+        return _fail(2, "usage: sandbox_run.py SPEC_FD [--lc-ctype==VALUE|-] -- ARGV...")
     fd, argv = int(args[0]), args[2:]
     try:
         chunks = []
@@ -46,6 +51,10 @@ def main(args: list[str]) -> int:
     except OSError as e:
         return _fail(125, str(e))
     os.environ.update(spec.environ())
+    if lc_ctype == "-":
+        os.environ.pop("LC_CTYPE", None)
+    elif lc_ctype is not None and lc_ctype.startswith("="):
+        os.environ["LC_CTYPE"] = lc_ctype[1:]
     err = _exec(argv)
     return _fail(127 if isinstance(err, FileNotFoundError) else 126, f"{argv[0]}: {err.strerror}")
 

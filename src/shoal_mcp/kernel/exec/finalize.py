@@ -124,6 +124,7 @@ class Finalizer:
             "ok": outcome["ok"],
             "status": outcome["status"],
             "stored": {"out_len": out_info.size, "err_len": err_info.size},
+            "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 
     def _spool_full(self, run: RunningCommand) -> str | None:

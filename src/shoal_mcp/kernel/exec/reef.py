@@ -1,4 +1,12 @@
-"""``session.reef``: the active project scope and the tools it uses (cached, offline)."""
+"""``session.reef``: the active project scope and the tools it uses (cached, offline).
+
+Finding a tool's version means running ``TOOL --version`` from the session's ``PATH``,
+which the principal controls (``export PATH=...`` can plant any program there).  So the
+probe runs under the caller's sandbox when it has one, with a minimal environment; a
+principal whose policy asks for a sandbox the kernel cannot give (``--sandbox off``, no
+Landlock) gets paths only, never a probe.  The local human, unconfined, probes as its
+own exec would run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+
+from ..access.sandbox import SandboxSpec, runner_argv
 
 # Marker file → tools that kind of project usually needs.
 PROJECT_MARKERS: dict[str, tuple[str, ...]] = {
@@ -22,7 +32,7 @@ PROJECT_MARKERS: dict[str, tuple[str, ...]] = {
 ALWAYS = ("bash",)
 VERSION_TIMEOUT_S = 2.0
 
-_cache: dict[tuple[str, int], str | None] = {}
+_cache: dict[tuple[str, int, bool], str | None] = {}
 _cache_lock = threading.Lock()
 
 
@@ -36,22 +46,18 @@ def find_project(cwd: str) -> tuple[str | None, list[str]]:
     return None, []
 
 
-def tool_version(path: str) -> str | None:
-    """First line of ``TOOL --version``, cached by (path, mtime); never networked."""
+def tool_version(path: str, sandbox: SandboxSpec | None = None) -> str | None:
+    """First line of ``TOOL --version``, cached by (path, mtime, confined); never
+    networked.  With ``sandbox`` the probe runs confined by it."""
     try:
-        key = (path, os.stat(path).st_mtime_ns)
+        key = (path, os.stat(path).st_mtime_ns, sandbox is not None)
     except OSError:
         return None
     with _cache_lock:
         if key in _cache:
             return _cache[key]
     try:
-        proc = subprocess.run(
-            [path, "--version"],
-            capture_output=True,
-            timeout=VERSION_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = _run_version(path, sandbox)
         text = (proc.stdout or proc.stderr).decode("utf-8", "replace").strip().splitlines()
         version = text[0][:200] if text else None
     except (OSError, subprocess.TimeoutExpired):
@@ -61,7 +67,37 @@ def tool_version(path: str) -> str | None:
     return version
 
 
-def reef(cwd: str, env: dict[str, str]) -> dict:
+def _run_version(path: str, sandbox: SandboxSpec | None) -> subprocess.CompletedProcess[bytes]:
+    if sandbox is None:
+        return subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            timeout=VERSION_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    env = {"PATH": os.defpath, "LC_ALL": "C"}  # nothing of the session's env but the path
+    spec_fd = os.memfd_create("shoal-sandbox-spec")
+    try:
+        os.write(spec_fd, sandbox.to_bytes())
+        os.lseek(spec_fd, 0, os.SEEK_SET)
+        return subprocess.run(
+            runner_argv(spec_fd, [path, "--version"], env=env),
+            capture_output=True,
+            timeout=VERSION_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(spec_fd,),
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        os.close(spec_fd)
+
+
+def reef(
+    cwd: str, env: dict[str, str], *, sandbox: SandboxSpec | None = None, probe: bool = True
+) -> dict:
+    """Project root, markers and tools; ``sandbox``: run version probes confined by it;
+    ``probe=False``: no program is run (paths only)."""
     root, markers = find_project(cwd)
     wanted: list[str] = list(ALWAYS)
     for m in markers:
@@ -72,11 +108,13 @@ def reef(cwd: str, env: dict[str, str]) -> dict:
         entry: dict = {"name": name, "found": path is not None}
         if path:
             entry["path"] = path
-            version = tool_version(path)
+            version = tool_version(path, sandbox) if probe else None
             if version:
                 entry["version"] = version
         tools.append(entry)
     out: dict = {"cwd": cwd, "markers": markers, "tools": tools}
+    if not probe:
+        out["versions"] = "not probed: this principal must be sandboxed and the sandbox is off"
     if root:
         out["root"] = root
     return out

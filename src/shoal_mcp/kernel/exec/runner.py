@@ -19,6 +19,7 @@ from pathlib import Path
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
 from ...protocol.limits import CANCEL_GRACE_S
+from ..access.sandbox import SandboxSpec, runner_argv
 
 BASH_ARGV = ["bash", "--noprofile", "--norc", "-c"]
 MAX_ARG_BYTES = 120 * 1024
@@ -144,8 +145,19 @@ def _size(path: Path) -> int:
         return 0
 
 
-def spawn(src: str, cwd: str, env: dict[str, str], spool_dir: Path) -> RunningCommand:
-    """Start ``bash -c src`` with stdout/stderr going to fresh spool files."""
+def spawn(
+    src: str,
+    cwd: str,
+    env: dict[str, str],
+    spool_dir: Path,
+    *,
+    sandbox: SandboxSpec | None = None,
+) -> RunningCommand:
+    """Start ``bash -c src`` with stdout/stderr going to fresh spool files.
+
+    With ``sandbox``, bash starts under ``sandbox_run.py``, which applies the spec in the
+    fresh child before exec (no ``preexec_fn`` in the threaded kernel); the exec's own
+    stdout/stderr spool files are added to its writable paths (``> /dev/stdout``)."""
     if not os.path.isdir(cwd):
         raise RpcError(
             ErrorCode.RAISED,
@@ -165,15 +177,24 @@ def spawn(src: str, cwd: str, env: dict[str, str], spool_dir: Path) -> RunningCo
         if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
             # Too long for one argv string (E2BIG): bash reads the source from an
             # inherited descriptor of an already unlinked file instead.
-            src_fd, src_name = tempfile.mkstemp(prefix="run-", suffix=".src", dir=spool_dir)
+            # Sandboxed, it lives in the private temp dir: bash reopens it by path, and
+            # the spool dir (in the kernel's state dir) is outside every sandbox.
+            src_dir = sandbox.tmpdir if sandbox is not None and sandbox.tmpdir else spool_dir
+            src_fd, src_name = tempfile.mkstemp(prefix="run-", suffix=".src", dir=src_dir)
             fds.append(src_fd)
             os.unlink(src_name)
             write_all(src_fd, src.encode("utf-8", "surrogatepass"))
             os.lseek(src_fd, 0, os.SEEK_SET)
             pass_fds.append(src_fd)
             script = _prelude(state_fd) + f". /dev/fd/{src_fd}"
+        argv = [*BASH_ARGV, script]
+        if sandbox is not None:
+            spec_fd = _spec_fd(sandbox.plus(write=(str(paths[0]), str(paths[1]))))
+            fds.append(spec_fd)
+            pass_fds.append(spec_fd)
+            argv = runner_argv(spec_fd, argv, env=env)
         proc = subprocess.Popen(
-            [*BASH_ARGV, script],
+            argv,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -193,3 +214,15 @@ def spawn(src: str, cwd: str, env: dict[str, str], spool_dir: Path) -> RunningCo
         for fd in fds:
             os.close(fd)
     return RunningCommand(src, cwd, proc, paths[0], paths[1], paths[2])
+
+
+def _spec_fd(spec: SandboxSpec) -> int:
+    """A descriptor holding the spec for the supervisor (a memfd: no size limit, no file)."""
+    fd = os.memfd_create("shoal-sandbox-spec")  # close-on-exec; pass_fds hands it to the child
+    try:
+        write_all(fd, spec.to_bytes())
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

@@ -22,10 +22,11 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
-from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
+from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, env_digest, plan_ref
 from ..effects import analyzer
 from ..store.sessions import SessionTable
 from ..values.elision import ElideOptions
+from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
 from .runner import spawn
@@ -88,19 +89,17 @@ class ExecService:
 
     # -- analysis and the gate ------------------------------------------------------------
 
-    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str]:
-        """Effects of ``src`` in the caller's session as it is now, and that cwd."""
+    def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str, str]:
+        """Effects of ``src`` in the caller's session as it is now, that cwd and env hash."""
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
-        return analyzer.analyze(src, cwd, env.get("HOME")), cwd
+        return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_digest(env)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd = self.analyze(who, src)
-        verdict = self.guard.for_principal(who.principal).evaluate(
-            analysis.effects, analysis.reversibility
-        )
-        ref = plan_ref(who.session, who.principal, src, analysis.effects)
+        analysis, cwd, env_now = self.analyze(who, src)
+        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_now)
         plan = Plan(
             ref,
             who.session,
@@ -111,6 +110,7 @@ class ExecService:
             analysis.reversibility,
             verdict.verdict,
             list(verdict.reasons),
+            env_hash=env_now,
         )
         return plan, verdict
 
@@ -206,10 +206,10 @@ class ExecService:
                     },
                 )
             return
-        # The approval covers the effects derived in the plan's cwd and env; if the session
-        # moved since (cd, export, HOME), the same source would touch other things.
-        analysis, cwd = self.analyze(who, plan.src)
-        if cwd != plan.cwd or analysis.effects != plan.effects:
+        # The approval covers the plan's cwd and env (its hash): if the session moved since
+        # (cd, export PATH=..., HOME), the same source would run other things.
+        analysis, cwd, env_now = self.analyze(who, plan.src)
+        if cwd != plan.cwd or env_now != plan.env_hash or analysis.effects != plan.effects:
             raise RpcError(
                 ErrorCode.APPROVAL_REQUIRED,
                 "the session's cwd or environment changed since this plan was approved; "
@@ -220,6 +220,8 @@ class ExecService:
                     "effects": analysis.effects,
                     "cwd": cwd,
                     "plan_cwd": plan.cwd,
+                    "env_hash": env_now,
+                    "plan_env_hash": plan.env_hash,
                     "state": plan.state,
                 },
             )
@@ -236,9 +238,18 @@ class ExecService:
         task = self._start(who, src, effects, opts.background)
         if opts.background:
             return task_handle(task)
-        if caller.spawned(task):
-            self.tasks.cancel(task)  # a cancel overtook the spawn
-        if not self._wait(task, opts.timeout_ms, caller):
+        # A foreground exec is watched (and finalized) on this thread, which then writes
+        # the reply: no waiter thread, no hand-off. Whenever this thread stops watching
+        # before the end, the task gets a waiter thread of its own.
+        try:
+            if caller.spawned(task):
+                self.tasks.cancel(task)  # a cancel overtook the spawn
+            waited = self._wait(task, opts.timeout_ms, caller)
+        except BaseException:
+            self.tasks.watch_in_background(task)
+            raise
+        if not waited:
+            self.tasks.watch_in_background(task)
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
             # instead of an unlisted process nobody can name.
@@ -254,24 +265,34 @@ class ExecService:
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         session = self.sessions.get_or_create(who.session)
         cwd, env = session.snapshot()
+        # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
+        # readable inside the sandbox too.
+        outputs = str(self.values.outputs.sync(who.principal, who.session))
+        env = {**env, SHOAL_OUT_ENV: outputs}
+        # None: this principal runs unconfined.
+        box = self.guard.sandbox_spec(who.principal, also_read=(outputs,))
+        if box is not None:
+            # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
+            # state report echoing it is no change of the agent's (nothing to refuse).
+            env = {**env, **box.environ()}
         if not background:
-            run = spawn(src, cwd, env, self.spool_dir)
+            run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, False, effects)
         # Check and start as one step per principal, so parallel calls cannot overshoot.
         with self.guard.quota_lock(who.principal, "max_tasks"):
             self._check_task_quota(who)
-            run = spawn(src, cwd, env, self.spool_dir)
+            run = spawn(src, cwd, env, self.spool_dir, sandbox=box)
             return self.tasks.start(who.session, who.principal, src, run, True, effects)
 
-    @staticmethod
-    def _wait(task: Task, timeout_ms: int | None, caller: Caller) -> bool:
-        """Wait for ``task`` within the budget; False when the budget ran out or the caller left."""
+    def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
+        """Watch ``task`` on this thread within the budget; False when the budget ran out
+        or the caller left (the task is then still running, or finishing)."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while True:
             step = DISCONNECT_POLL_S
             if deadline is not None:
                 step = min(step, max(0.0, deadline - time.monotonic()))
-            if task.done.wait(step):
+            if self.tasks.watch(task, step):
                 return True
             if caller.gone() or (deadline is not None and time.monotonic() >= deadline):
                 return False
@@ -307,7 +328,13 @@ class ExecService:
                 "message": "task ended without a result",
             }
             raise RpcError(err["code"], err["message"], err.get("data"))
-        sel = self.values.select(who, task.result["ref"], "", None)
+        stored = task.result.get("value")
+        if stored is not None:
+            # The outcome this exec just stored, straight from memory: no transcript read
+            # and JSON decode between finalize and the reply.
+            sel = self.values.stored(task.result["ref"], task.result["uri"], stored)
+        else:
+            sel = self.values.select(who, task.result["ref"], "", None)
         result = {
             "ref": sel.ref,
             "uri": sel.base_uri,

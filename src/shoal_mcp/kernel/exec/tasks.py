@@ -2,8 +2,12 @@
 
 See docs/decisions.md, Exec.
 
-A waiter thread per task polls the child, publishes throttled ``output`` events, and on
-exit hands the task to ``finalize`` (CAS ingest, transcript, journal) exactly once.
+``watch`` polls the child, publishes throttled ``output`` events, and on exit hands the
+task to ``finalize`` (CAS ingest, transcript, journal) exactly once. A foreground exec is
+watched by the thread serving its call, which then writes the reply itself (no hand-off
+to another thread on the lean path); a background task, or a foreground one whose caller
+stopped waiting, gets a waiter thread of its own (``watch_in_background``). Only one
+thread watches a task at a time.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ class Task:
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The watcher's throttle for ``output`` events: last sizes sent and when the next may go.
+    sizes_sent: tuple[int, int] = (0, 0)
+    next_output_at: float = 0.0
 
     @property
     def ref(self) -> str:
@@ -119,20 +126,51 @@ class TaskManager:
         self.events.publish(
             task.channel, {"kind": "started", "task": task.ref, "pid": run.pid, "src": src[:256]}
         )
-        threading.Thread(
-            target=self._wait, args=(task,), name=f"task-{task.id}", daemon=True
-        ).start()
+        task.next_output_at = time.monotonic() + TASK_OUTPUT_EVENT_INTERVAL_S
+        if background:
+            self.watch_in_background(task)
         return task
 
-    def _wait(self, task: Task) -> None:
-        last_sizes = (0, 0)
-        while task.run.wait(TASK_OUTPUT_EVENT_INTERVAL_S) is None:
-            sizes = task.run.output_sizes()
-            if sizes != last_sizes:
-                last_sizes = sizes
-                self.events.publish(
-                    task.channel, {"kind": "output", "out_bytes": sizes[0], "err_bytes": sizes[1]}
-                )
+    def watch_in_background(self, task: Task) -> None:
+        """Give ``task`` a waiter thread of its own (its starter does not watch it)."""
+        if task.done.is_set():
+            return
+        threading.Thread(
+            target=self.watch, args=(task, None), name=f"task-{task.id}", daemon=True
+        ).start()
+
+    def watch(self, task: Task, timeout: float | None) -> bool:
+        """Watch ``task`` on this thread for up to ``timeout`` seconds (None: until it exits).
+
+        True once the command has exited and been finalized here; False when the time ran
+        out first (the caller then watches again or calls ``watch_in_background``).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            step = max(0.0, task.next_output_at - now)
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - now))
+            if task.run.wait(step) is not None:
+                break
+            now = time.monotonic()
+            if now >= task.next_output_at:
+                task.next_output_at = now + TASK_OUTPUT_EVENT_INTERVAL_S
+                self._publish_output(task)
+            if deadline is not None and now >= deadline:
+                return False
+        self._finish(task)
+        return True
+
+    def _publish_output(self, task: Task) -> None:
+        sizes = task.run.output_sizes()
+        if sizes != task.sizes_sent:
+            task.sizes_sent = sizes
+            self.events.publish(
+                task.channel, {"kind": "output", "out_bytes": sizes[0], "err_bytes": sizes[1]}
+            )
+
+    def _finish(self, task: Task) -> None:
         try:
             result = self.finalize(task)
             with task.lock:

@@ -74,6 +74,7 @@ from ...protocol.limits import (
     PTY_TERM,
     PTY_WINDOW_MIN_ROWS,
 )
+from ..access.sandbox import SandboxSpec
 from .keys import KEY_NAMES, encode_input
 from .screen import _cursor, _fill, _render, _Screen
 from .spawn import _winsize, spawn
@@ -175,6 +176,7 @@ class PtyManager:
         env: dict[str, str],
         cwd: str,
         owner: str,
+        sandbox: SandboxSpec | None = None,
     ) -> dict[str, Any]:
         if not isinstance(cmd, str) or not cmd or "\0" in cmd:
             raise invalid_params("cmd", "must be a non-empty string")
@@ -196,7 +198,7 @@ class PtyManager:
                 raise invalid_params(f"env.{k}", "must be a string without NUL")
         if not isinstance(cwd, str) or not cwd:
             raise invalid_params("cwd", "must be a directory path")
-        proc, master = spawn(cmd, args, cols, rows, env, cwd)
+        proc, master = spawn(cmd, args, cols, rows, env, cwd, sandbox=sandbox)
 
         with self._lock:
             num = self._next

@@ -14,6 +14,10 @@ request, calls `spawn` and owns the process and master fd afterwards.
   `preexec_fn`; CPython's C fork/exec path, vfork-capable, is used). Exec failures come
   back through a close-on-exec status pipe and raise `-32023`. The trampoline costs ~15 ms
   per `open`.
+* **Sandbox.** For a confined principal the kernel passes a `SandboxSpec`; the trampoline
+  applies it (plus this terminal's own slave device) after the signal reset and before
+  the exec, so the program and everything it starts (`less`'s `!cmd`, a shell) are
+  confined (docs/security.md). A spec that cannot be applied is a `-32023`.
 * **Environment.** The caller passes the complete environment (session env + overrides);
   `TERM=xterm-256color` is always set, because the emulator is what it is. `COLUMNS` and
   `LINES` are *removed*, not set: ncurses lets them override the window size ioctl, so a
@@ -35,6 +39,7 @@ import time
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import CANCEL_GRACE_S, PTY_SPAWN_TIMEOUT_S, PTY_TERM
+from ..access.sandbox import RUNNER, SandboxSpec
 
 __all__ = ["spawn"]
 
@@ -52,16 +57,32 @@ try:
             except (OSError, ValueError):
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    lc = sys.argv[2]
+    if sys.argv[2] != "-":
+        sys.path.insert(0, sys.argv[3])
+        from shoal_mcp.kernel.access import sandbox
+        spec_fd, data = int(sys.argv[2]), b""
+        while chunk := os.read(spec_fd, 65536):
+            data += chunk
+        os.close(spec_fd)
+        spec = sandbox.SandboxSpec.from_bytes(data)
+        sandbox.apply(spec)
+        os.environ.update(spec.environ())
+    lc = sys.argv[4]
     if lc[:1] == "=":
         os.environ["LC_CTYPE"] = lc[1:]
     else:
         os.environ.pop("LC_CTYPE", None)
-    os.execve(sys.argv[3], sys.argv[4:], os.environ)
+    os.execve(sys.argv[5], sys.argv[6:], os.environ)
 except BaseException as e:
     os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
     os._exit(127)
 """
+
+
+# Where `shoal_mcp` is imported from: the trampoline puts it on sys.path (it runs -I -S).
+_PACKAGE_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(RUNNER))))
+)
 
 
 def _winsize(fd: int, cols: int, rows: int) -> None:
@@ -110,12 +131,21 @@ def _read_status(fd: int) -> str | None:
 
 
 def spawn(
-    cmd: str, args: list[str], cols: int, rows: int, env: dict[str, str], cwd: str
+    cmd: str,
+    args: list[str],
+    cols: int,
+    rows: int,
+    env: dict[str, str],
+    cwd: str,
+    *,
+    sandbox: SandboxSpec | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """Start `cmd` on a new terminal of `cols` x `rows`; return the process and the master fd.
 
     The arguments are already validated (`PtyManager.open`); raises `-32023` if the program
-    cannot be started. The master is non-blocking and owned by the caller.
+    cannot be started. The master is non-blocking and owned by the caller. With `sandbox`,
+    the trampoline applies it (plus this terminal's own device) before the exec, so the
+    program and everything it starts (`less`'s `!cmd`, a shell) are confined.
     """
     if not os.path.isdir(cwd):
         raise _spawn_error(cmd, f"cwd {cwd!r} is not a directory")
@@ -127,7 +157,14 @@ def spawn(
 
     master, slave = os.openpty()
     status_r, status_w = os.pipe()
+    spec_fd: int | None = None
     try:
+        if sandbox is not None:
+            spec = sandbox.plus(devices=(os.path.realpath(os.ttyname(slave)),))
+            spec_fd = os.memfd_create("shoal-sandbox-spec")
+            os.write(spec_fd, spec.to_bytes())  # a memfd takes a whole write at once
+            os.lseek(spec_fd, 0, os.SEEK_SET)
+        box = ["-", "-"] if spec_fd is None else [str(spec_fd), _PACKAGE_ROOT]
         _winsize(master, cols, rows)
         attrs = termios.tcgetattr(slave)
         attrs[0] |= getattr(termios, "IUTF8", 0)
@@ -141,6 +178,7 @@ def spawn(
                 "-c",
                 _TRAMPOLINE,
                 str(status_w),
+                *box,
                 lc_ctype,
                 path,
                 cmd,
@@ -152,7 +190,7 @@ def spawn(
             cwd=cwd,
             env=child_env,
             start_new_session=True,
-            pass_fds=(status_w,),
+            pass_fds=(status_w,) if spec_fd is None else (status_w, spec_fd),
         )
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         os.close(master)
@@ -161,6 +199,8 @@ def spawn(
     finally:
         os.close(slave)
         os.close(status_w)
+        if spec_fd is not None:
+            os.close(spec_fd)
     try:
         failure = _read_status(status_r)
     finally:

@@ -2,9 +2,11 @@
 
 See docs/configuration.md, Paths, and docs/decisions.md, Kernel.
 
-Start-up order matters: take the ``flock`` first (concurrent starts: exactly one
-winner, losers exit 0), then inspect the socket path (refuse a live listener, a
-foreign socket or a non-socket; replace our own stale socket), then bind ``0600``.
+Start-up order matters: take the state dir's ``flock`` (``kernel.lock``, held for the
+kernel's life: one kernel per state dir, whatever its socket) and then the socket's
+(concurrent starts: exactly one winner, losers exit 0), then inspect the socket path
+(refuse a live listener, a foreign socket or a non-socket; replace our own stale
+socket), then bind ``0600`` and write ``kernel.json`` so clients can find the socket.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 from pathlib import Path
 
 from ... import __version__
+from ...protocol import discovery
 from ...protocol.limits import SHUTDOWN_DRAIN_S
 from ...protocol.paths import ensure_private_dir, socket_path, state_dir
 
@@ -44,6 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", help="policy TOML file (default: <state>/policy.toml if present)")
     p.add_argument(
         "--require-token", action="store_true", help="refuse attachments without a token"
+    )
+    p.add_argument(
+        "--sandbox",
+        choices=["auto", "required", "off"],
+        default="auto",
+        help="confine sandboxed principals' processes with Landlock: auto (when the machine "
+        "enforces it), required (refuse to start without it), off",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"shoal-kernel {__version__}")
@@ -75,14 +85,20 @@ def probe_socket(path: Path) -> str:
 def check_private_dir(directory: Path, what: str) -> Path:
     """Create ``directory`` 0700, or tighten an existing one of ours.
 
-    A foreign or shared directory (sticky or world-writable, e.g. ``--socket /tmp/k.sock``)
-    is refused before anything is changed: as root, chmod-ing /tmp to 0700 would break
-    every other user of the machine.
+    A symlink is refused (a squatter's link would have us chmod and bind in its target),
+    and so is a foreign or shared directory (sticky or world-writable, e.g. ``--socket
+    /tmp/k.sock``), before anything is changed: as root, chmod-ing /tmp to 0700 would
+    break every other user of the machine.
     """
     try:
-        st = os.stat(directory)
+        st = os.lstat(directory)
     except FileNotFoundError:
-        return ensure_private_dir(directory)
+        ensure_private_dir(directory)
+        st = os.lstat(directory)  # created by us now, unless someone raced us to it
+    if stat.S_ISLNK(st.st_mode):
+        raise StartRefused(f"{what} {directory} is a symlink; refusing to follow it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StartRefused(f"{what} {directory} is not a directory")
     if st.st_uid != os.geteuid():
         raise StartRefused(f"{what} {directory} belongs to uid {st.st_uid}")
     if st.st_mode & (stat.S_ISVTX | stat.S_IWOTH):
@@ -118,6 +134,39 @@ def setup_logging(state: Path, level: str) -> None:
     root.setLevel(level)
 
 
+def take_lock(path: Path) -> int | None:
+    """An fd holding an exclusive ``flock`` on ``path``, or None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def held_elsewhere(state: Path, sock_path: Path) -> int:
+    """Another kernel holds the state dir's lock: name it (status 2), or, when it is still
+    starting (no record yet), we merely lost the start race (status 0).
+
+    docs/decisions.md, "One kernel per state dir".
+    """
+    record = discovery.live_record(state)
+    if record is not None and record.get("pid") != os.getpid():
+        print(
+            f"shoal-kernel: a kernel already serves state dir {state}: pid {record['pid']}, "
+            f"socket {record['socket']} (version {record.get('version', '?')}); refusing. "
+            "Stop it with `shoal kernel stop` or use it.",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    print(
+        f"shoal-kernel: another kernel holds the lock of state dir {state} (starting); exiting",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sock_path = socket_path(args.socket)
@@ -127,14 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     except (StartRefused, OSError) as exc:
         print(f"shoal-kernel: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    lock_fd = os.open(str(sock_path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        # Another kernel holds the lock. If it already serves the socket this is a start
-        # over a live listener (refused, status 2); if it is still starting we merely lost
-        # the start-up race (status 0) — docs/decisions.md.
-        os.close(lock_fd)
+    # One kernel per state dir (whatever socket it was given), then one per socket.
+    state_fd = take_lock(discovery.lock_path(state))
+    if state_fd is None:
+        return held_elsewhere(state, sock_path)
+    lock_fd = take_lock(Path(str(sock_path) + ".lock"))
+    if lock_fd is None:
+        # Another kernel (of another state dir) holds this socket's lock. If it already
+        # serves the socket this is a start over a live listener (refused, status 2); if
+        # it is still starting we merely lost the start-up race (status 0).
+        os.close(state_fd)
         try:
             live = probe_socket(sock_path) == "live"
         except StartRefused:
@@ -160,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     if state_of_socket == "stale":
         os.unlink(sock_path)
     setup_logging(state, args.log_level)
-    return run(args, sock_path, state, lock_fd)
+    try:
+        return run(args, sock_path, state, lock_fd)
+    finally:
+        discovery.remove_record(state, os.getpid())
+        os.close(state_fd)  # last: the lock is held until the record is gone
 
 
 def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) -> int:
@@ -174,6 +229,7 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
         state_dir=state,
         policy_path=policy if (args.policy or policy.exists()) else None,
         require_token=args.require_token,
+        sandbox=args.sandbox,
     )
     try:
         kernel = Kernel(config)
@@ -184,6 +240,16 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
     listener = bind_listener(sock_path)
     inode = os.stat(sock_path).st_ino
     server = KernelServer(kernel, listener)
+    discovery.write_record(
+        state,
+        {
+            "pid": os.getpid(),
+            "socket": str(sock_path.absolute()),
+            "version": __version__,
+            "started": kernel.started,
+            "state_dir": str(state.absolute()),
+        },
+    )
 
     def stop(signum, _frame):
         log.info("signal %s: shutting down", signum)

@@ -53,6 +53,7 @@ from ..access.identity import Principal
 from ..app import Kernel
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,7 @@ class KernelServer:
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
         tune_malloc(self.stopping)  # before the connection threads: see malloc.py
+        self._threads = Workers()  # reused threads: no thread start per blocking call
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
 
@@ -220,7 +222,7 @@ class KernelServer:
                     self._workers -= 1
                     self._workers_done.notify_all()
 
-        threading.Thread(target=work, name=name, daemon=True).start()
+        self._threads.run(work, name)
 
     def drain(self, timeout: float) -> bool:
         """After stop(): wait until every connection and call thread has finished."""
@@ -229,6 +231,7 @@ class KernelServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._threads.close()
         try:
             self.listener.close()
         except OSError:

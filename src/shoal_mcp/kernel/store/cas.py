@@ -118,6 +118,15 @@ class FileSource:
         finally:
             os.close(fd)
 
+    @contextmanager
+    def open_fd(self) -> Iterator[int]:
+        """A read-only fd of the file for the caller's own preads (closed on exit)."""
+        fd = self._fd()
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def _fd(self) -> int:
         try:
             return os.open(self.path, os.O_RDONLY)

@@ -12,7 +12,7 @@ import orjson
 from .db import Database
 
 # Variables bash maintains itself; capturing them would drift on every exec.
-VOLATILE_ENV = frozenset({"_", "SHLVL", "OLDPWD", "PWD"})
+VOLATILE_ENV = frozenset({"_", "SHLVL", "OLDPWD", "PWD", "SHOAL_OUT"})  # SHOAL_OUT: per exec
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
@@ -27,7 +27,7 @@ from ...protocol.limits import (
     ELIDE_RENDER_HEAD,
     VALUE_HARD_CAP,
 )
-from .resolver import LinesView, TextBlob, kind_of
+from .resolver import LinesView, TextBlob, is_node, kind_of
 from .selectors import Field, Index, Segment, format_path
 
 
@@ -41,18 +41,22 @@ class ElideOptions:
     preview_items: int = ELIDE_PREVIEW_ITEMS
     preview_chars: int = ELIDE_PREVIEW_CHARS
     render_head: int = ELIDE_RENDER_HEAD
+    page_bytes: int = VALUE_HARD_CAP
+    """A rendered line range's page size: the hard cap unless the caller set max_bytes."""
 
     @classmethod
     def from_params(cls, params: dict | None) -> ElideOptions:
         """Caller overrides on top of the defaults; already schema-validated."""
         if not params:
             return cls()
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"page_bytes"}
         opts = cls(**{k: v for k, v in params.items() if k in known})
+        if "max_bytes" in params:
+            opts = replace(opts, page_bytes=params["max_bytes"])
         return opts
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "page_bytes"}
 
 
 def encoded_size(wire: Any) -> int:
@@ -134,14 +138,14 @@ class WireEncoder:
                 {"$": "list", "v": items}, items, list(range(len(items))), node, rel, budget
             )
         if isinstance(node, dict):
-            tag = node.get("$")
+            tag = node.get("$") if is_node(node) else None  # output's "$" keys are data
             if tag == "outcome":
                 return self._outcome(node, rel, budget)
             if tag in ("task", "ref", "error", "datetime"):
                 return {k: v for k, v in node.items()}
             if len(node) > self.opts.max_items:
                 return self.ref(node, rel)
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if tag is None or k != "$"]
             conv = {k: self._convert(node[k], rel + [Field(k)], budget) for k in keys}
             record: dict[str, Any] = {"$": "record", "v": conv}
             return self._fit(record, conv, keys, node, rel, budget)
@@ -221,10 +225,10 @@ class WireEncoder:
             if preview is not None:
                 out["preview"] = preview
         elif isinstance(node, dict):
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if k != "$" or not is_node(node)]
             out["n"] = len(keys)
             out["preview"] = keys[: max(opts.preview_items, 20)]
-            if node.get("$") == "outcome":
+            if is_node(node, "outcome"):
                 out["preview"] = {k: node[k] for k in ("status", "ok", "pid") if k in node}
         return {k: v for k, v in out.items() if v is not None}
 

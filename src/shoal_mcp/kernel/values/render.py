@@ -14,10 +14,17 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.framing import bound_text
-from ...protocol.limits import STDERR_TAIL_BYTES, VALUE_HARD_CAP
+from ...protocol.limits import (
+    JSON_SHAPE_BODY_BYTES,
+    PAGE_RAW_BYTES,
+    STDERR_TAIL_BYTES,
+    VALUE_HARD_CAP,
+)
 from .elision import ElideOptions, WireEncoder
-from .resolver import LinesView, Resolver, TextBlob, split_lines
+from .paging import call_text, fitting_prefix, line_page
+from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
+from .shape import json_shape
 
 RENDER_TAIL_LINES = 10
 """Lines shown after the marker; the head count is ElideOptions.render_head."""
@@ -53,21 +60,19 @@ class Renderer:
 
     def render(self, node: Any) -> str:
         """The render of ``node``, never over ``max_bytes`` (itself capped at 64 KiB)."""
+        if isinstance(node, LinesView):
+            # A line range asked for as text is a page: up to the 64 KiB bound, whatever
+            # max_bytes says, and the exact call for the next one (paging.py).
+            return line_page(node, self.ref, self.base_path, self.opts.page_bytes)
         budget = min(self.opts.max_bytes, VALUE_HARD_CAP)
         # Last line of defence only: the builders below already plan within the budget.
         return bound_text(self._render(node, budget), budget, self.base_uri)
 
     def _render(self, node: Any, budget: int) -> str:
-        if isinstance(node, dict) and node.get("$") == "outcome":
+        if is_node(node, "outcome"):
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
-            return self.text(node, [], budget)
-        if isinstance(node, LinesView):
-            # The lines are a byte span of the blob: render that span (head, marker, tail).
-            s, e = node.blob.line_span(node.first, node.stop)
-            if e > s and node.blob.read(e - 1, e) == b"\n":
-                e -= 1  # lines join with newlines; the last one's terminator is not shown
-            return self.text(node.blob.sub(s, e), [], budget, lines_selector="")
+            return self._text_with_shape(node, [], budget)
         if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
             return self.text("\n".join(node), [], budget, lines_selector="")
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
@@ -79,8 +84,8 @@ class Renderer:
     def _outcome(self, node: dict, budget: int) -> str:
         out = self.resolver.hydrate(node.get("out", ""))
         err = self.resolver.hydrate(node.get("err", ""))
-        failed = not node.get("ok", True)
-        tail = ""
+        failed = node.get("ok") is False
+        tail = "[running]" if node.get("status") is None and node.get("ok") is None else ""
         if failed:
             status = node.get("status")
             sig = node.get("signal")
@@ -90,10 +95,22 @@ class Renderer:
                 tail += "\n" + err_tail
         tail = _cut_bytes(tail, budget // 2)
         body_budget = budget - len(tail.encode()) - 1
-        body = self.text(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
-        if failed:
+        body = self._text_with_shape(out, [Field("out")], max(body_budget, MIN_TEXT_BUDGET))
+        if tail:
             return (body + ("\n" if body and not body.endswith("\n") else "") + tail).strip("\n")
         return body
+
+    def _text_with_shape(self, node: Any, rel: list[Segment], budget: int) -> str:
+        """``text``, and below it the JSON shape when a JSON output does not fit."""
+        if not isinstance(node, TextBlob) or node.size <= budget:
+            return self.text(node, rel, budget)
+        shape = json_shape(node, self.base_path + rel)
+        if shape is None or len(shape.encode()) * 2 > budget:
+            return self.text(node, rel, budget)
+        # The shape says what the raw text cannot; a short head of it is enough beside it.
+        body_budget = min(budget - len(shape.encode()) - 2, JSON_SHAPE_BODY_BYTES)
+        body = self.text(node, rel, max(body_budget, MIN_TEXT_BUDGET))
+        return f"{body}\n\n{shape}"
 
     def _tail_text(self, node: Any, limit: int) -> str:
         if isinstance(node, TextBlob):
@@ -116,6 +133,9 @@ class Renderer:
         """
         if isinstance(node, bytes):
             node = node.decode("utf-8", "replace")
+        path = format_path(self.base_path + rel)
+        if isinstance(node, TextBlob) and not node.is_text and node.size:
+            return self._raw_hint("[binary output]", path, 0, node.size)
         size = (
             node.size if isinstance(node, TextBlob) else len(node.encode("utf-8", "surrogatepass"))
         )
@@ -124,19 +144,29 @@ class Renderer:
         head_n = self.opts.render_head
         tail_n = RENDER_TAIL_LINES
         total = node.line_count() if isinstance(node, TextBlob) else len(split_lines(node))
-        path = format_path(self.base_path + rel)
         avail = budget - MARKER_RESERVE
         # As many head/tail lines as fit at MIN_LINE_BYTES each (a huge render_head shrinks).
         while head_n + tail_n > 2 and avail // (head_n + tail_n) < MIN_LINE_BYTES:
             head_n, tail_n = max(1, head_n * 3 // 4), max(1, tail_n * 3 // 4)
         if total > head_n + tail_n and avail > 0:
             per_line = avail // (head_n + tail_n) - 1 - len(ELLIPSIS)  # line + "…" + newline
-            head, tail, elided_bytes = self._head_tail_lines(node, head_n, tail_n, per_line)
-            sel = f"{path}{lines_selector}[{head_n}..{-tail_n}]"
+            head, tail = self._head_tail_lines(node, head_n, tail_n, per_line)
+            # The hint names every line not shown whole: a cut head or tail line is
+            # part of the range, so following it reaches each byte (and skips none).
+            cut_head = [i for i, x in enumerate(head) if _cut_bytes(x, per_line) != x]
+            cut_tail = [i for i, x in enumerate(tail) if _cut_bytes(x, per_line) != x]
+            a = cut_head[0] if cut_head else head_n
+            b = total - tail_n + (cut_tail[-1] + 1 if cut_tail else 0)
+            sel = f"{path}{lines_selector}[{a}..{b}]"
+            size_note = ""
+            if isinstance(node, TextBlob):
+                s, e = node.line_span(a, b)
+                size_note = f" ({e - s} bytes)"
             marker = (
-                f"\u2026 {total - head_n - tail_n} lines elided ({elided_bytes} bytes) \u2026 "
-                f'fetch with shoal_get {{"ref": "{self.ref}", "path": "{sel}"}} '
-                f"or read {uri.with_query(self.base_uri, path=sel)}"
+                f"\u2026 {b - a} lines elided{size_note} \u2026 lines {a + 1}-{b} of {total}: "
+                f"fetch with {call_text({'ref': self.ref, 'path': sel})} "
+                f"or read {uri.with_query(self.base_uri, path=sel)} (pages of up to 64 KiB; "
+                f'to find lines: shoal_get {{"ref": "{self.ref}", "match": "REGEX"}})'
             )
             parts = (
                 [_cut_bytes(x, per_line) for x in head]
@@ -144,41 +174,35 @@ class Renderer:
                 + [_cut_bytes(x, per_line) for x in tail]
             )
             return "\n".join(parts)
-        # Few but long lines: show byte head and tail, point at raw pages.
-        half = max(MIN_LINE_BYTES, (budget - MARKER_RESERVE) // 2)
+        # Few but long lines: show the head, page the rest as raw bytes.
+        limit = max(MIN_LINE_BYTES, budget - MARKER_RESERVE)
         if isinstance(node, TextBlob):
-            head_s = node.read(0, half).decode("utf-8", "ignore")
-            tail_s = node.read(max(0, node.size - half), None).decode("utf-8", "ignore")
+            head_b = fitting_prefix(node.read(0, limit), limit)
         else:
-            data = node.encode("utf-8", "surrogatepass")
-            head_s = data[:half].decode("utf-8", "ignore")
-            tail_s = data[-half:].decode("utf-8", "ignore")
-        middle = size - len(head_s.encode()) - len(tail_s.encode())
-        target = uri.with_query(self.base_uri, path=path, format="raw", offset=len(head_s.encode()))
-        marker = (
-            f"\n\u2026 {middle} bytes elided \u2026 fetch with shoal_get "
-            f'{{"ref": "{self.ref}", "path": "{path}"}} or read {target}\n'
+            head_b = fitting_prefix(node.encode("utf-8", "surrogatepass")[:limit], limit)
+        return self._raw_hint(head_b.decode("utf-8", "replace"), path, len(head_b), size)
+
+    def _raw_hint(self, shown: str, path: str, offset: int, size: int) -> str:
+        """``shown``, then the raw page call that returns bytes ``offset..size``."""
+        args: dict[str, Any] = {"ref": self.ref, "path": path, "format": "raw"}
+        if offset:
+            args["offset"] = offset
+        args["length"] = PAGE_RAW_BYTES
+        query = {k: v for k, v in args.items() if k != "ref"}
+        return (
+            f"{shown}\n\u2026 {size - offset} bytes elided \u2026 fetch with {call_text(args)} "
+            f"or read {uri.with_query(self.base_uri, **query)} (raw pages; follow next)"
         )
-        return head_s + marker + tail_s
 
     @staticmethod
-    def _head_tail_lines(
-        node: Any, head_n: int, tail_n: int, cap: int
-    ) -> tuple[list[str], list[str], int]:
+    def _head_tail_lines(node: Any, head_n: int, tail_n: int, cap: int) -> tuple[list, list]:
         if isinstance(node, TextBlob):
             lines = LinesView(node, 0, node.line_count())
             head = lines.items(0, head_n, cap=cap + 1)  # +1 so _cut_bytes sees the cut
             tail = lines.items(len(lines) - tail_n, len(lines), cap=cap + 1)
-            s, _ = node.line_span(head_n, None)
-            e, _ = node.line_span(-tail_n, None)
-            return head, tail, max(0, e - s)
+            return head, tail
         all_lines = split_lines(node)
-        mid = "\n".join(all_lines[head_n:-tail_n])
-        return (
-            all_lines[:head_n],
-            all_lines[-tail_n:],
-            len(mid.encode("utf-8", "surrogatepass")) + 1,
-        )
+        return all_lines[:head_n], all_lines[-tail_n:]
 
 
 def raw_page(node: Any, offset: int, length: int, page_uri: str) -> dict:

@@ -9,15 +9,19 @@ views that read only the byte ranges they need (via mmap and the framing slicers
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+import ctypes
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
-from ...protocol.limits import JSON_SELECTOR_MAX
+from ...protocol.limits import JSON_PARSE_SLOTS, JSON_PARSE_WAIT_S, JSON_SELECTOR_MAX
 from ..store.cas import BlobInfo, BlobSource, ContentStore, FileSource, count_newlines
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
@@ -202,17 +206,107 @@ def split_lines(text: str) -> list[str]:
     return parts[:-1] if text.endswith("\n") else parts
 
 
-class Resolver:
-    """Turns stored nodes into selectable views, and applies path segments."""
+_JSON_SLOTS = threading.BoundedSemaphore(JSON_PARSE_SLOTS)
+_JSON_PARSER = ThreadPoolExecutor(JSON_PARSE_SLOTS, thread_name_prefix="json-parse")
+"""Parses run on these threads only: the parsed objects come from their malloc arenas,
+which the next parse reuses, instead of one arena per connection thread."""
 
-    def __init__(self, cas: ContentStore) -> None:
+
+@contextmanager
+def json_slot(wait: bool) -> Iterator[bool]:
+    """A `.json` parse slot: yields True when held (False only when ``wait`` is False).
+
+    Bounds the memory of parses across all connections: each holds its input and the
+    parsed objects. A waiting selection gives up after JSON_PARSE_WAIT_S with -32031.
+    """
+    got = _JSON_SLOTS.acquire(timeout=JSON_PARSE_WAIT_S) if wait else _JSON_SLOTS.acquire(False)
+    if wait and not got:
+        raise RpcError(
+            ErrorCode.QUOTA,
+            f".json: {JSON_PARSE_SLOTS} parse(s) already running; retry",
+            {"limit": "json_parse_slots", "slots": JSON_PARSE_SLOTS},
+        )
+    try:
+        yield got
+    finally:
+        if got:
+            _return_freed_memory()  # before the next parse starts: peaks never overlap
+            _JSON_SLOTS.release()
+
+
+def _return_freed_memory() -> None:
+    """Give the parse's freed heap back to the OS (glibc keeps it per thread arena,
+    so parses on different connection threads would otherwise each keep their own)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; absent elsewhere (musl, macOS)
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+class Node(dict):
+    """A tagged node the kernel made (outcome, blob, spool…), never one parsed from output.
+
+    Only these dicts mean anything beyond their keys: JSON a command printed stays plain
+    ``dict``s, so ``{"$":"spool","path":…}`` in output is an ordinary record that can
+    name no file and no blob (docs/decisions.md, Output is data).
+    """
+
+
+def trusted(value: Any) -> Any:
+    """A stored (kernel-written) value with its tagged dicts turned into ``Node``s."""
+    if isinstance(value, dict):
+        items = {k: trusted(v) for k, v in value.items()}
+        return Node(items) if isinstance(value.get("$"), str) else items
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    return value
+
+
+def is_node(node: Any, kind: str | None = None) -> bool:
+    return isinstance(node, Node) and (kind is None or node.get("$") == kind)
+
+
+def blob_hashes(value: Any) -> set[str]:
+    """The CAS blobs a trusted value names (what a caller holding it may read)."""
+    if is_node(value, "blob"):
+        return {value["hash"]}
+    if isinstance(value, dict):
+        return set().union(*(blob_hashes(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(blob_hashes(v) for v in value))
+    return set()
+
+
+class Resolver:
+    """Turns stored nodes into selectable views, and applies path segments.
+
+    ``blob_ok`` is the caller's check: a resolver made ``for_caller`` reads only the
+    blobs that caller's selected value names.
+    """
+
+    def __init__(self, cas: ContentStore, blob_ok: Callable[[str], bool] | None = None) -> None:
         self.cas = cas
+        self.blob_ok = blob_ok
+
+    def for_caller(self, blob_ok: Callable[[str], bool]) -> Resolver:
+        return Resolver(self.cas, blob_ok)
 
     def hydrate(self, node: Any) -> Any:
-        """Replace a stored blob node by its TextBlob view (others pass through)."""
-        if isinstance(node, dict) and node.get("$") == "blob":
-            return TextBlob(self.cas.source(node["hash"]), self.cas.info(node["hash"]))
-        if isinstance(node, dict) and node.get("$") == "spool":
+        """Replace a kernel blob/spool node by its TextBlob view (others pass through)."""
+        if is_node(node, "blob"):
+            digest = node["hash"]
+            if self.blob_ok is None or not self.blob_ok(digest):
+                raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
+            return TextBlob(self.cas.source(digest), self.cas.info(digest))
+        if is_node(node, "spool"):
             source = FileSource(node["path"])
             return TextBlob(source, source.info())
         return node
@@ -240,24 +334,27 @@ class Resolver:
         if name == "json" and isinstance(node, (TextBlob, str, bytes)):
             return self._json(node, where)
         if isinstance(node, dict) and not _is_opaque_tag(node):
-            if name in node and name != "$":
+            if name in node and (name != "$" or not is_node(node)):
                 return node[name]
-            keys = [k for k in node if k != "$"]
+            keys = [k for k in node if k != "$" or not is_node(node)]
             raise bad_selection(f"no field {name!r} at {where}", path=where, fields=keys[:50])
         raise bad_selection(f"{_kind(node)} has no field {name!r} ({where})", path=where)
 
     def _json(self, node: Any, where: str) -> Any:
-        if isinstance(node, TextBlob):
-            if node.size > JSON_SELECTOR_MAX:
-                raise bad_selection(
-                    f".json: {node.size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit",
-                    path=where,
-                )
-            raw: bytes | str = node.read()
-        else:
-            raw = node
+        size = node.size if isinstance(node, TextBlob) else len(node)
+        if size > JSON_SELECTOR_MAX:
+            raise bad_selection(
+                f".json: {size} bytes exceeds the {JSON_SELECTOR_MAX}-byte parse limit; "
+                "search it with match, or select a part (.lines[K].json for JSON lines)",
+                path=where,
+                limit=JSON_SELECTOR_MAX,
+            )
+        # The caller holds a parse slot for the whole call (json_slot in value.get).
         try:
-            return orjson.loads(raw)
+            if isinstance(node, TextBlob):
+                with node._view() as part:  # parsed from the mapping: no heap copy
+                    return _JSON_PARSER.submit(orjson.loads, part).result()
+            return _JSON_PARSER.submit(orjson.loads, node).result()
         except orjson.JSONDecodeError as exc:
             raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
 
@@ -294,7 +391,7 @@ class Resolver:
 
 
 def _is_opaque_tag(node: dict) -> bool:
-    return node.get("$") in ("blob", "ref")
+    return is_node(node) and node.get("$") in ("blob", "ref", "spool")
 
 
 def _kind(node: Any) -> str:
@@ -302,8 +399,10 @@ def _kind(node: Any) -> str:
         return "str" if node.is_text else "bytes"
     if isinstance(node, (LinesView, list)):
         return "list"
-    if isinstance(node, dict):
+    if isinstance(node, Node):
         return node.get("$", "record") if isinstance(node.get("$"), str) else "record"
+    if isinstance(node, dict):
+        return "record"
     if node is None:
         return "null"
     return {bool: "bool", int: "int", float: "float", str: "str", bytes: "bytes"}.get(

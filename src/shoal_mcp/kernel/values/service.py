@@ -21,8 +21,11 @@ from ..access.identity import Principal
 from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
+from .match import MatchSpec
+from .outputs import SharedOutputs
 from .render import Renderer, raw_page
-from .resolver import Resolver
+from .resolver import LinesView, Node, Resolver, blob_hashes, trusted
+from .search import match_reply
 from .selectors import Segment, format_path, parse_path, parse_slice
 
 RAW_PAGE_RESERVE = 1024
@@ -37,6 +40,7 @@ class Selected:
     base_uri: str
     path: list[Segment]
     node: Any
+    resolver: Resolver  # reads only the blobs this caller's value names
 
 
 class ValueService:
@@ -51,6 +55,15 @@ class ValueService:
         self.tasks = tasks
         self.resolver = resolver
         self.reads_all = reads_all  # policy journal_read = all: sees others' values
+        state = resolver.cas.root.parent
+        self.outputs = SharedOutputs(state / "outputs", resolver.cas, transcript.db)
+
+    def stored(self, ref: str, base_uri: str, value: Any) -> Selected:
+        """A value an exec of this caller just stored, selected whole without reading the
+        transcript back (its blob reads limited to the blobs it names, as in select)."""
+        node = trusted(value)
+        resolver = self.resolver.for_caller(blob_hashes(node).__contains__)
+        return Selected(ref, base_uri, [], resolver.select(node, []), resolver)
 
     def select(self, who: Principal, ref: str, path: str | None, slice_: Any) -> Selected:
         base_ref, base_uri, uri_path, node = self._resolve_ref(who, ref)
@@ -58,24 +71,33 @@ class ValueService:
         if slice_ is not None:
             rng = parse_slice(slice_)
             segments = segments + [rng]
-        selected = self.resolver.select(node, segments)
-        return Selected(base_ref, base_uri, segments, selected)
+        # Every blob read of this call is checked against what the caller's own value
+        # names (the value itself was checked against the caller in _out / tasks.get).
+        allowed = blob_hashes(node)
+        resolver = self.resolver.for_caller(allowed.__contains__)
+        selected = resolver.select(node, segments)
+        return Selected(base_ref, base_uri, segments, selected, resolver)
+
+    def match(self, sel: Selected, spec: MatchSpec) -> dict:
+        return match_reply(sel.ref, sel.base_uri, sel.node, sel.path, spec, sel.resolver.hydrate)
 
     def encode(self, sel: Selected, elide: ElideOptions) -> dict:
         # The encoder budgets values, not the previews inside refs (preview_chars x
         # preview_items, render_head lines, JSON escapes up to 6x): enforce the hard cap
         # on the result, retrying with smaller previews.
         for opts in _shrinking(elide):
-            wire = WireEncoder(opts, sel.base_uri, sel.path, self.resolver.hydrate).encode(sel.node)
+            wire = WireEncoder(opts, sel.base_uri, sel.path, sel.resolver.hydrate).encode(sel.node)
             if len(orjson.dumps(wire)) <= VALUE_HARD_CAP:
                 return wire
         path = format_path(sel.path)
         return {"$": "ref", "uri": uri.with_query(sel.base_uri, path=path)}
 
     def render(self, sel: Selected, elide: ElideOptions) -> str:
+        if isinstance(sel.node, LinesView):  # a page: bounded in UTF-8 bytes (paging.py)
+            return Renderer(elide, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
         # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
         for opts in _shrinking(elide):
-            text = Renderer(opts, sel.ref, sel.base_uri, sel.path, self.resolver).render(sel.node)
+            text = Renderer(opts, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
             if len(orjson.dumps(text)) <= VALUE_HARD_CAP:
                 return text
         return bound_text(text, VALUE_HARD_CAP // 7, sel.base_uri)  # even all-escapes fit
@@ -86,9 +108,10 @@ class ValueService:
         length = max(1, min(length, VALUE_HARD_CAP * 3 // 4))
         page_uri = uri.with_query(sel.base_uri, path=format_path(sel.path))
         page = raw_page(sel.node, offset, length, page_uri)
-        # JSON escapes can grow text up to 6x (control characters): measure, then shrink.
-        while len(orjson.dumps(page)) > VALUE_HARD_CAP - RAW_PAGE_RESERVE and length > 1:
-            length //= 2
+        # base64 and JSON escapes (up to 6x) grow a page: measure, then shrink in proportion.
+        limit = VALUE_HARD_CAP - RAW_PAGE_RESERVE
+        while (size := len(orjson.dumps(page))) > limit and length > 1:
+            length = max(1, min(length - 1, length * limit // size - 64))
             page = raw_page(sel.node, offset, length, page_uri)
         return page
 
@@ -127,7 +150,7 @@ class ValueService:
                 f"unknown ref {ref} in session {who.session!r}",
                 {"ref": ref, "session": who.session},
             )
-        return ref, uri.out_uri(n), [], value
+        return ref, uri.out_uri(n), [], trusted(value)
 
     def _resolve_uri(
         self, who: Principal, parsed: uri.ShoalUri
@@ -154,16 +177,18 @@ class ValueService:
             if stream:
                 return task.ref, uri.task_uri(task.id, stream), [], node.get(stream)
             return ref, base, [], node
-        live = {
-            "$": "outcome",
-            "status": None,
-            "ok": None,
-            "out": {"$": "spool", "path": str(task.run.out_path)},
-            "err": {"$": "spool", "path": str(task.run.err_path)},
-            "pid": task.run.pid,
-            "cmd": task.src,
-            "cwd": task.run.cwd,
-        }
+        live = Node(
+            {
+                "$": "outcome",
+                "status": None,
+                "ok": None,
+                "out": Node({"$": "spool", "path": str(task.run.out_path)}),
+                "err": Node({"$": "spool", "path": str(task.run.err_path)}),
+                "pid": task.run.pid,
+                "cmd": task.src,
+                "cwd": task.run.cwd,
+            }
+        )
         if stream:
             return task.ref, uri.task_uri(task.id, stream), [], live[stream]
         return task.ref, uri.task_uri(task.id), [], live
@@ -185,5 +210,8 @@ def _shrinking(elide: ElideOptions):
         max_rows=min(elide.max_rows, ELIDE_MAX_ROWS),
     )
     for max_bytes in (elide.max_bytes, VALUE_HARD_CAP // 4, VALUE_HARD_CAP // 16):
-        yield replace(opts, max_bytes=max(256, min(max_bytes, elide.max_bytes)))
-    yield replace(opts, max_bytes=256, preview_items=0, preview_chars=0, render_head=0)
+        size = max(256, min(max_bytes, elide.max_bytes))
+        yield replace(opts, max_bytes=size, page_bytes=min(elide.page_bytes, max(size, max_bytes)))
+    yield replace(
+        opts, max_bytes=256, page_bytes=256, preview_items=0, preview_chars=0, render_head=0
+    )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import CAP_DECIDE, CAP_REQUEST, EXPLAIN, PLAN_APPLY, PLAN_GET, PLAN_LIST
-from ...access.plans import APPROVED, Plan, PlanStore
+from ...access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_display
 from ...exec.service import RunOptions
 from ..paging import bounded_page
 from ..registry import method
@@ -59,6 +59,8 @@ def plan_apply(call: Call, params: dict) -> dict:
 def cap_request(call: Call, params: dict) -> dict:
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
+    if plan.state == APPLIED:  # the same source again: a fresh plan, approved afresh
+        plan = kernel.plans.renew(plan)
     PlanStore.request(plan)
     kernel.events.publish(
         "approval",
@@ -67,7 +69,8 @@ def cap_request(call: Call, params: dict) -> dict:
             "plan_ref": plan.ref,
             "principal": plan.principal,
             "session": plan.session,
-            "src": plan.src[:512],
+            # the whole source, controls escaped: a cut or a \r could hide a command
+            "src": plan_display(plan.src),
             # what the plan really does, never what the caller claims
             "effects": sorted(plan.effect_kinds()),
             "requested_effects": params.get("effects") or sorted(plan.effect_kinds()),

@@ -46,6 +46,7 @@ def pty_open(call: Call, params: dict) -> dict:
             env=env,
             cwd=cwd,
             owner=owner,
+            sandbox=kernel.guard.sandbox_spec(who.principal),  # None: unconfined
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ....protocol.discovery import project_session
 from ....protocol.limits import DEFAULT_SESSION
 from ....protocol.params import PARSE, SESSION_ATTACH
 from ...access.identity import Principal
@@ -24,7 +25,11 @@ def ping(call: Call, params: dict) -> dict:
 @method("session.attach", SESSION_ATTACH)
 def attach(call: Call, params: dict) -> dict:
     kernel = call.kernel
-    name = params.get("session", DEFAULT_SESSION)
+    # No session named: the session of the client's working directory (its project),
+    # created there; a raw client that says neither gets the default one.
+    name = params.get("session") or (
+        project_session(params["cwd"]) if params.get("cwd") else DEFAULT_SESSION
+    )
     principal = kernel.guard.authenticate(params.get("token"))
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
     # Counted and taken as one step, so parallel attaches cannot overshoot the budget.
@@ -33,6 +38,7 @@ def attach(call: Call, params: dict) -> dict:
         kernel.check_connection_budget(principal, was is not None and was.principal == principal)
         call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
+    kernel.attached.add(call.conn)
     cwd, _ = session.snapshot()
     return {
         "session": name,
@@ -70,7 +76,12 @@ def env(call: Call, params: dict) -> dict:
 def session_reef(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
     cwd_now, env_vars = session.snapshot()
-    return reef(cwd_now, env_vars)
+    guard = call.kernel.guard
+    # Version probes run programs from the session's PATH: confined like the principal's
+    # exec, or not at all when its policy wants a sandbox this kernel cannot give.
+    spec = guard.sandbox_spec(call.who.principal)
+    wants_box = guard.for_principal(call.who.principal).sandboxed
+    return reef(cwd_now, env_vars, sandbox=spec, probe=spec is not None or not wants_box)
 
 
 @method("parse", PARSE)

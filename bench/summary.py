@@ -1,0 +1,56 @@
+"""Small helpers shared by the benches: percentiles and an end-of-run summary block."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+BASELINES = Path(__file__).resolve().parent / "baselines.json"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Summary:
+    def __init__(self, title: str, lines: list[str]) -> None:
+        self.title = title
+        self.lines = lines
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        terminalreporter.write_sep("-", self.title)
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+def register_summary(config, title: str, lines: list[str]) -> None:
+    """Print ``lines`` under ``title`` in pytest's terminal summary (after the benchmark
+    table)."""
+    config.pluginmanager.register(_Summary(title, lines))
+
+
+def load_baseline(name: str, quick: bool) -> dict | None:
+    """The recorded figures of bench ``name`` (full or quick mode) from baselines.json:
+    numbers measured before a change, kept so later runs print their ratio to them."""
+    try:
+        data = json.loads(BASELINES.read_text())
+    except FileNotFoundError:
+        return None
+    return data.get(name, {}).get("quick" if quick else "full")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` itself (all its threads, not its children), in
+    seconds: unlike latency, barely moved by other load on a shared machine."""
+    from tests.support.procfs import stat_fields
+
+    fields = stat_fields(pid)
+    if fields is None:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

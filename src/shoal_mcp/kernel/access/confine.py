@@ -1,0 +1,198 @@
+"""Which processes the kernel confines, and in what (docs/security.md, The OS sandbox).
+
+The kernel holds one :class:`Confinement`, built at start from ``--sandbox``:
+
+* ``off``       nothing is confined; ``caps.enforced`` is ``false``.
+* ``auto``      (default) confine sandboxed principals when :func:`sandbox.probe` saw
+  Landlock and the unix-socket filter enforce; otherwise run as ``off`` and say so.
+* ``required``  as ``auto``, but the kernel refuses to start without enforcement.
+
+A principal is confined when its policy says ``sandbox`` (token principals by default,
+the local human only with ``sandbox = true``) and the sandbox enforces.  Its spec is
+built from its grants (``sandbox_build``), so a grant's directory created after start
+is covered; the kernel's state dir and socket dir are always cut out.  A built spec is
+reused for ``SANDBOX_SPEC_TTL_S`` (building walks the grants and ``/etc``); the
+supervisor re-checks each rule path when applying it, so a reused spec can be narrower
+than a fresh one, never wider.  Each confined principal gets a private temp dir
+(``TMPDIR``), made on first use under the kernel's temp root (:func:`sandbox_tmp_root`,
+emptied at start: a killed kernel's leftovers go with its successor) and removed when
+the kernel closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.limits import SANDBOX_SPEC_TTL_S
+from . import sandbox
+from .policy import PrincipalPolicy
+from .sandbox import SandboxError, SandboxSpec, SandboxSupport
+
+MODES = ("auto", "required", "off")
+TMPDIR_PREFIX = "shoal-sandbox-"
+
+
+class SandboxUnavailable(RuntimeError):
+    """``--sandbox required`` on a machine where the sandbox does not enforce."""
+
+
+class Confinement:
+    """The kernel's sandbox mode, what the machine enforces, and specs per principal."""
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        forbidden: tuple[str, ...],
+        support: SandboxSupport | None = None,
+        tmp_root: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"sandbox mode must be one of {' | '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self.forbidden = tuple(forbidden)
+        if support is None:
+            support = SandboxSupport(reason="--sandbox off") if mode == "off" else sandbox.probe()
+        self.support = support
+        self.enforcing = mode != "off" and support.enforced() is not False
+        if mode == "required" and not self.enforcing:
+            raise SandboxUnavailable(
+                "--sandbox required, but this machine cannot confine processes: "
+                + (support.reason or "Landlock or the unix-socket filter did not enforce")
+            )
+        self._tmp_root = _fresh_private_dir(tmp_root) if tmp_root else None
+        self._tmpdirs: dict[str, str] = {}
+        self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
+        self._lock = threading.Lock()
+
+    def enforced(self) -> dict[str, object] | bool:
+        """``caps.enforced`` for a confined principal: what the OS enforces here."""
+        return self.support.enforced() if self.enforcing else False
+
+    def applies_to(self, policy: PrincipalPolicy) -> bool:
+        """Whether this principal's processes run confined."""
+        return self.enforcing and policy.sandboxed
+
+    def status(self) -> dict[str, object]:
+        """For ``ping``/``shoal doctor``: the mode and what it enforces."""
+        return {
+            "mode": self.mode,
+            "enforced": self.support.enforced() if self.enforcing else False,
+            "reason": "" if self.enforcing else (self.support.reason or "off"),
+        }
+
+    def spec_for(
+        self,
+        policy: PrincipalPolicy,
+        *,
+        ttys: tuple[str, ...] = (),
+        also_read: tuple[str, ...] = (),
+    ) -> SandboxSpec | None:
+        """The spec for one process of ``policy``'s principal, or None when unconfined.
+        ``also_read``: exact kernel-made paths it may read even inside the state dir
+        (``$SHOAL_OUT``: the caller's own outputs).
+
+        Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
+        if not self.applies_to(policy):
+            return None
+        key = (policy.principal, ttys, also_read)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._specs.get(key)
+        if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
+            return cached[1]
+        spec = self._fit_network(self._build(policy, ttys, also_read))
+        with self._lock:
+            for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
+                del self._specs[stale]  # bounded: PTY specs differ by terminal
+            self._specs[key] = (now + SANDBOX_SPEC_TTL_S, spec)
+        return spec
+
+    def _build(
+        self, policy: PrincipalPolicy, ttys: tuple[str, ...], also_read: tuple[str, ...]
+    ) -> SandboxSpec:
+        try:
+            return policy.sandbox_spec(
+                tmpdir=self._tmpdir(policy.principal),
+                forbidden=self.forbidden,
+                ttys=ttys,
+                also_read=also_read,
+            )
+        except (SandboxError, OSError) as e:
+            raise RpcError(
+                ErrorCode.DENIED,
+                f"cannot build the sandbox for {policy.principal}: {e}",
+                {"principal": policy.principal, "sandbox": str(e)},
+            ) from e
+
+    def _fit_network(self, spec: SandboxSpec) -> SandboxSpec:
+        """Where no private network namespace can be made (unprivileged user namespaces
+        disabled, as on some distributions), ask for none: Landlock's TCP rules still
+        deny every connect and bind (ABI 4+); below that the network stays open.  Either
+        way ``caps.enforced.net`` says what holds.  Without this every exec would fail."""
+        if not spec.private_net or self.support.netns:
+            return spec
+        data = spec.to_dict()
+        data["private_net"] = False
+        if not self.support.tcp:
+            data["tcp_connect"] = None
+        why = "TCP denied by Landlock; UDP open" if self.support.tcp else "network not confined"
+        data["notes"] = [*spec.notes, f"no private network namespace on this machine: {why}"]
+        return SandboxSpec.from_dict(data)
+
+    def _tmpdir(self, principal: str) -> str:
+        with self._lock:
+            path = self._tmpdirs.get(principal)
+            if path is None or not os.path.isdir(path):
+                path = tempfile.mkdtemp(prefix=TMPDIR_PREFIX, dir=self._tmp_root)  # 0700
+                self._tmpdirs[principal] = path
+            return path
+
+    def close(self) -> None:
+        """Remove the private temp dirs (kernel exit)."""
+        with self._lock:
+            paths, self._tmpdirs = list(self._tmpdirs.values()), {}
+            self._specs.clear()
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+        if self._tmp_root:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+
+
+def sandbox_tmp_root(state_dir: Path, socket: Path) -> str:
+    """Where this kernel's private temp dirs go: one directory per (state dir, socket)
+    in the system temp dir, so a kernel that was killed leaves nothing its successor
+    does not remove at start."""
+    tag = hashlib.blake2b(f"{state_dir}\0{socket}".encode(), digest_size=6).hexdigest()
+    return os.path.join(tempfile.gettempdir(), f"{TMPDIR_PREFIX}{os.geteuid()}-{tag}")
+
+
+def _fresh_private_dir(path: str) -> str | None:
+    """``path`` emptied (if it is our own real directory) and made ``0700``; None when
+    it cannot be ours (someone else's, a symlink): then plain ``mkdtemp`` dirs are used."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        return None
+    return path
+
+
+def kernel_forbidden(state_dir: Path, socket: Path) -> tuple[str, ...]:
+    """What no sandboxed process may reach: the state dir and the socket's directory."""
+    return (str(state_dir), str(socket.parent), str(socket))

@@ -1,0 +1,142 @@
+"""``store.gc``: prune stored outputs by age and by total size (docs/configuration.md,
+"Cleanup"; docs/decisions.md, "Garbage collection").
+
+What goes: ``out:N`` values older than the age limit, then the oldest further ones
+until the blobs still referenced fit the size limit. What stays, whatever the limits:
+every value of a *live* session (one a client is attached to now), and every blob that
+a kept value still references (outputs are deduplicated by hash, so one blob can back
+an old and a new ``out:N``). A pruned ``out:N`` keeps its number, as a tombstone that
+says when it was removed, so numbers are never reused. The journal is history and is
+kept. A dry run (the default of ``shoal gc``) reports what would go and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ...protocol.errors import ErrorCode
+from ...protocol.limits import GC_ORPHAN_GRACE_S, GC_SAMPLE_REFS
+from .cas import ContentStore
+from .db import Database
+
+TOMBSTONE_TAG = "error"
+
+
+@dataclass
+class GcPlan:
+    """The outcome of a gc pass (or what a dry run would do)."""
+
+    victims: list[tuple[str, int]] = field(default_factory=list)  # (session, n)
+    blobs: dict[str, int] = field(default_factory=dict)  # hash -> size, to delete
+    kept_live: int = 0
+    bytes_before: int = 0
+
+    def report(self, dry_run: bool) -> dict[str, Any]:
+        freed = sum(self.blobs.values())
+        return {
+            "dry_run": dry_run,
+            "values": len(self.victims),
+            "refs": [f"{s}:out:{n}" for s, n in self.victims[:GC_SAMPLE_REFS]],
+            "blobs": len(self.blobs),
+            "bytes_freed": freed,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_before - freed,
+            "kept_live_values": self.kept_live,
+        }
+
+
+def blob_hashes(value: Any) -> Iterator[str]:
+    """Every ``{"$": "blob", "hash": H}`` inside a stored value."""
+    if isinstance(value, dict):
+        if value.get("$") == "blob" and isinstance(value.get("hash"), str):
+            yield value["hash"]
+            return
+        for item in value.values():
+            yield from blob_hashes(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from blob_hashes(item)
+
+
+class GarbageCollector:
+    def __init__(self, db: Database, cas: ContentStore) -> None:
+        self.db = db
+        self.cas = cas
+
+    def plan(
+        self, live_sessions: set[str], max_age_s: float | None, max_bytes: int | None
+    ) -> GcPlan:
+        now = time.time()
+        sizes = {r["hash"]: int(r["size"]) for r in self.db.query("SELECT hash, size FROM blobs")}
+        rows = []
+        for r in self.db.query("SELECT session, n, ts, value FROM transcript ORDER BY ts, n"):
+            value = orjson.loads(r["value"])
+            if isinstance(value, dict) and value.get("gc_removed"):
+                continue  # already a tombstone
+            rows.append((r["session"], int(r["n"]), float(r["ts"]), set(blob_hashes(value))))
+        plan = GcPlan(bytes_before=sum(sizes.values()))
+        refs: dict[str, int] = {}  # hash -> kept values referencing it
+        for _, _, _, hashes in rows:
+            for h in hashes:
+                refs[h] = refs.get(h, 0) + 1
+        kept_bytes = sum(sizes.get(h, 0) for h in refs)
+        for session, n, ts, hashes in rows:  # oldest first
+            if session in live_sessions:
+                plan.kept_live += 1
+                continue
+            too_old = max_age_s is not None and ts < now - max_age_s
+            too_big = max_bytes is not None and kept_bytes > max_bytes
+            if not (too_old or too_big):
+                continue
+            plan.victims.append((session, n))
+            for h in hashes:
+                refs[h] -= 1
+                if refs[h] == 0:
+                    plan.blobs[h] = sizes.get(h, 0)
+                    kept_bytes -= sizes.get(h, 0)
+        for h, size in sizes.items():  # blobs no value references (a crash mid-finalize)
+            if h not in refs and self._orphan_settled(h, now):
+                plan.blobs[h] = size
+        return plan
+
+    def _orphan_settled(self, digest: str, now: float) -> bool:
+        # A blob is ingested just before its out:N row is written: only old orphans go.
+        try:
+            return self.cas.path_of(digest).stat().st_mtime < now - GC_ORPHAN_GRACE_S
+        except FileNotFoundError:
+            return True
+
+    def apply(self, plan: GcPlan) -> None:
+        """Tombstone the victims, then delete the blobs nothing references any more."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.db.transaction() as conn:
+            for session, n in plan.victims:
+                tomb = {
+                    "$": TOMBSTONE_TAG,
+                    "code": int(ErrorCode.UNKNOWN_REF),
+                    "msg": f"out:{n} was removed by shoal gc at {stamp}",
+                    "hint": "outputs past the retention are pruned; the journal keeps the command",
+                    "gc_removed": stamp,
+                }
+                conn.execute(
+                    "UPDATE transcript SET value = ? WHERE session = ? AND n = ?",
+                    (orjson.dumps(tomb).decode(), session, n),
+                )
+        for digest in list(plan.blobs):
+            if self._still_referenced(digest):
+                del plan.blobs[digest]  # a value stored meanwhile shares this output
+                continue
+            with self.db.transaction() as conn:
+                conn.execute("DELETE FROM blobs WHERE hash = ?", (digest,))
+            self.cas.path_of(digest).unlink(missing_ok=True)
+
+    def _still_referenced(self, digest: str) -> bool:
+        rows = self.db.query(
+            "SELECT 1 FROM transcript WHERE value LIKE ? LIMIT 1", (f'%"hash":"{digest}"%',)
+        )
+        return bool(rows)

@@ -1,0 +1,76 @@
+"""``$SHOAL_OUT`` (docs/protocol.md, Exec): inside exec, ``$SHOAL_OUT/<n>/out`` and
+``/err`` are the caller's earlier outputs, read-only, and only its own."""
+
+from __future__ import annotations
+
+import os
+
+from shoal_mcp.kernel.values.outputs import SharedOutputs
+from tests.support.kernel import close_client
+
+
+def run(c, src: str) -> dict:
+    return c.call("exec", {"src": src}, timeout=60)
+
+
+def text(c, src: str) -> str:
+    ref = run(c, src)["ref"]
+    return c.call(
+        "value.get", {"ref": ref, "path": ".out", "format": "raw", "length": 65536}, timeout=30
+    )["raw"]
+
+
+def test_earlier_outputs_are_files(kernel):
+    c = kernel.client("shoal-out")
+    try:
+        first = run(c, "seq 1 100000 | sed 's/^777$/FAILED 777/'; echo oops >&2")["ref"]
+        n = first.split(":")[1]
+        assert text(c, f'grep -c FAILED "$SHOAL_OUT/{n}/out"') == "1\n"
+        assert text(c, f'grep -n FAILED "$SHOAL_OUT/{n}/out"') == "777:FAILED 777\n"
+        assert text(c, f'cat "$SHOAL_OUT/{n}/err"') == "oops\n"
+        assert text(c, f'wc -l < "$SHOAL_OUT/{n}/out"') == "100000\n"
+        # read-only files and directories (root's DAC override aside: docs/protocol.md)
+        modes = text(c, f'stat -c %a "$SHOAL_OUT/{n}/out" "$SHOAL_OUT/{n}" "$SHOAL_OUT"')
+        assert modes == "444\n555\n555\n"
+        run(c, f'echo x >> "$SHOAL_OUT/{n}/out"; touch "$SHOAL_OUT/new"')
+        if os.geteuid() != 0:  # root's writes ignore modes: it writes to its copy
+            assert text(c, f'tail -n 1 "$SHOAL_OUT/{n}/out"') == "100000\n"
+            assert text(c, 'ls "$SHOAL_OUT" | grep -c new || true') == "0\n"
+        # whoever runs the kernel, the stored output itself is intact
+        whole = c.call("value.get", {"ref": first, "path": ".out.lines[-1]"}, timeout=30)
+        assert whole["value"] == {"$": "str", "v": "100000"}
+        # the latest output is there for the next exec (and the env var is per exec)
+        mid = run(c, "echo later")["ref"].split(":")[1]
+        assert text(c, f'cat "$SHOAL_OUT/{mid}/out"') == "later\n"
+    finally:
+        close_client(c)
+
+
+def test_sessions_and_principals_are_apart(kernel):
+    a = kernel.client("shoal-out-a")
+    b = kernel.client("shoal-out-b")
+    try:
+        run(a, "echo secret-in-a")
+        dir_a = text(a, 'printf %s "$SHOAL_OUT"')
+        dir_b = text(b, 'printf %s "$SHOAL_OUT"')
+        assert dir_a != dir_b and os.path.dirname(dir_a) == os.path.dirname(dir_b)
+        # b's session holds only b's outputs
+        assert text(b, 'grep -rc secret-in-a "$SHOAL_OUT" | grep -vc ":0$" || true') == "0\n"
+        assert text(a, 'grep -rl secret-in-a "$SHOAL_OUT" | wc -l') == "1\n"
+        state = kernel.state
+        outputs = SharedOutputs(state / "outputs", None, None)  # type: ignore[arg-type]
+        assert outputs.session_dir("someone-else", "shoal-out-a") != outputs.session_dir(
+            f"uid:{os.getuid()}", "shoal-out-a"
+        )
+        assert str(outputs.principal_dir("p")).startswith(str(state / "outputs"))
+        checked = 0
+        for root, _, files in os.walk(state / "outputs"):
+            if os.path.basename(root).isdigit():  # <n>/out, <n>/err (not root's own files)
+                assert os.stat(root).st_mode & 0o777 == 0o555
+                for name in files:
+                    assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o444
+                    checked += 1
+        assert checked >= 2
+    finally:
+        close_client(a)
+        close_client(b)
