@@ -613,3 +613,17 @@ def test_param_validation(bus, store):
     finally:
         durable.close()
     assert bus.channels() == []  # nothing was created by the failed calls
+
+
+def test_all_rings_together_stay_within_total_bytes() -> None:
+    """[kernel] max_event_bytes: past it, least recently used unsubscribed rings go."""
+    bus = EventBus(ring_bytes=64 * 1024, total_bytes=256 * 1024)
+    payload = {"d": "x" * 8000}
+    for n in range(40):
+        for _ in range(10):
+            bus.publish(f"user.total-{n}", payload)
+        assert bus.held_bytes() <= 256 * 1024 + 64 * 1024
+    kept = bus.channels()
+    assert "user.total-39" in kept and "user.total-0" not in kept
+    # an evicted channel's numbering continues
+    assert bus.publish("user.total-0", payload)["seq"] == 10

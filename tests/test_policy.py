@@ -462,3 +462,36 @@ def test_sandbox_spec_from_grants(tmp_path: Path) -> None:
     assert str(home / "project" / "build") in spec.delete
     assert spec.tcp_connect == (443,) and spec.private_net is False
     assert spec.tmpdir == str(tmp)
+
+
+# --- budgets (issue 14) ------------------------------------------------------------------
+
+
+def test_budget_keys_have_defaults_and_validate() -> None:
+    from shoal_mcp.kernel.access.budgets import KERNEL_BUDGETS, PRINCIPAL_BUDGETS
+
+    pol = Policy.from_dict(
+        {"principal": {"agent:x": {"max_plans": 3, "max_channel_bytes": 5 * 2**30}}}
+    )
+    agent = pol.for_principal("agent:x", "uid:0")
+    assert agent.budget("max_plans") == 3 and agent.budget("max_channel_bytes") == 5 * 2**30
+    assert agent.budget("max_channels") == PRINCIPAL_BUDGETS["max_channels"][0]
+    local = pol.for_principal("uid:0", "uid:0")
+    assert local.budget("max_plans") == PRINCIPAL_BUDGETS["max_plans"][1]
+    assert pol.kernel == KERNEL_BUDGETS
+    with pytest.raises(PolicyError) as exc:
+        Policy.from_dict({"principal": {"agent:x": {"max_plans": -1}}})
+    assert exc.value.key == 'principal."agent:x".max_plans'
+
+
+def test_kernel_table_is_validated() -> None:
+    pol = Policy.from_dict({"kernel": {"max_connections": 7, "max_state_bytes": 1024}})
+    assert pol.kernel["max_connections"] == 7 and pol.kernel["max_state_bytes"] == 1024
+    for bad, key in (
+        ({"kernel": {"nope": 1}}, "kernel.nope"),
+        ({"kernel": {"max_connections": "many"}}, "kernel.max_connections"),
+        ({"kernel": 3}, "kernel"),
+    ):
+        with pytest.raises(PolicyError) as exc:
+            Policy.from_dict(bad)
+        assert exc.value.key == key

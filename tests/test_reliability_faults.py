@@ -164,18 +164,19 @@ def test_disk_filled_by_someone_else_then_freed(short_tmp_path):
     try:
         c = k.client("filled")
         c.call("exec", {"src": "echo warm"}, timeout=30)
-        # ENOSPC may surface in a write or in the close's final flush: both end the fill.
-        try:
-            with open(filler, "wb") as fh:
+        # Unbuffered: a partial last write leaves nothing for close() to flush (and fail).
+        with open(filler, "wb", buffering=0) as fh:
+            try:
                 while True:
                     fh.write(b"\0" * 65536)
-                    fh.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
         assert _free_bytes(state) == 0
         with pytest.raises(RpcError) as info:
             c.call("exec", {"src": "echo hello; seq 1 100000"}, timeout=30)
-        _assert_state_dir_full(info.value)
+        # Refused up front by the free-space budget (issue 14), naming it.
+        assert info.value.code == ErrorCode.QUOTA, info.value
+        assert info.value.data["quota"] == "kernel.min_free_bytes"
         assert k.proc.poll() is None
         assert c.call("ping", {}, timeout=10)["pong"] is True
         filler.unlink()

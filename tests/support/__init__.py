@@ -14,6 +14,8 @@ terminal emulator.
 - ``polling``: ``wait_until``
 - ``tmp``: ``short_tmp`` (AF_UNIX socket paths must stay short)
 - ``other_uid``: ``exchange_as_uid`` (a connection from another uid)
+- ``budgets``: ``token_kernel`` (no-grant token principals, small budgets) for the budget
+  tests and the soak bench
 - ``fixtures``: the pytest plugin ``tests/conftest.py`` registers (``kernel``,
   ``kernel_factory``, ``short_tmp_path``)
 - ``framing_vectors``, ``fuzz_targets``: the framing oracles and the fuzz targets

@@ -97,6 +97,21 @@ class Ctx:
     def fail(self, exc: RpcError) -> NoReturn:
         fail(exc, EXIT_SHOAL_ERROR if COMMAND_EXIT["on"] else None)
 
+    def call_paged(self, method: str, params: dict, key: str, limit: int | None = None) -> list:
+        """Every row of a list method, following its ``cursor`` while it says ``more``
+        (kernel replies are bounded; docs/protocol.md, "Lists that page"); at most
+        ``limit`` rows when given."""
+        rows: list = []
+        page = self.call(method, params)
+        while True:
+            rows.extend(page[key])
+            if not page.get("more") or (limit is not None and len(rows) >= limit):
+                return rows[:limit] if limit is not None else rows
+            more = {**params, "cursor": page["cursor"]}
+            if limit is not None and "limit" in params:
+                more["limit"] = limit - len(rows)
+            page = self.call(method, more)
+
 
 pass_ctx = click.make_pass_decorator(Ctx)
 

@@ -122,7 +122,7 @@ def tasks_group(click_ctx: click.Context, as_json: bool) -> None:
     """List this session's tasks (subcommands: show, cancel, wait)."""
     if click_ctx.invoked_subcommand is not None:
         return
-    tasks = click_ctx.obj.call("task.list")["tasks"]
+    tasks = click_ctx.obj.call_paged("task.list", {}, "tasks")
     if as_json:
         emit_json(tasks)
         return
@@ -218,7 +218,7 @@ def journal_cmd(
     }
     if effects:
         params["effects"] = list(effects)
-    rows = ctx.call("journal.query", params)["rows"]
+    rows = ctx.call_paged("journal.query", params, "rows", limit)
     _print_rows(list(reversed(rows)), as_json)
     if not follow:
         return
@@ -252,7 +252,8 @@ def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
             r.get("status"),
             f"{r.get('duration_ms', 0) or 0:.0f}ms",
             r.get("ref"),
-            r["src"],
+            # a long source is journaled by hash: its length first, then its head
+            (f"[{r['src_len']} chars] " if "src_len" in r else "") + r["src"],
         ]
         for r in rows
     ]
@@ -308,7 +309,7 @@ def events_tail(ctx: Ctx, channel: str, since: int | None, as_json: bool) -> Non
 @pass_ctx
 def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
     """Plans awaiting approval (requested first)."""
-    plans = ctx.call("plan.list", {"all": True})["plans"]
+    plans = ctx.call_paged("plan.list", {"all": True}, "plans")
     if not show_all:
         plans = [p for p in plans if p["state"] in ("requested", "pending")]
     plans.sort(key=lambda p: (p["state"] != "requested", p["created"]))

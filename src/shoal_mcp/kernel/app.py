@@ -22,6 +22,7 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
+from .access.budgets import StateBudget, over_budget
 from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
@@ -74,7 +75,6 @@ class Kernel:
         self.transcript = TranscriptStore(self.db, self.refs)
         self.journal = Journal(self.db)
         self.event_store = EventStore(str(state / "journal.sqlite3"))
-        self.events = EventBus(self.event_store)
         self.local_principal = local_principal()
         self.confinement = Confinement(
             config.sandbox,
@@ -88,7 +88,11 @@ class Kernel:
             config.require_token,
             self.confinement,
         )
+        self.events = EventBus(
+            self.event_store, total_bytes=self.guard.policy.kernel["max_event_bytes"]
+        )
         self.plans = PlanStore()
+        self.state_budget = StateBudget(state, self.guard.policy.kernel, self._blob_bytes)
         self.ptys = PtyManager(on_screen_change=self._pty_event)
         finalizer = Finalizer(
             db=self.db,
@@ -121,8 +125,12 @@ class Kernel:
         lost = recover_lost(self.db, self.journal, self.cas, self.transcript)
         if lost:
             log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
+        self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
+
+    def _blob_bytes(self) -> int:
+        return int(self.db.query("SELECT COALESCE(SUM(size), 0) FROM blobs")[0][0])
 
     def _clean_spool(self) -> None:
         for leftover in self.spool_dir.glob("run-*"):
@@ -190,6 +198,14 @@ class Kernel:
                 ids.add(sub_id)
             else:
                 ids.discard(sub_id)
+
+    def check_connection_budget(self, principal: str, already: bool) -> None:
+        """max_connections: attached connections per principal (``already``: this
+        connection is one of them, re-attaching)."""
+        limit = self.guard.for_principal(principal).budget("max_connections")
+        held = self.connections_of(principal) - (1 if already else 0)
+        if held >= limit:
+            raise over_budget("max_connections", limit, f"{principal} has {held} connections")
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""

@@ -250,3 +250,56 @@ WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
+
+# --- budgets (docs/configuration.md, Budgets; docs/security.md, Budgets) ----------
+# Each per-principal budget is a policy key of the same name (``max_…``); the first value
+# is a token principal's default, the ``_LOCAL`` one the local human's. Hitting a budget
+# answers -32031 naming the key (except the ring, which drops its oldest events).
+CHANNEL_BYTES = 4 * MiB
+"""``max_channel_bytes``: encoded payload bytes one channel's ring keeps (oldest dropped)."""
+CHANNELS = 8
+CHANNELS_LOCAL = 64
+"""``max_channels``: ``user.*`` channels a principal has created that the kernel holds."""
+PLANS = 64
+PLANS_LOCAL = 1024
+"""``max_plans``: plans a principal has stored (applied ones are dropped first)."""
+PLAN_BYTES = 16 * MiB
+PLAN_BYTES_LOCAL = 256 * MiB
+"""``max_plan_bytes``: total source bytes of a principal's stored plans."""
+CONNECTIONS = 16
+CONNECTIONS_LOCAL = 128
+"""``max_connections``: attached connections per principal."""
+EVENT_BYTES = 256 * MiB
+"""``[kernel] max_event_bytes``: encoded bytes all event rings keep together (past it the
+least recently used rings without subscribers are evicted)."""
+KERNEL_CONNECTIONS = 256
+"""``[kernel] max_connections``: open connections (one thread each) of the whole kernel."""
+STATE_BYTES = 32 * 1024 * MiB
+"""``[kernel] max_state_bytes``: size of the state dir past which new execs and plans are
+refused (-32031) until ``shoal gc`` frees room."""
+MIN_FREE_BYTES = 256 * MiB
+MIN_FREE_FRACTION = 0.01
+"""``[kernel] min_free_bytes``: free space on the state dir's filesystem below which new
+execs and plans are refused too (a clear error before the disk is full). Unset, it is
+``MIN_FREE_FRACTION`` of that filesystem's size, at most ``MIN_FREE_BYTES``."""
+FRAME_BEFORE_ATTACH = 64 * KiB
+"""Largest frame accepted before ``session.attach`` (SPEC §6)."""
+ATTACH_TIMEOUT_S = 30.0
+"""A connection that has not attached after this long is closed."""
+MAX_BLOCKING_CALLS = 64
+"""Blocking calls (exec, task.await, …: one thread each) one connection runs at once."""
+LIST_REPLY_BYTES = 4 * MiB
+"""Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
+before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""
+SRC_INLINE_CHARS = 4 * KiB
+"""A journal source longer than this is stored once in the CAS by hash; the row keeps a
+head of this many characters for display."""
+
+# --- allocator (kernel/rpc/malloc.py) ----------------------------------------------
+MALLOC_ARENAS = 2
+"""glibc arenas the kernel's threads share (the default is 8 per core)."""
+MALLOC_TRIM_INTERVAL_S = 5.0
+"""How often the kernel returns free heap pages to the OS (glibc ``malloc_trim``)."""
+MALLOC_MMAP_THRESHOLD = 32 * KiB
+"""Allocations from this size get their own mapping, returned to the OS when freed (so
+a ring's 64 KiB payloads never pin a heap region)."""

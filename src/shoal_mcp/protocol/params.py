@@ -40,6 +40,12 @@ REF = {"type": "string", "minLength": 1, "maxLength": REF_MAX_CHARS}
 SRC = {"type": "string", "maxLength": SRC_MAX_CHARS, "description": "bash source"}
 POSITION = {"type": "string", "enum": ["stmt", "value"]}
 PLAN_REF = {"type": "string", "minLength": 1, "maxLength": 200}
+CURSOR = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "description": "continue a list where the previous reply stopped (its `cursor`)",
+}
 EFFECT_KINDS = {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 16}
 TASK_ID = {"type": ["string", "integer"], "description": "task:N or N"}
 CALL_ID = {
@@ -140,6 +146,7 @@ PLAN_LIST = closed(
             "enum": ["pending", "requested", "approved", "denied", "applied"],
         },
         "all": BOOL,
+        "cursor": CURSOR,
     }
 )
 PLAN_APPLY = closed(
@@ -175,7 +182,8 @@ TASK_LIST = closed(
         "state": {
             "type": "string",
             "enum": ["running", "completed", "failed", "cancelled", "suspended"],
-        }
+        },
+        "cursor": CURSOR,
     }
 )
 TASK_GET = closed({"task": TASK_ID, "call": CALL_ID})
@@ -189,6 +197,7 @@ EVENTS_READ = closed(
         "channel": CHANNEL,
         "since": SEQ,
         "limit": {"type": "integer", "minimum": 1, "maximum": EVENT_RING},
+        "cursor": CURSOR,
     },
     ("channel",),
 )
@@ -205,6 +214,7 @@ JOURNAL_QUERY = closed(
         "effects": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
         "session": {"type": "string", "maxLength": 128},
         "limit": {"type": "integer", "minimum": 1, "maximum": JOURNAL_MAX_ROWS},
+        "cursor": CURSOR,
     }
 )
 

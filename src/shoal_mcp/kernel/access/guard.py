@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...tokens import TokenStore
+from .budgets import PRINCIPAL_BUDGETS
 from .confine import Confinement
 from .policy import Policy, PrincipalPolicy, Verdict
 from .sandbox import SandboxSpec
@@ -79,6 +80,7 @@ class Guard:
             "max_tasks": pol.max_tasks,
             "max_ptys": pol.max_ptys,
             "max_subscriptions": pol.max_subscriptions,
+            **{key: pol.budget(key) for key in PRINCIPAL_BUDGETS},
         }
 
     def check_quota(self, principal: str, what: str, current: int) -> None:

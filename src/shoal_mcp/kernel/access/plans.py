@@ -9,6 +9,13 @@ source planned (or requested) again gets a fresh ref (a generation in the hash).
 Approver views show the source through :func:`escape_controls` (``src_display``): the
 whole of it, every control character visible, so ``\r`` or ESC cannot hide a second
 command behind the first.
+
+Budgets (docs/configuration.md, Budgets): a principal keeps at most ``max_plans`` plans
+holding ``max_plan_bytes`` of source in all. Storing one more first drops that
+principal's finished plans (applied, denied), then its oldest pending ones; plans
+waiting for or holding an approval are never dropped, so past them the store answers
+-32031. A plan the policy denies outright is never kept: only its ref is remembered
+(``DENIED_REFS`` of them), so asking about it still says "denied by policy".
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import builtins
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +36,7 @@ from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 from ...protocol.wiretext import to_wire
 from ..store.sessions import env_digest as session_env_digest
+from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
     "pending",
@@ -87,6 +96,19 @@ class Plan:
         return {e["kind"] for e in self.effects}
 
 
+DENIED_REFS = 4096
+"""Refs of policy-denied plans remembered (a ref and its owner each), oldest forgotten."""
+_DROP_ORDER = (APPLIED, DENIED, PENDING)  # what gives way to a new plan, in this order
+
+
+@dataclass(frozen=True, slots=True)
+class PlanBudget:
+    """A principal's ``max_plans`` and ``max_plan_bytes``."""
+
+    max_plans: int
+    max_bytes: int
+
+
 def plan_ref(
     session: str,
     principal: str,
@@ -116,11 +138,17 @@ def _ref_of(plan: Plan, generation: int) -> str:
 class PlanStore:
     def __init__(self) -> None:
         self._by_owner: dict[tuple[str, str], dict[str, Plan]] = {}
+        self._denied: OrderedDict[str, tuple[str, str]] = OrderedDict()  # ref -> owner
+        self._held: dict[str, list[int]] = {}  # principal -> [plans, source bytes]
         self._lock = threading.Lock()
 
-    def put(self, plan: Plan) -> Plan:
+    def put(self, plan: Plan, budget: PlanBudget | None = None) -> Plan:
         """Store ``plan``; an existing plan with the same ref (same owner) is kept, unless
-        it was applied: then ``plan`` is stored under a fresh ref (next generation)."""
+        it was applied: then ``plan`` is stored under a fresh ref (next generation).
+
+        A plan whose verdict is ``deny`` is not stored (its ref is remembered). With a
+        ``budget``, older plans of the principal give way first; -32031 when none can.
+        """
         with self._lock:
             store = self._by_owner.setdefault((plan.session, plan.principal), {})
             existing = store.get(plan.ref)
@@ -128,7 +156,64 @@ class PlanStore:
                 plan.generation = existing.generation + 1
                 plan.ref = _ref_of(plan, plan.generation)
                 existing = store.get(plan.ref)
-            return store.setdefault(plan.ref, plan)
+            if existing is not None:
+                return existing
+            if plan.verdict == "deny":
+                self._denied[plan.ref] = (plan.session, plan.principal)
+                self._denied.move_to_end(plan.ref)
+                while len(self._denied) > DENIED_REFS:
+                    self._denied.popitem(last=False)
+                return plan
+            if budget is not None:
+                self._make_room_locked(plan, budget)
+            store[plan.ref] = plan
+            held = self._held.setdefault(plan.principal, [0, 0])
+            held[0] += 1
+            held[1] += _src_bytes(plan)
+            return plan
+
+    def _make_room_locked(self, plan: Plan, budget: PlanBudget) -> None:
+        held = self._held.get(plan.principal, [0, 0])
+        size = _src_bytes(plan)
+
+        def fits() -> bool:
+            return held[0] + 1 <= budget.max_plans and held[1] + size <= budget.max_bytes
+
+        if size > budget.max_bytes:
+            raise over_budget("max_plan_bytes", budget.max_bytes, f"a {size}-byte source")
+        for state in _DROP_ORDER:
+            if fits():
+                return
+            for victim in sorted(self._owned_locked(plan.principal), key=lambda p: p.created):
+                if fits():
+                    return
+                if victim.state == state:
+                    self._drop_locked(victim)
+        if not fits():
+            key, limit = (
+                ("max_plans", budget.max_plans)
+                if held[0] + 1 > budget.max_plans
+                else ("max_plan_bytes", budget.max_bytes)
+            )
+            raise over_budget(
+                key, limit, f"{plan.principal} holds {held[0]} plans awaiting approval"
+            )
+
+    def _owned_locked(self, principal: str) -> list[Plan]:
+        return [p for (_, pr), st in self._by_owner.items() if pr == principal for p in st.values()]
+
+    def _drop_locked(self, plan: Plan) -> None:
+        store = self._by_owner.get((plan.session, plan.principal), {})
+        if store.pop(plan.ref, None) is not None:
+            held = self._held[plan.principal]
+            held[0] -= 1
+            held[1] -= _src_bytes(plan)
+
+    def held(self, principal: str) -> tuple[int, int]:
+        """(plans, source bytes) ``principal`` has stored."""
+        with self._lock:
+            count, size = self._held.get(principal, [0, 0])
+        return count, size
 
     def renew(self, plan: Plan) -> Plan:
         """A fresh plan (new ref, pending) for an applied plan's source, to request again."""
@@ -148,9 +233,13 @@ class PlanStore:
         return self.put(fresh)
 
     def get_own(self, ref: str, session: str, principal: str) -> Plan:
+        ref = _norm(ref)
         with self._lock:
-            plan = self._by_owner.get((session, principal), {}).get(_norm(ref))
+            plan = self._by_owner.get((session, principal), {}).get(ref)
+            denied = self._denied.get(ref) == (session, principal)
         if plan is None:
+            if denied:
+                raise _denied_by_policy(ref)
             raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
         return plan
 
@@ -161,6 +250,9 @@ class PlanStore:
             for store in self._by_owner.values():
                 if ref in store:
                     return store[ref]
+            denied = ref in self._denied
+        if denied:
+            raise _denied_by_policy(ref)
         raise RpcError(ErrorCode.UNKNOWN_PLAN, f"unknown plan {ref}", {"plan_ref": ref})
 
     def list(
@@ -174,7 +266,8 @@ class PlanStore:
                 for p in store.values()
             ]
         return sorted(
-            (p for p in plans if state is None or p.state == state), key=lambda p: p.created
+            (p for p in plans if state is None or p.state == state),
+            key=lambda p: (p.created, p.ref),
         )
 
     def claim(self, plan: Plan) -> str:
@@ -239,6 +332,18 @@ class PlanStore:
         plan.approved_kinds = sorted(granted & needed) if needed else []
         plan.state = APPROVED
         plan.decided_by = approver
+
+
+def _denied_by_policy(ref: str) -> RpcError:
+    return RpcError(
+        ErrorCode.DENIED,
+        f"{ref} is denied by policy; approval cannot override it",
+        {"plan_ref": ref},
+    )
+
+
+def _src_bytes(plan: Plan) -> int:
+    return len(plan.src.encode("utf-8", "surrogatepass"))
 
 
 def _norm(ref: str) -> str:

@@ -16,6 +16,9 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     tasks_read   = "own"               own | all
     max_tasks = 8, max_ptys = 2, max_subscriptions = 16
     max_output_bytes = 1073741824      stdout + stderr of one exec (0 = no cap)
+    max_channels, max_channel_bytes, max_plans, max_plan_bytes, max_connections  (budgets.py)
+
+An optional top-level ``[kernel]`` table holds the kernel-wide budgets (``budgets.py``).
     fs.read / fs.write / fs.delete     path globs, absolute or ~-relative; ** spans dirs
 
 Any other key, or a value of the wrong type, raises ``PolicyError`` naming the key path.
@@ -56,6 +59,15 @@ from wcmatch import fnmatch, glob
 
 from ...protocol.limits import DEFAULT_MAX_OUTPUT_BYTES
 from ..effects.analyzer import SHELL_BUILTINS
+from .budgets import (
+    KERNEL_BUDGETS,
+    PRINCIPAL_BUDGETS,
+    BudgetValueError,
+    check_budget_value,
+    kernel_budgets,
+    local_defaults,
+    token_defaults,
+)
 from .sandbox import SandboxSpec
 from .sandbox_build import build_spec
 
@@ -92,6 +104,7 @@ _TABLE_DEFAULTS: dict[str, Any] = {
     "max_ptys": 2,
     "max_subscriptions": 16,
     "max_output_bytes": DEFAULT_MAX_OUTPUT_BYTES,
+    **token_defaults(),
 }
 _LOCAL_DEFAULTS: dict[str, Any] = {
     **_TABLE_DEFAULTS,
@@ -102,6 +115,7 @@ _LOCAL_DEFAULTS: dict[str, Any] = {
     "max_tasks": 64,
     "max_ptys": 16,
     "max_subscriptions": 256,
+    **local_defaults(),
 }
 _SYSTEM_BIN = frozenset(
     {
@@ -170,6 +184,11 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_BYTES:
                 raise PolicyError(where, f"expected an integer 0..{_MAX_BYTES}, got {v!r}")
             out[k] = v
+        elif k in PRINCIPAL_BUDGETS:
+            try:
+                out[k] = check_budget_value(v)
+            except BudgetValueError as exc:
+                raise PolicyError(where, str(exc)) from None
         elif k == "fs":
             if not isinstance(v, dict):
                 raise PolicyError(where, "expected a table")
@@ -185,6 +204,19 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
         else:
             raise PolicyError(where, "unknown key")
     return out
+
+
+def _validate_kernel_table(table: Any) -> dict[str, int]:
+    if not isinstance(table, dict):
+        raise PolicyError("kernel", "expected a table")
+    for key, value in table.items():
+        try:
+            kernel_budgets({key: value})
+        except KeyError:
+            raise PolicyError(f"kernel.{key}", "unknown key") from None
+        except BudgetValueError as exc:
+            raise PolicyError(f"kernel.{key}", str(exc)) from None
+    return kernel_budgets(table)
 
 
 def _string_list(where: str, value: Any) -> tuple[str, ...]:
@@ -267,6 +299,10 @@ class PrincipalPolicy:
     @property
     def max_subscriptions(self) -> int:
         return int(self._s["max_subscriptions"])
+
+    def budget(self, key: str) -> int:
+        """A budget key's value for this principal (``budgets.PRINCIPAL_BUDGETS``)."""
+        return int(self._s[key])
 
     @property
     def max_output_bytes(self) -> int:
@@ -441,9 +477,13 @@ class Policy:
     """A loaded policy file: principal name → validated settings."""
 
     def __init__(
-        self, tables: Mapping[str, Mapping[str, Any]] | None = None, home: str | None = None
+        self,
+        tables: Mapping[str, Mapping[str, Any]] | None = None,
+        home: str | None = None,
+        kernel: Mapping[str, int] | None = None,
     ) -> None:
         self.tables = {k: dict(v) for k, v in (tables or {}).items()}
+        self.kernel: dict[str, int] = {**KERNEL_BUDGETS, **(kernel or {})}  # [kernel] budgets
         self.home = home or os.path.expanduser("~")
         self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
 
@@ -463,8 +503,9 @@ class Policy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], home: str | None = None) -> Policy:
         for k in data:
-            if k != "principal":
+            if k not in ("principal", "kernel"):
                 raise PolicyError(k, "unknown key")
+        kernel = _validate_kernel_table(data.get("kernel", {}))
         principals = data.get("principal", {})
         if not isinstance(principals, dict):
             raise PolicyError("principal", "expected a table of principal tables")
@@ -473,7 +514,7 @@ class Policy:
             if not name.strip():
                 raise PolicyError(_key(name), "principal name must not be empty")
             tables[name] = _validate_table(name, table)
-        return cls(tables, home=home)
+        return cls(tables, home=home, kernel=kernel)
 
     @property
     def principals(self) -> list[str]:

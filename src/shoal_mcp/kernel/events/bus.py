@@ -36,29 +36,62 @@ subscribed loses its ring (finished ``task.N`` / ``pty.N`` channels go first in 
 its next seq is remembered (up to ``MAX_TOMBSTONES`` names) so its numbering continues if
 it is published again; ``read`` of an evicted channel reports its ``latest_seq`` and
 ``truncated``.
+
+Budgets (docs/configuration.md, Budgets): a ring also keeps at most ``max_bytes`` of
+encoded payload (oldest events dropped first, as when it is full by count), and a
+kernel's rings together keep at most ``total_bytes`` (``[kernel] max_event_bytes``; past
+it the least recently used unsubscribed rings go), a publisher that names its principal
+(``ChannelBudget``) owns the ``user.*`` channels it
+creates: past ``max_channels`` of them a new one is refused with -32031. A client's
+payload is kept as its encoded JSON (an ``orjson.Fragment``), so the ring's memory is
+its byte count, not a tree of Python objects. A ``read`` reply carries at most
+``read_max_bytes`` of payload and says ``more`` with a ``cursor`` when it stopped there.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import re
 import sqlite3
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import DURABLE_CHANNELS, EVENT_RING, SUBSCRIBER_QUEUE
+from ...protocol.limits import (
+    CHANNEL_BYTES,
+    DURABLE_CHANNELS,
+    EVENT_BYTES,
+    EVENT_RING,
+    LIST_REPLY_BYTES,
+    SUBSCRIBER_QUEUE,
+)
+from ..access.budgets import over_budget
+from .channels import (
+    CLIENT_PUBLISH_REFUSED,
+    MAX_CHANNEL_LEN,
+    is_client_publishable,
+    require_client_publishable,
+    validate_channel,
+)
+from .ring import (
+    EVENT_OVERHEAD,
+    Channel,
+    ChannelBudget,
+    event_sizes,
+    fit_bytes,
+    payload_size,
+    ring_slice,
+)
 from .store import Event, EventStore, dumps_payload
 from .subscriptions import Sink, Subscription, gap_summary
 
 log = logging.getLogger(__name__)
 
-MAX_CHANNEL_LEN = 256
-"""Longest accepted channel name, in characters."""
 READ_MAX_EVENTS = EVENT_RING
 """Most events one ``read`` returns, whatever ``limit`` asks (keeps a response framable)."""
 MAX_CHANNELS = 256
@@ -67,59 +100,6 @@ MAX_TOMBSTONES = 64 * 1024
 """Evicted channel names whose next seq is remembered (an int each)."""
 CLOSE_JOIN_S = 1.0
 """How long ``EventBus.close`` waits, in total, for delivery threads to finish."""
-
-CLIENT_PUBLISH_REFUSED = "only user.* channels are publishable"
-
-_CHANNEL_RE = re.compile(
-    r"journal|session\.transcript|approval"
-    r"|(?:task|pty)\.(?:0|[1-9][0-9]*)"
-    r"|user\.[A-Za-z0-9._:@+=~-]+"
-)
-
-
-# --- channel names ----------------------------------------------------------------------
-
-
-def validate_channel(name: Any) -> str:
-    """Return ``name`` when it is a channel, else raise -32602 (field ``channel``).
-
-    The channels are listed in docs/protocol.md, Events.
-
-    Accepted: ``journal``, ``session.transcript``, ``approval``, ``task.N``, ``pty.N``
-    (N a decimal integer without leading zeros) and ``user.<suffix>`` where the suffix is
-    1+ characters of ``A-Z a-z 0-9 . _ : @ + = ~ -`` (URI-safe, so ``shoal://events/{channel}``
-    needs no escaping). At most ``MAX_CHANNEL_LEN`` characters.
-    """
-    if not isinstance(name, str):
-        raise invalid_params("channel", "must be a string")
-    if not name:
-        raise invalid_params("channel", "must not be empty")
-    if len(name) > MAX_CHANNEL_LEN:
-        raise invalid_params("channel", f"longer than {MAX_CHANNEL_LEN} characters")
-    if _CHANNEL_RE.fullmatch(name) is None:
-        raise invalid_params(
-            "channel",
-            "unknown channel (journal, session.transcript, approval, task.N, pty.N, user.*)",
-        )
-    return name
-
-
-def is_client_publishable(name: Any) -> bool:
-    """True only for a valid ``user.*`` channel: the only ones clients may publish to."""
-    return (
-        isinstance(name, str)
-        and name.startswith("user.")
-        and len(name) <= MAX_CHANNEL_LEN
-        and _CHANNEL_RE.fullmatch(name) is not None
-    )
-
-
-def require_client_publishable(name: Any) -> str:
-    """Validate ``name`` for ``events.publish``: -32602 naming ``channel`` unless ``user.*``."""
-    validate_channel(name)
-    if not is_client_publishable(name):
-        raise invalid_params("channel", CLIENT_PUBLISH_REFUSED)
-    return name
 
 
 def _check_since(since: Any) -> int | None:
@@ -136,23 +116,6 @@ def _check_limit(limit: Any) -> int | None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise invalid_params("limit", "must be a non-negative integer")
     return limit
-
-
-class _Channel:
-    __slots__ = ("name", "durable", "lock", "ring", "next_seq", "subs", "evicted")
-
-    def __init__(self, name: str, durable: bool, next_seq: int, ring_size: int) -> None:
-        self.name = name
-        self.durable = durable
-        self.lock = threading.Lock()
-        self.ring: deque[Event] = deque(maxlen=ring_size)
-        self.next_seq = next_seq
-        self.subs: tuple[Subscription, ...] = ()
-        self.evicted = False
-
-    def first_seq(self) -> int:
-        """Seq of the oldest event in the ring (== next_seq when the ring is empty)."""
-        return self.next_seq - len(self.ring)
 
 
 class EventBus:
@@ -175,12 +138,18 @@ class EventBus:
         *,
         max_channels: int = MAX_CHANNELS,
         read_max: int = READ_MAX_EVENTS,
+        ring_bytes: int = CHANNEL_BYTES,
+        read_max_bytes: int = LIST_REPLY_BYTES,
+        total_bytes: int = EVENT_BYTES,
     ) -> None:
         for name, value in (
             ("ring_size", ring_size),
             ("queue_size", queue_size),
             ("max_channels", max_channels),
             ("read_max", read_max),
+            ("ring_bytes", ring_bytes),
+            ("read_max_bytes", read_max_bytes),
+            ("total_bytes", total_bytes),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -189,49 +158,104 @@ class EventBus:
         self._queue_size = queue_size
         self._max_channels = max_channels
         self._read_max = read_max
+        self._ring_bytes = ring_bytes
+        self._read_max_bytes = read_max_bytes
+        self._total_bytes = total_bytes
+        self._held_bytes = 0  # every ring's bytes together, under _bytes_lock (a leaf lock)
+        self._bytes_lock = threading.Lock()
+        self._owned: dict[str, set[str]] = {}  # principal -> user.* channels it created
         self._lock = threading.Lock()
-        self._channels: OrderedDict[str, _Channel] = OrderedDict()
+        self._channels: OrderedDict[str, Channel] = OrderedDict()
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
         self._ids = itertools.count(1)
         self._closed = False
         if store is not None:
             for name in DURABLE_CHANNELS:
-                self._channels[name] = _Channel(name, True, store.last_seq(name) + 1, ring_size)
+                self._channels[name] = Channel(
+                    name, True, store.last_seq(name) + 1, ring_size, ring_bytes
+                )
 
     # -- channel table ----------------------------------------------------------------------
 
-    def _channel(self, name: str, *, create: bool) -> _Channel | None:
+    def _channel(
+        self, name: str, *, create: bool, budget: ChannelBudget | None = None
+    ) -> Channel | None:
         with self._lock:
             ch = self._channels.get(name)
             if ch is not None:
                 self._channels.move_to_end(name)
+                if budget is not None and ch.owner is None and not ch.durable:
+                    self._own_locked(ch, budget)  # e.g. created by a subscribe
                 return ch
             if not create:
                 return None
             validate_channel(name)
             durable = self._store is not None and name in DURABLE_CHANNELS
-            ch = _Channel(name, durable, self._tombstones.pop(name, 0), self._ring_size)
+            ch = Channel(
+                name, durable, self._tombstones.get(name, 0), self._ring_size, self._ring_bytes
+            )
+            if budget is not None and not durable:
+                self._own_locked(ch, budget)
+            self._tombstones.pop(name, None)
             self._channels[name] = ch
             if len(self._channels) > self._max_channels:
                 self._evict_locked(keep=ch)
             return ch
 
-    def _evict_locked(self, keep: _Channel) -> None:
+    def _own_locked(self, ch: Channel, budget: ChannelBudget) -> None:
+        """Count ``ch`` against ``budget.owner``'s max_channels.
+
+        At the budget, the owner's least recently used channel without subscribers
+        gives up its ring (as global eviction would); when every one of them has
+        subscribers the new channel is refused with -32031 naming ``max_channels``.
+        """
+        owned = self._owned.setdefault(budget.owner, set())
+        if len(owned) >= budget.max_channels:
+            for name, other in list(self._channels.items()):  # least recently used first
+                if len(owned) < budget.max_channels:
+                    break
+                if name in owned and other is not ch:
+                    self._evict_one_locked(name, other)
+        if len(owned) >= budget.max_channels:
+            raise over_budget(
+                "max_channels",
+                budget.max_channels,
+                f"{budget.owner} holds {len(owned)} subscribed channels",
+                channel=ch.name,
+            )
+        owned.add(ch.name)
+        ch.owner = budget.owner
+        ch.max_bytes = budget.max_bytes
+
+    def owned_channels(self, owner: str) -> int:
+        """How many channels held in memory ``owner`` created (its max_channels count)."""
+        with self._lock:
+            return len(self._owned.get(owner, ()))
+
+    def _evict_locked(self, keep: Channel) -> None:
         for name, ch in list(self._channels.items()):
             if len(self._channels) <= self._max_channels:
                 return
             if ch is keep or name in DURABLE_CHANNELS:
                 continue
-            with ch.lock:
-                if ch.subs:
-                    continue
-                ch.evicted = True
-                del self._channels[name]
-                self._tombstones[name] = ch.next_seq
-                self._tombstones.move_to_end(name)
+            self._evict_one_locked(name, ch)
+
+    def _evict_one_locked(self, name: str, ch: Channel) -> bool:
+        """Drop ``ch``'s ring, remembering its next seq; False when it has subscribers."""
+        with ch.lock:
+            if ch.subs:
+                return False
+            ch.evicted = True
+            del self._channels[name]
+            if ch.owner is not None:
+                self._owned.get(ch.owner, set()).discard(name)
+            self._add_bytes(-ch.bytes)
+            self._tombstones[name] = ch.next_seq
+            self._tombstones.move_to_end(name)
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
+        return True
 
     def channels(self) -> list[str]:
         """Names of the channels currently held in memory (ring and/or subscribers), sorted."""
@@ -240,21 +264,37 @@ class EventBus:
 
     # -- publish ----------------------------------------------------------------------------
 
-    def publish(self, channel: str, payload: dict[str, Any]) -> Event:
+    def publish(
+        self,
+        channel: str,
+        payload: dict[str, Any] | orjson.Fragment,
+        budget: ChannelBudget | None = None,
+        *,
+        size: int | None = None,
+    ) -> Event:
         """Append an event to ``channel`` and return it (``{"channel","seq","ts","payload"}``).
 
         Never waits for a subscriber. Durable channels are written to SQLite first (under
         the channel lock, so the store is gap-free and ordered); a failing insert is logged
         and the event is still published in memory. Raises -32602 for a bad channel, a
         non-object payload, or (durable channels) a payload that is not JSON-serializable.
+        ``payload`` may be an ``orjson.Fragment`` of an encoded object (a client's payload,
+        kept as bytes; ``size`` is then its length). With a ``budget`` the channel counts against its owner's
+        ``max_channels`` (-32031 when the owner can hold no more).
         """
         if not isinstance(channel, str):
             raise invalid_params("channel", "must be a string")
-        if not isinstance(payload, dict):
+        if not isinstance(payload, (dict, orjson.Fragment)):
             raise invalid_params("payload", "must be an object")
         payload_json: str | None = None
+        if size is None:
+            try:
+                size = payload_size(payload)
+            except TypeError:  # checked where it matters (durable channels, below)
+                size = 0
+        size += EVENT_OVERHEAD
         while True:
-            ch = self._channel(channel, create=True)
+            ch = self._channel(channel, create=True, budget=budget)
             assert ch is not None
             if ch.durable and payload_json is None:
                 payload_json = dumps_payload(payload)
@@ -270,11 +310,32 @@ class EventBus:
                         log.exception("events: could not store %s seq %d", channel, seq)
                 ch.next_seq = seq + 1
                 event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
-                ch.ring.append(event)
+                grown = ch.append(event, size)
                 if ch.subs:
                     for sub in ch.subs:
                         sub._offer(event)
-                return event
+            if self._add_bytes(grown) > self._total_bytes:
+                self._shrink_to_total(keep=ch)
+            return event
+
+    def _add_bytes(self, delta: int) -> int:
+        with self._bytes_lock:
+            self._held_bytes += delta
+            return self._held_bytes
+
+    def held_bytes(self) -> int:
+        """Encoded bytes every ring holds together (``[kernel] max_event_bytes`` count)."""
+        with self._bytes_lock:
+            return self._held_bytes
+
+    def _shrink_to_total(self, keep: Channel) -> None:
+        """Evict least recently used rings until all of them fit ``total_bytes``."""
+        with self._lock:
+            for name, ch in list(self._channels.items()):
+                if self.held_bytes() <= self._total_bytes:
+                    return
+                if ch is not keep and name not in DURABLE_CHANNELS:
+                    self._evict_one_locked(name, ch)
 
     # -- read -------------------------------------------------------------------------------
 
@@ -293,6 +354,11 @@ class EventBus:
         Durable channels serve what the ring no longer holds from SQLite. Non-durable ones
         return what the ring has, plus ``"truncated": true`` when ``since`` is older than the
         ring (events right after ``since`` are gone).
+
+        The reply carries at most ``read_max_bytes`` of events (always one at least): past
+        that the oldest (forward: the newest) are left out, with ``"more": true`` and a
+        ``"cursor"`` — the ``since`` of a forward read that continues where this one
+        stopped (for a newest-first read: from the start of the asked range).
         """
         validate_channel(channel)
         since = _check_since(since)
@@ -315,33 +381,40 @@ class EventBus:
             durable = ch.durable
             n = len(ch.ring)
             start = max(0, lo - first)
-            if forward:
-                ring_part = _ring_slice(ch.ring, start, min(n, start + cap))
-            else:
-                ring_part = _ring_slice(ch.ring, max(start, n - cap), n)
+            lo_i, hi_i = (start, min(n, start + cap)) if forward else (max(start, n - cap), n)
+            ring_part = ring_slice(ch.ring, lo_i, hi_i)
+            ring_sizes = ring_slice(ch.sizes, lo_i, hi_i)
 
         events = ring_part
+        sizes = ring_sizes
         if durable and lo < first and cap > 0 and self._store is not None:
             older = first - 1
             try:
                 if forward:
                     store_part = self._store.page(channel, lo - 1, older, cap)
                     events = store_part + ring_part[: cap - len(store_part)]
+                    sizes = event_sizes(store_part) + ring_sizes[: cap - len(store_part)]
                 elif len(ring_part) < cap:
                     store_part = self._store.since(
                         channel, lo - 1, cap - len(ring_part), until=older
                     )
                     events = store_part + ring_part
+                    sizes = event_sizes(store_part) + ring_sizes
             except sqlite3.Error as exc:
                 log.exception("events: reading %s from the store failed", channel)
                 raise RpcError(
                     ErrorCode.INTERNAL, "event store unavailable", {"channel": channel}
                 ) from exc
+        events, cut = fit_bytes(events, sizes, self._read_max_bytes, keep_newest=not forward)
         out = {"channel": channel, "events": events, "latest_seq": latest}
         if since is not None and not durable and lo < first:
             out["truncated"] = True
         if forward and events and events[-1]["seq"] < latest:
             out["more"] = True
+            out["cursor"] = str(events[-1]["seq"])
+        elif cut:
+            out["more"] = True
+            out["cursor"] = str(lo - 1)
         return out
 
     # -- subscriptions ----------------------------------------------------------------------
@@ -384,7 +457,7 @@ class EventBus:
                     sub._floor = since
                     lo = since + 1
                     first = ch.first_seq()
-                    sub._replay = _ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
+                    sub._replay = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
                     if lo < first and lo <= latest:
                         if ch.durable:
                             sub._replay_store = (since, first - 1)
@@ -430,10 +503,14 @@ class EventBus:
             sub.join(max(0.0, deadline - time.monotonic()))
 
 
-def _ring_slice(ring: deque[Event], start: int, stop: int) -> list[Event]:
-    if start >= stop:
-        return []
-    return list(itertools.islice(ring, start, stop))
-
-
-__all__ = ["EventBus", "EventStore", "Subscription", "is_client_publishable", "validate_channel"]
+__all__ = [  # channel names live in channels.py; re-exported for existing importers
+    "CLIENT_PUBLISH_REFUSED",
+    "MAX_CHANNEL_LEN",
+    "ChannelBudget",
+    "EventBus",
+    "EventStore",
+    "Subscription",
+    "is_client_publishable",
+    "require_client_publishable",
+    "validate_channel",
+]

@@ -23,7 +23,7 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
-from ..access.plans import APPLIED, APPROVED, Plan, PlanStore, env_digest, plan_ref
+from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, env_digest, plan_ref
 from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import Session, SessionTable
@@ -123,9 +123,13 @@ class ExecService:
     def plan(self, who: Principal, src: str) -> dict:
         """``exec mode=plan``: analyse, store, journal; nothing is spawned."""
         plan, _ = self.evaluate(who, src)
-        plan = self.plans.put(plan)
+        plan = self.plans.put(plan, self._plan_budget(who))
         self.finalizer.journal_plan(who, plan, "plan", plan.ref, ok=None)
         return plan.record()
+
+    def _plan_budget(self, who: Principal) -> PlanBudget:
+        policy = self.guard.for_principal(who.principal)
+        return PlanBudget(policy.budget("max_plans"), policy.budget("max_plan_bytes"))
 
     def explain(self, who: Principal, src: str) -> dict:
         """What ``plan`` would say, without storing anything."""
@@ -147,7 +151,7 @@ class ExecService:
                 "denied by policy",
                 {"effects": plan.effects, "reasons": plan.reasons},
             )
-        plan = self.plans.put(plan)
+        plan = self.plans.put(plan, self._plan_budget(who))
         self.finalizer.journal_plan(who, plan, "approval_required", plan.ref, ok=False)
         raise RpcError(
             ErrorCode.APPROVAL_REQUIRED,

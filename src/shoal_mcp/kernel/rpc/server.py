@@ -4,6 +4,14 @@ One reader thread per connection feeds frames through the framing core and the
 sans-I/O JSON-RPC layer; quick methods answer inline, blocking ones on their own thread,
 so responses can come out of order. All writes to a connection go through one
 ``FrameWriter`` lock. No handler exception ever reaches a client as a traceback.
+
+Budgets (docs/configuration.md, Budgets): at most ``[kernel] max_connections``
+connections are open (each is a thread; past it a new one is answered -32031 and
+closed), a connection runs at most ``MAX_BLOCKING_CALLS`` blocking calls at once, and
+before ``session.attach`` a frame may not exceed ``FRAME_BEFORE_ATTACH`` bytes and the
+connection must attach within ``ATTACH_TIMEOUT_S``. Until it attaches, a connection is
+read byte-exactly (``_read_until_attached``): nothing past the attaching frame is
+consumed, so the full-size reader that follows starts at the right byte.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +37,22 @@ from ...protocol.jsonrpc import (
     error_response,
     oversize_reply,
     parse_message,
+    recover_id,
     response,
 )
-from ...protocol.limits import MAX_OVERSIZE_PER_CONNECTION
+from ...protocol.limits import (
+    ATTACH_TIMEOUT_S,
+    FRAME_BEFORE_ATTACH,
+    MAX_BLOCKING_CALLS,
+    MAX_OVERSIZE_PER_CONNECTION,
+    OVERSIZE_HEAD,
+)
 from ...protocol.schema import validate
 from ...protocol.wiretext import to_wire
+from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
+from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
 from .workers import Workers
 
@@ -144,8 +162,15 @@ class KernelServer:
         self._workers = 0  # connection and blocking-call threads still running
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
+        tune_malloc(self.stopping)  # before the connection threads: see malloc.py
         self._threads = Workers()  # reused threads: no thread start per blocking call
         kernel.connection_count = lambda: len(self.connections)
+        kernel.connections_of = self.connections_of
+
+    def connections_of(self, principal: str) -> int:
+        """Attached connections of ``principal`` (its ``max_connections`` count)."""
+        with self._lock:
+            return sum(1 for c in self.connections if c.who and c.who.principal == principal)
 
     def serve_forever(self) -> None:
         # A short accept timeout lets stop() (from a signal) end the loop promptly.
@@ -165,6 +190,13 @@ class KernelServer:
                 _refuse(sock)
                 continue
             sock.settimeout(None)
+            cap = self.kernel.guard.policy.kernel["max_connections"]
+            with self._lock:
+                full = len(self.connections) >= cap
+            if full:  # refused here, on the accept thread: no thread per refused peer
+                log.warning("refusing connection from pid %s: %d connections open", pid, cap)
+                _refuse(sock, over_budget("kernel.max_connections", cap, "connections open"))
+                continue
             conn = Connection(sock, self.kernel, peer_pid=pid)
             with self._lock:
                 self.connections.add(conn)
@@ -207,8 +239,10 @@ class KernelServer:
     # -- per connection -----------------------------------------------------------------
 
     def _serve(self, conn: Connection) -> None:
-        reader = FrameReader(conn.sock.fileno())
         try:
+            if not self._read_until_attached(conn):
+                return
+            reader = FrameReader(conn.sock.fileno())
             while not conn.closed.is_set():
                 events = reader.read_frames()
                 if not events:
@@ -223,6 +257,57 @@ class KernelServer:
             pass
         finally:
             self._cleanup(conn)
+
+    def _read_until_attached(self, conn: Connection) -> bool:
+        """Serve frames of at most FRAME_BEFORE_ATTACH bytes until the connection
+        attaches (True) or closes, times out or sends too many oversize frames (False).
+
+        Bytes are peeked, then taken only up to the end of a line, so what follows the
+        attaching frame is still in the socket for the connection's FrameReader.
+        """
+        sock = conn.sock
+        deadline = time.monotonic() + ATTACH_TIMEOUT_S
+        line = bytearray()  # the current frame (its head once over the limit)
+        length = 0
+        try:
+            while not conn.attached:
+                if conn.closed.is_set():
+                    return False
+                try:
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                    peeked = sock.recv(FRAME_BEFORE_ATTACH + 1, socket.MSG_PEEK)
+                except TimeoutError:
+                    sock.settimeout(None)
+                    conn.send(_attach_timeout())
+                    return False
+                if not peeked:
+                    return False
+                newline = peeked.find(b"\n")
+                data = _recv_exactly(sock, len(peeked) if newline < 0 else newline + 1)
+                length += len(data) - (newline >= 0)
+                room = FRAME_BEFORE_ATTACH + 1 - len(line)
+                if room > 0:
+                    line += data[:room] if newline < 0 else data[: min(room, newline)]
+                if newline < 0:
+                    continue
+                frame, size = bytes(line), length
+                line, length = bytearray(), 0
+                if size > FRAME_BEFORE_ATTACH:
+                    conn.oversize += 1
+                    sock.settimeout(None)
+                    conn.send(_oversize_before_attach(frame[:OVERSIZE_HEAD], size))
+                    if conn.oversize >= MAX_OVERSIZE_PER_CONNECTION:
+                        return False
+                    continue
+                if frame.endswith(b"\r"):
+                    frame = frame[:-1]
+                if frame:
+                    sock.settimeout(None)  # replies are written in blocking mode
+                    self._handle_frame(conn, frame)
+        finally:
+            if not conn.closed.is_set():
+                sock.settimeout(None)  # the FrameReader reads the fd in blocking mode
+        return True
 
     def _oversize(self, conn: Connection, event: Oversize) -> bool:
         conn.oversize += 1
@@ -255,6 +340,14 @@ class KernelServer:
             )
             return
         if spec.blocking:
+            if len(conn.inflight) >= MAX_BLOCKING_CALLS:  # one thread each: bounded
+                err = over_budget(
+                    "blocking_calls",
+                    MAX_BLOCKING_CALLS,
+                    "blocking calls running on this connection",
+                )
+                conn.send(error_response(msg.id, err.code, err.message, err.data))
+                return
             # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
             conn.inflight[msg.id] = InflightCall()
             self._start_worker(self._run, (conn, spec, msg), f"call-{msg.method}")
@@ -331,16 +424,46 @@ def _close_conn(conn: Connection, close_fd: bool = True) -> None:
             pass
 
 
-def _refuse(sock: socket.socket) -> None:
+def _refuse(sock: socket.socket, why: RpcError | None = None) -> None:
+    if why is None:
+        why = RpcError(ErrorCode.AUTH_FAILED, "connection refused: different user")
     try:
-        sock.sendall(
-            encode_frame(
-                error_response(NO_ID, ErrorCode.AUTH_FAILED, "connection refused: different user")
-            )
-        )
+        sock.settimeout(ACCEPT_POLL_S)  # never let a peer that does not read stall accept
+        sock.sendall(encode_frame(error_response(NO_ID, why.code, why.message, why.data)))
     except OSError:
         pass
     sock.close()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes already peeked (so present): recv until all are taken."""
+    chunks = []
+    while n > 0:
+        data = sock.recv(n)
+        if not data:
+            break
+        chunks.append(data)
+        n -= len(data)
+    return b"".join(chunks)
+
+
+def _oversize_before_attach(head: bytes, size: int) -> dict:
+    return error_response(
+        recover_id(head),
+        ErrorCode.INVALID_REQUEST,
+        f"frame too large before attach: {size} bytes exceeds the {FRAME_BEFORE_ATTACH}-byte"
+        " limit (FRAME_BEFORE_ATTACH); call session.attach first",
+        {"limit": FRAME_BEFORE_ATTACH, "discarded_bytes": size},
+    )
+
+
+def _attach_timeout() -> dict:
+    return error_response(
+        NO_ID,
+        ErrorCode.NOT_ATTACHED,
+        f"not attached after {ATTACH_TIMEOUT_S:g} s: closing the connection",
+        {"timeout_s": ATTACH_TIMEOUT_S},
+    )
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:

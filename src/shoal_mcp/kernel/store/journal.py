@@ -1,20 +1,34 @@
 """The journal: one SQLite row per exec/plan/apply, queried with filters in SQL.
 
 The `journal.query` method is in docs/protocol.md, Kernel methods.
+
+Long sources (and long effect lists) are stored once, by hash, in ``journal_texts``
+(``store_once``): a row keeps a head for display and a ``{kind: "src"|"effects", hash,
+len}`` descriptor among its outputs, so a flood of the same 1 MiB plan costs one copy.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
 import orjson
 
-from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS
+from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
 from ...protocol.wiretext import text_or_bytes, to_wire
 from .db import Database
+
+TEXTS_SCHEMA = """CREATE TABLE IF NOT EXISTS journal_texts (
+    hash TEXT PRIMARY KEY,    -- blake3 of the UTF-8 text
+    len INTEGER NOT NULL,     -- characters
+    text TEXT NOT NULL
+)"""
+EFFECTS_INLINE = 100
+"""Effects a row keeps inline when its effect list is stored by hash."""
 
 JOURNAL_QUERY_MAX = 1000
 JOURNAL_QUERY_DEFAULT = 50
@@ -58,9 +72,21 @@ def command_head(src: str) -> str:
     return ""
 
 
+def store_once(conn, text: str, kind: str) -> dict:
+    """Store ``text`` in ``journal_texts`` unless that exact text is there; its descriptor."""
+    digest = blake3.blake3(text.encode("utf-8", "surrogatepass")).hexdigest()
+    conn.execute(
+        "INSERT OR IGNORE INTO journal_texts(hash, len, text) VALUES (?,?,?)",
+        (digest, len(text), text),
+    )
+    return {"kind": kind, "hash": digest, "len": len(text)}
+
+
 class Journal:
     def __init__(self, db: Database) -> None:
         self.db = db
+        with db.transaction() as conn:
+            conn.execute(TEXTS_SCHEMA)
 
     def record(self, entry: JournalEntry) -> dict:
         with self.db.transaction() as conn:
@@ -74,8 +100,19 @@ class Journal:
         state: str | None = None,
         spool: dict | None = None,
     ) -> int:
-        """Insert ``entry`` inside the caller's transaction; its row id."""
+        """Insert ``entry`` inside the caller's transaction; its row id.
+
+        A source or effect list longer than ``SRC_INLINE_CHARS`` is stored once by hash
+        (``store_once``): the row keeps a head and a descriptor among its outputs."""
         kinds = sorted({e.get("kind", "") for e in entry.effects})
+        src, effects, outputs = entry.src, to_wire(entry.effects), list(entry.outputs)
+        effects_json = orjson.dumps(effects).decode()
+        if len(src) > SRC_INLINE_CHARS:
+            outputs.append(store_once(conn, src, "src"))
+            src = src[:SRC_INLINE_CHARS]
+        if len(effects_json) > SRC_INLINE_CHARS:
+            outputs.append(store_once(conn, effects_json, "effects"))
+            effects_json = orjson.dumps(effects[:EFFECTS_INLINE]).decode()
         cur = conn.execute(
             """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
                effects, effect_kinds, status, ok, ref, outputs, state, spool)
@@ -86,15 +123,15 @@ class Journal:
                 entry.session,
                 entry.principal,
                 text_or_bytes(entry.cwd),
-                entry.src,
-                command_head(entry.src),
+                src,
+                command_head(src),
                 entry.kind,
-                orjson.dumps(to_wire(entry.effects)).decode(),
+                effects_json,
                 "," + ",".join(kinds) + ",",
                 entry.status,
                 None if entry.ok is None else int(entry.ok),
                 entry.ref,
-                orjson.dumps(entry.outputs).decode(),
+                orjson.dumps(outputs).decode(),
                 state,
                 None if spool is None else orjson.dumps(spool).decode(),
             ),
@@ -114,6 +151,13 @@ class Journal:
         (a row is inserted when there was none)."""
         if row_id is None:
             return self.insert_in(conn, entry, state=DONE)
+        # The running row's stored-once descriptors (a long source) stay among its outputs.
+        kept = [
+            o
+            for row in conn.execute("SELECT outputs FROM journal WHERE id = ?", (row_id,))
+            for o in orjson.loads(row[0] or "[]")
+            if isinstance(o, dict) and o.get("kind") in ("src", "effects")
+        ]
         conn.execute(
             """UPDATE journal SET duration_ms = ?, status = ?, ok = ?, ref = ?, outputs = ?,
                state = ?, spool = NULL, error = ? WHERE id = ?""",
@@ -122,7 +166,7 @@ class Journal:
                 entry.status,
                 None if entry.ok is None else int(entry.ok),
                 entry.ref,
-                orjson.dumps(entry.outputs).decode(),
+                orjson.dumps(list(entry.outputs) + kept).decode(),
                 entry.state or DONE,
                 entry.error,
                 row_id,
@@ -161,11 +205,43 @@ class Journal:
         session: str | None = None,
         limit: int = JOURNAL_QUERY_DEFAULT,
         visible_to: str | None = None,
+        before_id: int | None = None,
     ) -> list[dict]:
         """Newest-first rows matching every filter; ``limit`` applies after filtering.
 
-        ``visible_to`` restricts to one principal's rows (policy ``journal_read = own``).
+        ``visible_to`` restricts to one principal's rows (policy ``journal_read = own``);
+        ``before_id`` keeps rows older than that id (a page's cursor).
         """
+        return list(
+            self.iter_query(
+                since=since,
+                until=until,
+                principal=principal,
+                head=head,
+                ok=ok,
+                effects=effects,
+                session=session,
+                limit=limit,
+                visible_to=visible_to,
+                before_id=before_id,
+            )
+        )
+
+    def iter_query(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        principal: str | None = None,
+        head: str | None = None,
+        ok: bool | None = None,
+        effects: list[str] | None = None,
+        session: str | None = None,
+        limit: int = JOURNAL_QUERY_DEFAULT,
+        visible_to: str | None = None,
+        before_id: int | None = None,
+    ) -> Iterator[dict]:
+        """``query``, one row at a time from an SQLite cursor (never all rows at once)."""
         where: list[str] = []
         args: list[Any] = []
         # ts is REAL: bind floats, so a JSON integer past 64 bits cannot overflow SQLite.
@@ -193,12 +269,17 @@ class Journal:
         for kind in effects or ():
             where.append("effect_kinds LIKE ?")
             args.append(f"%,{kind},%")
+        if before_id is not None:
+            where.append("id < ?")
+            args.append(before_id)
         sql = "SELECT * FROM journal"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(max(1, min(limit, JOURNAL_QUERY_MAX)))
-        return [_row(r) for r in self.db.query(sql, args)]
+        with self.db._lease() as conn:
+            for r in conn.execute(sql, args):
+                yield _row(r)
 
 
 def _row(r) -> dict:
@@ -220,4 +301,9 @@ def _row(r) -> dict:
         "state": r["state"],
         "error": r["error"],
     }
+    for desc in out["outputs"]:
+        if (
+            isinstance(desc, dict) and desc.get("kind") == "src"
+        ):  # the source is stored once by hash; this is its head
+            out["src_len"], out["src_hash"] = desc["len"], desc["hash"]
     return {k: v for k, v in out.items() if v is not None}

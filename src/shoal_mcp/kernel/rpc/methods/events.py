@@ -15,7 +15,8 @@ from ....protocol.params import (
     EVENTS_UNSUBSCRIBE,
     JOURNAL_QUERY,
 )
-from ...events.bus import is_client_publishable, validate_channel
+from ...events.bus import ChannelBudget, is_client_publishable, validate_channel
+from ..paging import bounded_page
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -27,7 +28,21 @@ def events_read(call: Call, params: dict) -> dict:
     channel = params["channel"]
     validate_channel(channel)
     call.kernel.check_channel_access(call.who, channel)
+    if "cursor" in params:  # a page's cursor: continue forward from that seq
+        if "since" in params or "limit" in params:
+            raise invalid_params("cursor", "continues a read; give it without since or limit")
+        return call.kernel.events.read(channel, _cursor_seq(params["cursor"]), None)
     return call.kernel.events.read(channel, params.get("since"), params.get("limit"))
+
+
+def _cursor_seq(cursor: str) -> int:
+    try:
+        seq = int(cursor)
+    except ValueError:
+        seq = -2
+    if seq < -1 or not cursor.lstrip("-").isdigit():
+        raise invalid_params("cursor", "not a cursor from events.read")
+    return seq
 
 
 @method("events.publish", EVENTS_PUBLISH)
@@ -36,10 +51,15 @@ def events_publish(call: Call, params: dict) -> dict:
     validate_channel(channel)
     if not is_client_publishable(channel):
         raise invalid_params("channel", "only user.* channels are publishable")
-    payload = params.get("payload", {})
-    if len(orjson.dumps(payload)) > VALUE_HARD_CAP:
+    encoded = orjson.dumps(params.get("payload", {}))
+    if len(encoded) > VALUE_HARD_CAP:
         raise invalid_params("payload", f"encodes to more than {VALUE_HARD_CAP} bytes")
-    event = call.kernel.events.publish(channel, payload)
+    policy = call.kernel.guard.for_principal(call.who.principal)
+    budget = ChannelBudget(
+        call.who.principal, policy.budget("max_channels"), policy.budget("max_channel_bytes")
+    )
+    # Kept encoded: the ring then holds its bytes, not a tree of Python objects.
+    event = call.kernel.events.publish(channel, orjson.Fragment(encoded), budget, size=len(encoded))
     return {"channel": channel, "seq": event["seq"]}
 
 
@@ -87,7 +107,7 @@ def events_unsubscribe(call: Call, params: dict) -> dict:
 def journal_query(call: Call, params: dict) -> dict:
     kernel = call.kernel
     visible_to = None if kernel.journal_read_all(call.who.principal) else call.who.principal
-    rows = kernel.journal.query(
+    rows = kernel.journal.iter_query(
         since=params.get("since"),
         until=params.get("until"),
         principal=params.get("principal"),
@@ -97,5 +117,13 @@ def journal_query(call: Call, params: dict) -> dict:
         session=params.get("session"),
         limit=params.get("limit", 50),
         visible_to=visible_to,
+        before_id=_cursor_int(params["cursor"]) if "cursor" in params else None,
     )
-    return {"rows": rows, "count": len(rows)}
+    # Streamed into a bounded reply: rows past LIST_REPLY_BYTES are never read.
+    return bounded_page(rows, lambda row: row, lambda row: str(row["id"])).reply("rows")
+
+
+def _cursor_int(cursor: str) -> int:
+    if not cursor.isdigit() or len(cursor) > 19:
+        raise invalid_params("cursor", "not a cursor from journal.query")
+    return int(cursor)

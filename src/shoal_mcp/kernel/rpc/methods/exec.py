@@ -19,6 +19,7 @@ def exec_(call: Call, params: dict) -> dict:
     if "\x00" in src:  # bash -c cannot take a NUL byte; say so instead of failing inside spawn
         raise invalid_params("src", "must not contain NUL characters")
     opts = RunOptions.from_params(params)
+    call.kernel.state_budget.check()  # a clear -32031 before the state dir fills the disk
     if params.get("mode", "run") == "plan":
         return call.kernel.exec.plan(call.who, src)
     return call.kernel.exec.run(call.who, src, opts, call)

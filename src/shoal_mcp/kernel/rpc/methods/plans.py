@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ....protocol.errors import ErrorCode, RpcError
+from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import CAP_DECIDE, CAP_REQUEST, EXPLAIN, PLAN_APPLY, PLAN_GET, PLAN_LIST
-from ...access.plans import APPLIED, APPROVED, PlanStore, plan_display
+from ...access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_display
 from ...exec.service import RunOptions
+from ..paging import bounded_page
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -32,12 +33,25 @@ def plan_list(call: Call, params: dict) -> dict:
         plans = kernel.plans.list(None, None, params.get("state"))
     else:
         plans = kernel.plans.list(call.who.session, call.who.principal, params.get("state"))
-    return {"plans": [p.record() for p in plans]}
+    if "cursor" in params:
+        after = _plan_cursor(params["cursor"])
+        plans = [p for p in plans if (p.created, p.ref) > after]
+    page = bounded_page(plans, Plan.record, lambda p: f"{p.created!r}/{p.ref}")
+    return page.reply("plans")
+
+
+def _plan_cursor(cursor: str) -> tuple[float, str]:
+    created, _, ref = cursor.partition("/")
+    try:
+        return float(created), ref
+    except ValueError:
+        raise invalid_params("cursor", "not a cursor from plan.list") from None
 
 
 @method("plan.apply", PLAN_APPLY, blocking=True)
 def plan_apply(call: Call, params: dict) -> dict:
     opts = RunOptions.from_params(params)
+    call.kernel.state_budget.check()
     return call.kernel.exec.apply(call.who, params["plan_ref"], opts, call)
 
 

@@ -32,7 +32,11 @@ def attach(call: Call, params: dict) -> dict:
     )
     principal = kernel.guard.authenticate(params.get("token"))
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
-    call.conn.who = Principal(name, principal)
+    # Counted and taken as one step, so parallel attaches cannot overshoot the budget.
+    with kernel.guard.quota_lock(principal, "max_connections"):
+        was = call.conn.who
+        kernel.check_connection_budget(principal, was is not None and was.principal == principal)
+        call.conn.who = Principal(name, principal)
     call.conn.client = params.get("client", {})
     kernel.attached.add(call.conn)
     kernel.exec.warm_up(call.conn.who)  # the first exec finds its supervisor started

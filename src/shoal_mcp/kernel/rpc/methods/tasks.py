@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import TASK_AWAIT, TASK_CANCEL, TASK_GET, TASK_LIST, TASK_STEER
+from ..paging import bounded_page
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -42,10 +43,15 @@ def task_list(call: Call, params: dict) -> dict:
         call.who.principal,
         see_all=call.kernel.can_see_all_tasks(call.who.principal),
     )
-    records = [t.record() for t in tasks]
     if "state" in params:
-        records = [r for r in records if r["state"] == params["state"]]
-    return {"tasks": records}
+        tasks = [t for t in tasks if t.state == params["state"]]
+    tasks.sort(key=lambda t: t.id)
+    if "cursor" in params:
+        cursor = params["cursor"]
+        if not cursor.isdigit() or len(cursor) > 19:
+            raise invalid_params("cursor", "not a cursor from task.list")
+        tasks = [t for t in tasks if t.id > int(cursor)]
+    return bounded_page(tasks, lambda t: t.record(), lambda t: str(t.id)).reply("tasks")
 
 
 @method("task.get", TASK_GET)
