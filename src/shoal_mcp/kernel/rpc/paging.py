@@ -16,8 +16,17 @@ from typing import Any, TypeVar
 import orjson
 
 from ...protocol.limits import LIST_REPLY_BYTES
+from ...protocol.wiretext import to_wire
 
 T = TypeVar("T")
+
+
+def _encode(row: Any) -> bytes:
+    """One row as JSON; text that is not UTF-8 (a cwd, say) as bytes nodes, as replies do."""
+    try:
+        return orjson.dumps(row)
+    except TypeError:
+        return orjson.dumps(to_wire(row))
 
 
 @dataclass
@@ -56,7 +65,7 @@ def bounded_page(
         for item in source:
             if limit is not None and len(page.rows) >= limit:
                 break
-            encoded = orjson.dumps(record(item))
+            encoded = _encode(record(item))
             if page.rows and total + len(encoded) > budget:
                 page.more = True
                 break
