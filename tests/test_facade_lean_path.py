@@ -47,7 +47,9 @@ def lean(kernel, monkeypatch):
     out = Outbox()
     session = McpSession(out.send)
     # The first call opens the call link (on the pool: connecting may wait).
-    session.receive(Request(0, "tools/call", {"name": "shoal_exec", "arguments": {"src": "true"}}))
+    session.receive(
+        Request(0, "tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
+    )
     message, thread = out.reply(0)
     assert message["result"]["isError"] is False
     assert thread.startswith("mcp-call")
@@ -56,7 +58,7 @@ def lean(kernel, monkeypatch):
 
 
 def _exec(msg_id, src: str, _meta: dict | None = None, **args) -> Request:
-    params: dict = {"name": "shoal_exec", "arguments": {"src": src, **args}}
+    params: dict = {"name": "shoal_exec", "arguments": {"command": src, **args}}
     if _meta is not None:
         params["_meta"] = _meta
     return Request(msg_id, "tools/call", params)
@@ -64,40 +66,43 @@ def _exec(msg_id, src: str, _meta: dict | None = None, **args) -> Request:
 
 def test_a_plain_call_is_answered_by_the_kernel_reply_thread(lean):
     session, out = lean
-    session.receive(_exec(1, "echo lean"))
+    session.receive(
+        Request(1, "tools/call", {"name": "shoal_plan", "arguments": {"command": "echo lean"}})
+    )
     message, thread = out.reply(1)
-    assert message["result"]["structuredContent"]["value"]["out"] == {"$": "str", "v": "lean\n"}
+    assert message["result"]["isError"] is False
+    assert message["result"]["structuredContent"]["plan_ref"].startswith("plan:")
     assert thread == "kernel-demux"  # no pool worker between the kernel's reply and stdout
 
 
-def test_kernel_errors_and_failures_read_the_same_on_the_lean_path(lean):
+def test_calls_owning_a_kernel_task_stay_on_the_pool(lean):
+    # exec and apply own a kernel task: a cancel that overtakes the spawn must still end
+    # it, which the pool path guarantees (tests/test_mcp_stdio.py), so they are served there.
     session, out = lean
     session.receive(_exec(2, "echo bad >&2; exit 4"))
     message, thread = out.reply(2)
-    assert thread == "kernel-demux"
-    value = message["result"]["structuredContent"]["value"]
-    assert (value["status"], value["ok"], value["err"]) == (4, False, {"$": "str", "v": "bad\n"})
-    # A kernel error is an isError result, as on the pool path.
-    session.receive(_exec(3, "exit 5", position="stmt"))
+    assert thread.startswith("mcp-call")
+    assert message["result"]["isError"] is False  # a failed command is a result, not an error
+
+
+def test_kernel_errors_read_the_same_on_the_lean_path(lean):
+    session, out = lean
     session.receive(
-        Request(4, "tools/call", {"name": "shoal_apply", "arguments": {"plan_ref": "plan:0"}})
+        Request(3, "tools/call", {"name": "shoal_cancel", "arguments": {"task": "task:999999"}})
     )
-    for msg_id in (3, 4):
-        message, thread = out.reply(msg_id)
-        assert thread == "kernel-demux"
-        result = message["result"]
-        assert result["isError"] is True
-        assert result["content"][0]["text"].startswith(
-            f"error {result['structuredContent']['error']['code']}:"
-        )
-    raised = out.reply(3)[0]["result"]["structuredContent"]["error"]
-    assert raised["code"] == ErrorCode.RAISED and raised["data"]["status"] == 5
+    message, thread = out.reply(3)
+    assert thread == "kernel-demux"
+    result = message["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith(
+        f"error {result['structuredContent']['error']['code']}:"
+    )
 
 
 def test_calls_the_lean_path_leaves_to_the_pool(lean):
     session, out = lean
     # Bad arguments: the pool path answers them as before (-32602), nothing is sent.
-    session.receive(Request(3, "tools/call", {"name": "shoal_exec", "arguments": {"src": 5}}))
+    session.receive(Request(3, "tools/call", {"name": "shoal_exec", "arguments": {"command": 5}}))
     message, thread = out.reply(3)
     assert message["error"]["code"] == ErrorCode.INVALID_PARAMS
     assert thread.startswith("mcp-call")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import close_client
+from tests.support.results import shown as shown_text
 from tests.support.results import structured
 
 PAGE = 48 * 1024
@@ -235,7 +236,7 @@ def test_line_range_through_shoal_get_is_a_page_with_the_next_call(kernel):
     mcp = McpPipe(facade_env(kernel, "paging-mcp"))
     try:
         mcp.initialize()
-        ref = structured(mcp.call_tool("shoal_exec", {"src": "seq 1 200000"}))["ref"]
+        ref = structured(mcp.call_tool("shoal_exec", {"command": "seq 1 200000"}))["ref"]
         got = mcp.call_tool("shoal_get", {"ref": ref, "path": ".out.lines[0..1000]"})
         text = got["result"]["content"][0]["text"]
         assert text.split("\n")[:1000] == [str(n) for n in range(1, 1001)]
@@ -248,8 +249,8 @@ def test_line_range_through_shoal_get_is_a_page_with_the_next_call(kernel):
         assert lines[shown - 1000 - 1] == str(shown)  # the next page starts right after
         # one-line 5 MB JSON: the preview's hint goes to raw pages, never to itself
         src = "python3 -c 'import json; print(json.dumps({\"items\": list(range(700000))}))'"
-        big = structured(mcp.call_tool("shoal_exec", {"src": src}))
-        (first,) = hints(big["render"])
+        big = mcp.call_tool("shoal_exec", {"command": src})
+        (first,) = hints(shown_text(big))
         assert first["format"] == "raw" and first["offset"] > 0
         raw = mcp.call_tool("shoal_get", first)["result"]
         assert raw["structuredContent"]["offset"] == first["offset"]

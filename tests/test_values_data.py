@@ -119,7 +119,7 @@ def test_through_shoal_get_and_resources(kernel, dc):
     try:
         mcp.initialize()
         doc = json.dumps({"$": "spool", "path": str(secret)})
-        ref = structured(mcp.call_tool("shoal_exec", {"src": f"echo '{doc}'"}))["ref"]
+        ref = structured(mcp.call_tool("shoal_exec", {"command": f"echo '{doc}'"}))["ref"]
         for args in (
             {"ref": ref, "path": ".out.json"},
             {"ref": ref, "path": ".out.json", "format": "raw"},
@@ -138,14 +138,14 @@ def test_shoal_get_takes_any_uri_and_honours_its_query(kernel):
     mcp = McpPipe(facade_env(kernel, "uri-mcp"))
     try:
         mcp.initialize()
-        ran = structured(mcp.call_tool("shoal_exec", {"src": "seq 1 50"}))
+        ran = structured(mcp.call_tool("shoal_exec", {"command": "seq 1 50"}))
         n = ran["ref"].split(":")[1]
-        raw = structured(
-            mcp.call_tool(
-                "shoal_get", {"ref": f"shoal://out/{n}?path=.out&format=raw&offset=2&length=4"}
-            )
+        raw_reply = mcp.call_tool(
+            "shoal_get", {"ref": f"shoal://out/{n}?path=.out&format=raw&offset=2&length=4"}
         )
-        assert (raw["raw"], raw["offset"], raw["length"]) == ("2\n3\n", 2, 4)
+        raw = structured(raw_reply)
+        assert (raw["offset"], raw["length"]) == (2, 4)
+        assert raw_reply["result"]["content"][0]["text"].startswith("2\n3\n")
         found = structured(mcp.call_tool("shoal_get", {"ref": f"shoal://out/{n}?match=^4"}))
         assert [m["line"] for m in found["matches"]] == [4, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
         page = mcp.call_tool("shoal_get", {"ref": f"shoal://out/{n}?path=.out.lines[45..50]"})
