@@ -193,39 +193,10 @@ class Journal:
         rows = self.db.query("SELECT * FROM journal WHERE id = ?", (row_id,))
         return _row(rows[0])
 
-    def query(
-        self,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-        principal: str | None = None,
-        head: str | None = None,
-        ok: bool | None = None,
-        effects: list[str] | None = None,
-        session: str | None = None,
-        limit: int = JOURNAL_QUERY_DEFAULT,
-        visible_to: str | None = None,
-        before_id: int | None = None,
-    ) -> list[dict]:
-        """Newest-first rows matching every filter; ``limit`` applies after filtering.
-
-        ``visible_to`` restricts to one principal's rows (policy ``journal_read = own``);
-        ``before_id`` keeps rows older than that id (a page's cursor).
-        """
-        return list(
-            self.iter_query(
-                since=since,
-                until=until,
-                principal=principal,
-                head=head,
-                ok=ok,
-                effects=effects,
-                session=session,
-                limit=limit,
-                visible_to=visible_to,
-                before_id=before_id,
-            )
-        )
+    def query(self, **filters: Any) -> list[dict]:
+        """Newest-first rows matching every filter (the keywords of ``iter_query``);
+        ``limit`` applies after filtering."""
+        return list(self.iter_query(**filters))
 
     def iter_query(
         self,
@@ -241,7 +212,9 @@ class Journal:
         visible_to: str | None = None,
         before_id: int | None = None,
     ) -> Iterator[dict]:
-        """``query``, one row at a time from an SQLite cursor (never all rows at once)."""
+        """Newest-first rows matching every filter, one at a time from an SQLite cursor
+        (never all rows at once). ``visible_to`` restricts to one principal's rows (policy
+        ``journal_read = own``); ``before_id`` keeps rows older than that id (a cursor)."""
         where: list[str] = []
         args: list[Any] = []
         # ts is REAL: bind floats, so a JSON integer past 64 bits cannot overflow SQLite.
