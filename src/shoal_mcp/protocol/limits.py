@@ -303,3 +303,6 @@ MALLOC_TRIM_INTERVAL_S = 5.0
 MALLOC_MMAP_THRESHOLD = 32 * KiB
 """Allocations from this size get their own mapping, returned to the OS when freed (so
 a ring's 64 KiB payloads never pin a heap region)."""
+
+LISTEN_BACKLOG = 128
+"""Pending connections the kernel's socket queues before they are accepted."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ... import __version__
 from ...protocol import discovery
-from ...protocol.limits import SHUTDOWN_DRAIN_S
+from ...protocol.limits import LISTEN_BACKLOG, SHUTDOWN_DRAIN_S
 from ...protocol.paths import ensure_private_dir, socket_path, state_dir
 
 log = logging.getLogger("shoal.kernel")
@@ -113,6 +113,8 @@ def check_socket_dir(directory: Path) -> None:
 
 
 def bind_listener(path: Path) -> socket.socket:
+    """The kernel's socket, bound ``0600`` but not listening yet: a client connecting now
+    is refused (and retries) until ``kernel.json`` describes this kernel."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket is born 0600; no window with wider mode
     try:
@@ -120,7 +122,6 @@ def bind_listener(path: Path) -> socket.socket:
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
-    sock.listen(128)
     return sock
 
 
@@ -250,6 +251,7 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
             "state_dir": str(state.absolute()),
         },
     )
+    listener.listen(LISTEN_BACKLOG)  # ready: the record above already names this kernel
 
     def stop(signum, _frame):
         log.info("signal %s: shutting down", signum)
