@@ -50,7 +50,7 @@ def test_bench_memory(benchmark, request):
             )
             try:
                 for i in range(FACADE_CALLS):
-                    facade.call_tool("shoal_exec", {"src": f"echo {i}"})
+                    facade.call_tool("shoal_exec", {"command": f"echo {i}"})
                 figures["facade_vm_hwm_mb"] = vm_hwm_kib(facade.pid) * 1024 / 1e6
             finally:
                 facade.close()
