@@ -45,6 +45,8 @@ def _fields(bench):
 def framing_ratios(benchmarks) -> dict:
     medians: dict[str, dict[str, float]] = {}
     for bench in benchmarks:
+        if not isinstance(bench, dict) and not bench.stats.data:
+            continue  # a benchmark that failed before timing anything has no median
         name, params, median = _fields(bench)
         key = _TESTS.get(name.split("[", 1)[0])
         if key is None:
