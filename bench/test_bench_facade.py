@@ -27,6 +27,7 @@ from tests.support.facade import facade_env
 from tests.support.kernel import running_kernel
 
 from .mcp_pipe import PipeClient
+from .summary import register_summary
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "facade.json"
@@ -88,20 +89,7 @@ def ratio_report(request):
     lines.append(f"saved to {RESULTS}")
     # Printed in the terminal summary, after pytest-benchmark's table (a late-registered
     # plugin: bench/conftest.py belongs to the framing bench).
-    request.config.pluginmanager.register(
-        _Summary(f"facade round-trip ratios (median, {BACKEND} framing)", lines)
-    )
-
-
-class _Summary:
-    def __init__(self, title: str, lines: list[str]) -> None:
-        self.title = title
-        self.lines = lines
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        terminalreporter.write_sep("-", self.title)
-        for line in self.lines:
-            terminalreporter.write_line(line)
+    register_summary(request.config, f"facade round-trip ratios (median, {BACKEND} framing)", lines)
 
 
 def _run(benchmark, name: str, fn) -> None:

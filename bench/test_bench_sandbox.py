@@ -21,6 +21,8 @@ from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
 from tests.support.tmp import short_tmp
 
+from .summary import register_summary
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "sandbox.json"
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
@@ -90,18 +92,7 @@ def ratio_report(request):
     lines = [f"{n:>6}: {MEDIANS[n] * 1e3:8.3f} ms median" for n in ("open", "boxed")]
     lines.append(f"sandboxed/unsandboxed: {ratio:.2f} (target <= {TARGET_RATIO})")
     lines.append(f"saved to {RESULTS}")
-    request.config.pluginmanager.register(_Summary("sandbox exec cost (median)", lines))
-
-
-class _Summary:
-    def __init__(self, title: str, lines: list[str]) -> None:
-        self.title = title
-        self.lines = lines
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        terminalreporter.write_sep("-", self.title)
-        for line in self.lines:
-            terminalreporter.write_line(line)
+    register_summary(request.config, "sandbox exec cost (median)", lines)
 
 
 def _bench(benchmark, clients, name: str) -> None:

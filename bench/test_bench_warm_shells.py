@@ -25,6 +25,8 @@ import pytest
 
 from tests.support.kernel import running_kernel
 
+from .summary import register_summary
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / ".results" / "warm_shells.json"
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
@@ -110,15 +112,4 @@ def report(request):
     ]
     lines += [f"{k}: {v}" for k, v in ratios.items()]
     lines.append(f"saved to {RESULTS}")
-    request.config.pluginmanager.register(_Summary("exec latency, cold vs warm shells", lines))
-
-
-class _Summary:
-    def __init__(self, title: str, lines: list[str]) -> None:
-        self.title = title
-        self.lines = lines
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        terminalreporter.write_sep("-", self.title)
-        for line in self.lines:
-            terminalreporter.write_line(line)
+    register_summary(request.config, "exec latency, cold vs warm shells", lines)
