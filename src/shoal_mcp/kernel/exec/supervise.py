@@ -297,11 +297,21 @@ def _job(job: dict, fds: list, failure: "str | None") -> None:
         failure = str(e)
     if failure is not None:
         os.write(err, b"shoal sandbox: " + failure.encode(errors="replace") + b"\n")
+        _close_spools(out, err)
         sock.sendall(b"exit %d 0\n" % (_SANDBOX_FAILED << 8))
         return
     job["env"].update(_SANDBOX_ENV)
     status, capped, _alive = _run(sock, wake_r, job, out, err, extra)
+    _close_spools(out, err)
     sock.sendall(b"exit %d %d\n" % (status, int(capped)))
+
+
+def _close_spools(out: int, err: int) -> None:
+    """Close this supervisor's spool descriptors before reporting the end: once the
+    kernel hears ``exit`` it may unlink the spools, and an unlinked file held open here
+    would keep its blocks (a full disk would stay full until this process exits)."""
+    os.close(out)
+    os.close(err)
 
 
 def main(args: list) -> int:
