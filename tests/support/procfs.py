@@ -65,8 +65,9 @@ def children(pid: int) -> list[int]:
 
 
 SUPERVISOR_SCRIPT = "supervise.py"
-"""The exec supervisor program (kernel/exec/supervise.py): its processes sit between the
-kernel and the commands it runs (docs/architecture.md, Processes)."""
+"""The supervisor programs (kernel/exec/supervise.py; kernel/pty/supervise.py for a PTY's
+program): their processes sit between the kernel and the commands it runs
+(docs/architecture.md, Processes)."""
 
 
 def is_exec_supervisor(pid: int) -> bool:

@@ -27,9 +27,13 @@ Decisions (also the contract for the server/facade):
   (program exited) is `-32602` on `pty_id`. Cursor keys follow the application-cursor
   mode (DECCKM) the program selected, like a real terminal.
 * **close.** SIGHUP (+SIGCONT) to the child's process group and the terminal's foreground
-  group, wait up to CANCEL_GRACE_S, SIGKILL, reap, join the reader thread, close the fds.
-  Signals are only sent while the child is known unreaped (no pid-reuse races). Like
-  closing a terminal window, processes that left those groups (nohup, setsid) survive.
+  group, wait up to CANCEL_GRACE_S, then SIGKILL and close the supervisor's control pipe,
+  reap, join the reader thread, close the fds. Signals are only sent while the supervisor
+  is known unreaped (no pid-reuse races).
+* **Containment.** Each program runs below its own supervisor (`ptyspawn`, a child
+  subreaper): when the program exits, on `close`, on kernel exit and after a kernel
+  SIGKILL, its whole tree is killed, including what left its groups (`&`, `nohup`,
+  `setsid`). A background job cannot outlive the program that started it.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from ...protocol.limits import (
 from ..access.sandbox import SandboxSpec
 from .keys import KEY_NAMES, encode_input
 from .screen import _cursor, _fill, _render, _Screen
-from .spawn import _winsize, spawn
+from .spawn import Spawned, _winsize, spawn
 from .termfilter import OscFilter
 
 __all__ = [
@@ -105,14 +109,14 @@ def _exit_record(returncode: int) -> dict[str, int]:
 
 class _Pty:
     def __init__(
-        self, num: int, owner: str, proc: subprocess.Popen, master: int, cmd: str,
-        cols: int, rows: int,
-    ) -> None:  # fmt: skip
+        self, num: int, owner: str, started: Spawned, cmd: str, cols: int, rows: int
+    ) -> None:
         self.id = uri.pty_ref(num)
         self.owner = owner
-        self.proc = proc
-        self.pid = proc.pid
-        self.master = master
+        self.proc = started.proc  # the supervisor: it ends last, with the program's status
+        self.pid = started.pid  # the program: its group is what close signals
+        self.master = started.master
+        self.ctrl = started.ctrl  # closing it kills the program's whole tree
         self.cmd = cmd
         self.screen = _Screen(cols, rows, PTY_SCROLLBACK_LINES)
         self.stream = pyte.ByteStream(self.screen)
@@ -198,12 +202,12 @@ class PtyManager:
                 raise invalid_params(f"env.{k}", "must be a string without NUL")
         if not isinstance(cwd, str) or not cwd:
             raise invalid_params("cwd", "must be a directory path")
-        proc, master = spawn(cmd, args, cols, rows, env, cwd, sandbox=sandbox)
+        started = spawn(cmd, args, cols, rows, env, cwd, sandbox=sandbox)
 
         with self._lock:
             num = self._next
             self._next += 1
-            p = _Pty(num, owner, proc, master, cmd, cols, rows)
+            p = _Pty(num, owner, started, cmd, cols, rows)
             self._ptys[p.id] = p
         p.thread = threading.Thread(
             target=self._reader, args=(p,), name=f"shoal-{p.id}", daemon=True
@@ -405,6 +409,7 @@ class PtyManager:
         for p in ptys:
             if p.proc.returncode is None:
                 self._signal(p, signal.SIGKILL)
+                self._release(p)  # the supervisor kills the rest of the tree and ends
                 if not self._wait(p, CANCEL_GRACE_S):
                     log.warning("%s: pid %d survived SIGKILL", p.id, p.pid)
         for p in ptys:
@@ -415,6 +420,7 @@ class PtyManager:
                 for fd in (p.master, p.wake_r, p.wake_w):
                     with contextlib.suppress(OSError):
                         os.close(fd)
+            self._release(p)
             self._record_exit(p)
             self._emit_exit(p)  # once per PTY, whoever recorded the exit
 
@@ -434,6 +440,15 @@ class PtyManager:
             for g in groups:
                 with contextlib.suppress(OSError):
                     os.killpg(g, sig)
+
+    @staticmethod
+    def _release(p: _Pty) -> None:
+        """Close the supervisor's control pipe (once): it kills what is left and ends."""
+        with p.reap_lock:
+            fd, p.ctrl = p.ctrl, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     @staticmethod
     def _wait(p: _Pty, timeout: float) -> bool:
@@ -489,7 +504,7 @@ class PtyManager:
                 # The terminal is closed; wait (without reaping) for the child to exit.
                 if hasattr(os, "waitid"):
                     with contextlib.suppress(ChildProcessError):  # already reaped by close()
-                        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+                        os.waitid(os.P_PID, p.proc.pid, os.WEXITED | os.WNOWAIT)
                     self._record_exit(p)
                 else:  # no waitid (macOS before 3.13): poll
                     while not self._record_exit(p) and p.exit is None:

@@ -1,23 +1,25 @@
-"""Starting a program on a new pseudoterminal (docs/protocol.md, PTYs): the spawn trampoline.
+"""Starting a program on a new pseudoterminal (docs/protocol.md, PTYs), below its supervisor.
 
-Owns `spawn` (openpty, winsize, the trampoline, the exec status pipe), the `execvp`-like
-`cmd` lookup and `-32023` errors. No PTY bookkeeping here: `pty.PtyManager` validates the
-request, calls `spawn` and owns the process and master fd afterwards.
+Owns `spawn` (openpty, winsize, the supervisor's pipes), the `execvp`-like `cmd` lookup
+and `-32023` errors. No PTY bookkeeping here: `pty.PtyManager` validates the request, calls
+`spawn` and owns the supervisor, master fd and control pipe afterwards.
 
-* **Spawning.** `os.openpty()` + `subprocess.Popen` with the slave as fds 0/1/2 and
-  `start_new_session=True` (own session and process group; pgid == pid). The slave becomes
-  the child's *controlling terminal* through a tiny trampoline (`python -I -S -c …`) that
-  runs `ioctl(0, TIOCSCTTY)`, resets every signal disposition and the signal mask to the
-  defaults (a kernel started with SIGINT ignored must not hand that on, or Ctrl-C would be
-  dead), undoes the interpreter's C-locale coercion of `LC_CTYPE`, and `execve`s the program
-  — so the multi-threaded kernel never runs Python code between fork and exec (no
-  `preexec_fn`; CPython's C fork/exec path, vfork-capable, is used). Exec failures come
-  back through a close-on-exec status pipe and raise `-32023`. The trampoline costs ~15 ms
-  per `open`.
-* **Sandbox.** For a confined principal the kernel passes a `SandboxSpec`; the trampoline
-  applies it (plus this terminal's own slave device) after the signal reset and before
-  the exec, so the program and everything it starts (`less`'s `!cmd`, a shell) are
-  confined (docs/security.md). A spec that cannot be applied is a `-32023`.
+* **Spawning.** `os.openpty()` + `subprocess.Popen` of the PTY supervisor (`supervise.py`,
+  a fresh `python -I -S`) with the slave as fds 0/1/2 and `start_new_session=True`. The
+  supervisor is a child subreaper: it forks the program into a new session whose
+  controlling terminal is the slave (the program leads its own process group: pgid ==
+  pid), resets every signal disposition and the signal mask, and execs it. So the
+  multi-threaded kernel never runs Python code between fork and exec (no `preexec_fn`).
+  It reports `started PID` (or why the program could not start: `-32023`) on a status
+  pipe. It kills the program's whole tree (`&`, `setsid`, `nohup` included) when the
+  program exits, or when the kernel closes the control pipe (`pty.close`, kernel exit) or
+  dies (the pipe's write end closes with it). It ends with the program's own status, so
+  `Spawned.proc.returncode` is the program's. Costs ~20 ms per `open`.
+* **Sandbox.** For a confined principal the kernel passes a `SandboxSpec`; the supervisor
+  applies it (plus this terminal's own slave device) in the program's process after the
+  signal reset and before the exec, so the program and everything it starts (`less`'s
+  `!cmd`, a shell) are confined (docs/security.md). A spec that cannot be applied is a
+  `-32023`. The supervisor itself stays unconfined: it runs no caller code.
 * **Environment.** The caller passes the complete environment (session env + overrides);
   `TERM=xterm-256color` is always set, because the emulator is what it is. `COLUMNS` and
   `LINES` are *removed*, not set: ncurses lets them override the window size ioctl, so a
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import termios
 import time
+from typing import NamedTuple
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import CANCEL_GRACE_S, PTY_SPAWN_TIMEOUT_S, PTY_TERM
@@ -43,40 +46,23 @@ from ..access.sandbox import RUNNER, SandboxSpec
 
 __all__ = ["spawn"]
 
-# Runs between fork and exec instead of a preexec_fn; see the module docstring.
-_TRAMPOLINE = """\
-import os, sys, fcntl, signal, termios
-w = int(sys.argv[1])
-try:
-    os.set_inheritable(w, False)
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    for s in signal.valid_signals():
-        if s not in (signal.SIGKILL, signal.SIGSTOP):
-            try:
-                signal.signal(s, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if sys.argv[2] != "-":
-        sys.path.insert(0, sys.argv[3])
-        from shoal_mcp.kernel.access import sandbox
-        spec_fd, data = int(sys.argv[2]), b""
-        while chunk := os.read(spec_fd, 65536):
-            data += chunk
-        os.close(spec_fd)
-        spec = sandbox.SandboxSpec.from_bytes(data)
-        sandbox.apply(spec)
-        os.environ.update(spec.environ())
-    lc = sys.argv[4]
-    if lc[:1] == "=":
-        os.environ["LC_CTYPE"] = lc[1:]
-    else:
-        os.environ.pop("LC_CTYPE", None)
-    os.execve(sys.argv[5], sys.argv[6:], os.environ)
-except BaseException as e:
-    os.write(w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
-    os._exit(127)
-"""
+# The program runs below its own supervisor (a child subreaper); see supervise.py.
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervise.py")
+_STARTED = "started "
+
+
+class Spawned(NamedTuple):
+    """A started PTY program: its supervisor, the terminal and the program's pid."""
+
+    proc: subprocess.Popen
+    """The supervisor. It ends after the program's whole tree, with the program's status."""
+    master: int
+    """The terminal's master side, non-blocking."""
+    pid: int
+    """The program: leader of the terminal's session and of its own process group."""
+    ctrl: int
+    """Write end of the supervisor's control pipe. Closing it (or the kernel dying)
+    makes the supervisor kill the program's whole tree."""
 
 
 # Where `shoal_mcp` is imported from: the trampoline puts it on sys.path (it runs -I -S).
@@ -111,7 +97,8 @@ def _resolve(cmd: str, env: dict[str, str], cwd: str) -> str:
 
 
 def _read_status(fd: int) -> str | None:
-    """None once the trampoline exec'd (EOF, nothing written), else its error text."""
+    """What the supervisor wrote until EOF: ``started PID`` or why the program did not
+    start; None if it wrote nothing."""
     chunks: list[bytes] = []
     deadline = time.monotonic() + PTY_SPAWN_TIMEOUT_S
     poller = select.poll()
@@ -139,13 +126,13 @@ def spawn(
     cwd: str,
     *,
     sandbox: SandboxSpec | None = None,
-) -> tuple[subprocess.Popen, int]:
-    """Start `cmd` on a new terminal of `cols` x `rows`; return the process and the master fd.
+) -> Spawned:
+    """Start `cmd` on a new terminal of `cols` x `rows`, below its own supervisor.
 
     The arguments are already validated (`PtyManager.open`); raises `-32023` if the program
-    cannot be started. The master is non-blocking and owned by the caller. With `sandbox`,
-    the trampoline applies it (plus this terminal's own device) before the exec, so the
-    program and everything it starts (`less`'s `!cmd`, a shell) are confined.
+    cannot be started. The master is non-blocking; it and `ctrl` are owned by the caller.
+    With `sandbox`, the program is confined (plus this terminal's own device) before its
+    exec, so it and everything it starts (`less`'s `!cmd`, a shell) are confined.
     """
     if not os.path.isdir(cwd):
         raise _spawn_error(cmd, f"cwd {cwd!r} is not a directory")
@@ -157,6 +144,7 @@ def spawn(
 
     master, slave = os.openpty()
     status_r, status_w = os.pipe()
+    ctrl_r, ctrl_w = os.pipe()
     spec_fd: int | None = None
     try:
         if sandbox is not None:
@@ -164,21 +152,22 @@ def spawn(
             spec_fd = os.memfd_create("shoal-sandbox-spec")
             os.write(spec_fd, spec.to_bytes())  # a memfd takes a whole write at once
             os.lseek(spec_fd, 0, os.SEEK_SET)
-        box = ["-", "-"] if spec_fd is None else [str(spec_fd), _PACKAGE_ROOT]
         _winsize(master, cols, rows)
         attrs = termios.tcgetattr(slave)
         attrs[0] |= getattr(termios, "IUTF8", 0)
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
         os.set_blocking(master, False)
+        passed = (status_w, ctrl_r) if spec_fd is None else (status_w, ctrl_r, spec_fd)
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-I",
                 "-S",
-                "-c",
-                _TRAMPOLINE,
+                _SUPERVISOR,
                 str(status_w),
-                *box,
+                str(ctrl_r),
+                "-" if spec_fd is None else str(spec_fd),
+                _PACKAGE_ROOT,
                 lc_ctype,
                 path,
                 cmd,
@@ -189,28 +178,29 @@ def spawn(
             stderr=slave,
             cwd=cwd,
             env=child_env,
-            start_new_session=True,
-            pass_fds=(status_w,) if spec_fd is None else (status_w, spec_fd),
+            start_new_session=True,  # out of the kernel's group: its signals are not ours
+            pass_fds=passed,
         )
     except (OSError, ValueError, subprocess.SubprocessError) as e:
-        os.close(master)
-        os.close(status_r)
+        for fd in (master, status_r, ctrl_w):
+            os.close(fd)
         raise _spawn_error(cmd, str(e)) from None
     finally:
-        os.close(slave)
-        os.close(status_w)
+        for fd in (slave, status_w, ctrl_r):
+            os.close(fd)
         if spec_fd is not None:
             os.close(spec_fd)
     try:
-        failure = _read_status(status_r)
+        status = _read_status(status_r)
     finally:
         os.close(status_r)
-    if failure is not None:
-        try:
-            proc.wait(timeout=CANCEL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-        raise _spawn_error(cmd, failure)
-    return proc, master
+    if status is not None and status.startswith(_STARTED):
+        return Spawned(proc, master, int(status[len(_STARTED) :]), ctrl_w)
+    os.close(ctrl_w)  # the supervisor kills whatever it started, then exits
+    try:
+        proc.wait(timeout=CANCEL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    os.close(master)
+    raise _spawn_error(cmd, status or "the program's supervisor ended without starting it")
