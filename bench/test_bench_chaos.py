@@ -1,0 +1,457 @@
+"""Chaos soak (issue 19): mixed work through real ``shoal-mcp`` facades against a real
+kernel that is SIGSTOPped, SIGKILLed and has its stored blobs corrupted under it.
+
+Worker threads, each with its own ``shoal-mcp`` (its own session), run a mix of
+foreground and background execs (some detaching ``setsid``/``nohup`` children), value
+reads, matches, PTYs (whose programs detach children too), plans and applies, and
+journal reads. A chaos thread meanwhile, at random:
+
+- **stops** the kernel (SIGSTOP, then SIGCONT after a while);
+- **kills** it (SIGKILL), then starts a new kernel on the same socket and state dir
+  after a pause (the facades reconnect by themselves; their autostart is off so that
+  every kernel is this test's own);
+- **corrupts** a stored CAS blob: truncates it or overwrites bytes in place (same
+  length).
+
+Every call has a deadline (``CALL_DEADLINE_S``). Each exec's output is known in advance
+(a unique line plus a ``seq``), recorded with its ref, and every ref is read back at the
+end. Reported, and the zeros asserted:
+
+- calls answered, calls failed with a clear error (a JSON-RPC error or ``isError`` with
+  a message, no traceback), calls failed *without* one, calls that hung (0);
+- refs intact / reported ``corrupted`` / changed (0) / unreadable otherwise;
+- processes left behind (0): every process this run started carries ``SHOAL_CHAOS_RUN``
+  in its environment (kernels, facades and what they start inherit it) or this run's
+  mark in a ``sleep`` argument; counted once the run is over, and also before the final
+  kernel stop, for the trees of the SIGKILLed kernels (orphans).
+
+    pytest bench/test_bench_chaos.py -s                       # 20 minutes
+    SHOAL_BENCH_QUICK=1 pytest bench/test_bench_chaos.py -s   # ~45 s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import secrets
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import blake3
+import pytest
+
+from bench.summary import register_summary
+from tests.support.facade import McpPipe, facade_env
+from tests.support.kernel import KernelProcess
+from tests.support.procfs import stat_fields
+from tests.support.tmp import short_tmp
+
+QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
+RUN_S = 40.0 if QUICK else 1200.0
+WORKERS = 3
+CALL_DEADLINE_S = 90.0
+"""A call not answered within this is a hang (the facade's own stall bound is 15 s)."""
+CHAOS_GAP_S = (3.0, 7.0) if QUICK else (8.0, 40.0)
+STOP_S = (1.0, 6.0) if QUICK else (2.0, 25.0)
+RESTART_PAUSE_S = (0.0, 2.0) if QUICK else (0.0, 8.0)
+FAILED_PAUSE_S = 0.2
+SETTLE_S = 60.0
+"""How long processes of a killed tree get to disappear before they count as left."""
+RESULTS = Path(__file__).resolve().parent / ".results" / "chaos.json"
+RUN_ENV = "SHOAL_CHAOS_RUN"
+
+
+# -- processes of this run ------------------------------------------------------------------
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def marked_pids(token: str, digits: str) -> set[int]:
+    """Live processes (zombies excluded) started by this run: its environment mark, or
+    a ``sleep`` argument ending in this run's digits."""
+    env_mark = f"{RUN_ENV}={token}".encode()
+    arg_mark = digits.encode()
+    me = os.getpid()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        fields = stat_fields(entry)
+        if fields is None or fields[0] == "Z":
+            continue
+        argv = _read(f"/proc/{entry}/cmdline").split(b"\0")
+        if env_mark in _read(f"/proc/{entry}/environ").split(b"\0") or any(
+            a.endswith(arg_mark) for a in argv
+        ):
+            found.add(int(entry))
+    return found
+
+
+def descendants_of(root: int) -> set[int]:
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := stat_fields(entry)):
+            parent[int(entry)] = int(fields[1])
+    found = set()
+    for pid in parent:
+        p, hops = pid, 0
+        while p in parent and hops < 4096:
+            p, hops = parent[p], hops + 1
+            if p == root:
+                found.add(pid)
+                break
+    return found
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+class Chaos:
+    """Shared state: the current kernel, tallies, recorded refs, corrupted blobs."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.token = secrets.token_hex(8)
+        self.digits = f"{secrets.randbelow(10**8):08d}"
+        self.env = {RUN_ENV: self.token}
+        self.lock = threading.Lock()
+        self.kernel = KernelProcess(tmp, env=self.env).start()
+        self.kernel_pids = [self.kernel.pid]
+        self.stopped = False
+        self.calls: Counter[str] = Counter()  # answered / failed_clear / failed_unclear / hung
+        self.per_tool: Counter[str] = Counter()
+        self.unclear: list[str] = []
+        self.errors: Counter[str] = Counter()  # clear errors by the start of their message
+        self.injected: Counter[str] = Counter()
+        self.refs: dict[str, tuple[str, str]] = {}  # "session out:N" -> (session, expected)
+        self.corrupted_blobs: set[str] = set()
+        self.done = threading.Event()
+        self.peak_marked = 0  # proof that the leftover count can see this run's processes
+
+    def sleep_arg(self, seconds: int) -> str:
+        """A ``sleep`` duration whose argv marks it as this run's."""
+        return f"{seconds}.0{self.digits}"
+
+    # -- one call -----------------------------------------------------------------------
+
+    def call(self, pipe: McpPipe, tool: str, args: dict) -> dict | None:
+        """One tool call within the deadline; the result on success, else None (tallied)."""
+        self.per_tool[tool] += 1
+        try:
+            reply = pipe.wait(pipe.tool(tool, args), timeout=CALL_DEADLINE_S)
+        except TimeoutError:
+            self._tally("hung", f"{tool} {json.dumps(args)[:200]}")
+            return None
+        if "error" in reply:
+            message = str(reply["error"].get("message", ""))
+            clear = bool(message) and "Traceback" not in message
+            self._failed(clear, tool, message)
+            return None
+        result = reply["result"]
+        if result.get("isError"):
+            text = " ".join(c.get("text", "") for c in result.get("content", []))
+            clear = bool(text.strip()) and "Traceback" not in text
+            self._failed(clear, tool, text)
+            return None
+        self._tally("answered", "")
+        return result
+
+    def _failed(self, clear: bool, tool: str, message: str) -> None:
+        self._tally("failed_clear" if clear else "failed_unclear", f"{tool}: {message[:300]}")
+        with self.lock:
+            self.errors[message[:70]] += 1
+        self.done.wait(FAILED_PAUSE_S)  # no busy loop of failures while the kernel is down
+
+    def _tally(self, kind: str, detail: str) -> None:
+        with self.lock:
+            self.calls[kind] += 1
+            if kind in ("hung", "failed_unclear") and len(self.unclear) < 20:
+                self.unclear.append(f"{kind}: {detail}")
+
+    # -- chaos ----------------------------------------------------------------------------
+
+    def chaos_loop(self, rng: random.Random) -> None:
+        deck: list[str] = []  # each round does every kind of harm, in a random order
+        while not self.done.wait(rng.uniform(*CHAOS_GAP_S)):
+            if not deck:
+                deck = ["stop", "kill", "corrupt", "corrupt"]
+                rng.shuffle(deck)
+            action = deck.pop()
+            seen = len(marked_pids(self.token, self.digits))
+            self.peak_marked = max(self.peak_marked, seen)
+            if action == "stop":
+                self._stop(rng.uniform(*STOP_S))
+            elif action == "kill":
+                self._kill(rng.uniform(*RESTART_PAUSE_S))
+            else:
+                self._corrupt(rng)
+
+    def _stop(self, seconds: float) -> None:
+        os.kill(self.kernel.pid, signal.SIGSTOP)
+        self.stopped = True
+        self.injected["sigstop"] += 1
+        self.done.wait(seconds)
+        os.kill(self.kernel.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def _kill(self, pause: float) -> None:
+        self.kernel.stop(signal.SIGKILL)
+        self.injected["sigkill"] += 1
+        self.done.wait(pause)
+        self.restart()
+
+    def restart(self) -> None:
+        kernel = KernelProcess(self.tmp, env=self.env)
+        for _ in range(3):  # the dead kernel's lock goes with it; a retry covers the race
+            try:
+                kernel.start()
+                break
+            except (RuntimeError, TimeoutError):
+                kernel = KernelProcess(self.tmp, env=self.env)
+        else:
+            raise RuntimeError("the kernel did not restart")
+        self.kernel = kernel
+        self.kernel_pids.append(kernel.pid)
+
+    def _corrupt(self, rng: random.Random) -> None:
+        blobs = [p for p in (self.kernel.state / "cas").glob("*/*") if p.stat().st_size > 1]
+        if not blobs:
+            return
+        blob = rng.choice(blobs)
+        size = blob.stat().st_size
+        if rng.random() < 0.5:
+            os.truncate(blob, rng.randrange(size))
+            self.injected["truncate"] += 1
+        else:
+            with open(blob, "r+b") as fh:  # same length, different bytes, in place
+                start = rng.randrange(size)
+                old = fh.read()[start : start + 16]
+                fh.seek(start)
+                fh.write(bytes(b ^ 0x5A for b in old))
+            self.injected["overwrite"] += 1
+        self.corrupted_blobs.add(blob.name)
+
+    # -- work -----------------------------------------------------------------------------
+
+    def worker(self, n: int, rng: random.Random) -> None:
+        session = f"chaos-{n}"
+        env = facade_env(self.kernel, session, **self.env)
+        pipe = McpPipe(env)
+        try:
+            pipe.initialize()
+            while not self.done.is_set():
+                if not pipe.alive():
+                    self._tally("failed_unclear", f"{session}: shoal-mcp exited")
+                    pipe = McpPipe(env)
+                    pipe.initialize()
+                op = rng.choices(
+                    (self.exec_fg, self.exec_bg, self.get, self.match, self.pty, self.plan),
+                    weights=(5, 2, 4, 2, 1, 1),
+                )[0]
+                op(pipe, session, rng)
+        finally:
+            pipe.close()
+
+    def exec_fg(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        line = f"chaos-{secrets.token_hex(6)}"
+        a = rng.randrange(1, 1000)
+        b = a + rng.choice((3, 40, 400))
+        expected = line + "\n" + "".join(f"{i}\n" for i in range(a, b + 1))
+        detach = f"setsid sleep {self.sleep_arg(300)} & " if rng.random() < 0.2 else ""
+        result = self.call(pipe, "shoal_exec", {"command": f"{detach}echo {line}; seq {a} {b}"})
+        if result is not None:
+            ref = result["structuredContent"]["ref"]
+            with self.lock:
+                self.refs[f"{session} {ref}"] = (session, expected)
+
+    def exec_bg(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        src = f"nohup sleep {self.sleep_arg(300)} >/dev/null 2>&1 & sleep 0.{rng.randrange(1, 9)}"
+        result = self.call(pipe, "shoal_exec", {"command": src, "background": True})
+        if result is None:
+            return
+        task = result["structuredContent"].get("task")
+        if task and rng.random() < 0.3:
+            self.call(pipe, "shoal_cancel", {"task": task})
+        if task:
+            self.call(pipe, "shoal_get", {"ref": task, "wait_ms": 10000})
+
+    def _pick_ref(self, session: str, rng: random.Random) -> str | None:
+        with self.lock:
+            mine = [k.split(" ", 1)[1] for k in self.refs if k.startswith(session + " ")]
+        return rng.choice(mine) if mine else None
+
+    def get(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        ref = self._pick_ref(session, rng)
+        if ref is not None:
+            self.call(pipe, "shoal_get", {"ref": ref, "path": ".out", "format": "json"})
+        else:
+            self.call(pipe, "shoal_journal", {"limit": 5})
+
+    def match(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        ref = self._pick_ref(session, rng)
+        if ref is not None:
+            self.call(pipe, "shoal_get", {"ref": ref, "match": "^chaos-|7$"})
+
+    def pty(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        src = f"setsid sleep {self.sleep_arg(300)} & echo ready; read line; echo got $line"
+        opened = self.call(pipe, "shoal_pty_open", {"cmd": "bash", "args": ["-c", src]})
+        if opened is None:
+            return
+        pty_id = opened["structuredContent"]["pty_id"]
+        self.call(pipe, "shoal_pty_read", {"pty_id": pty_id})
+        if rng.random() < 0.5:
+            self.call(pipe, "shoal_pty_send", {"pty_id": pty_id, "input": "x\r"})
+            self.call(pipe, "shoal_pty_read", {"pty_id": pty_id})
+        self.call(pipe, "shoal_pty_close", {"pty_id": pty_id})
+
+    def plan(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        planned = self.call(pipe, "shoal_plan", {"command": f"echo planned-{rng.randrange(99)}"})
+        if planned is not None and (ref := planned["structuredContent"].get("plan_ref")):
+            self.call(pipe, "shoal_apply", {"plan_ref": ref})
+
+    # -- the end --------------------------------------------------------------------------
+
+    def verify_refs(self) -> Counter[str]:
+        """Read every recorded ref back: intact, corrupted (said so), changed, unreadable."""
+        seen: Counter[str] = Counter()
+        by_session: dict[str, list[tuple[str, str]]] = {}
+        for key, (session, expected) in self.refs.items():
+            by_session.setdefault(session, []).append((key.split(" ", 1)[1], expected))
+        for session, refs in by_session.items():
+            pipe = McpPipe(facade_env(self.kernel, session, **self.env))
+            try:
+                pipe.initialize()
+                for ref, expected in refs:
+                    seen[self._verify_one(pipe, ref, expected)] += 1
+            finally:
+                pipe.close()
+        return seen
+
+    def _verify_one(self, pipe: McpPipe, ref: str, expected: str) -> str:
+        try:
+            reply = pipe.wait(
+                pipe.tool("shoal_get", {"ref": ref, "path": ".out", "format": "json"}),
+                timeout=CALL_DEADLINE_S,
+            )
+        except TimeoutError:
+            return "hung"
+        result = reply.get("result") or {}
+        if "error" in reply or result.get("isError"):
+            text = json.dumps(reply)
+            if "corrupted" in text:
+                return "corrupted"
+            with self.lock:
+                self.unclear.append(f"unreadable {ref}: {text[:300]}")
+            return "unreadable"
+        value = result["structuredContent"].get("value", {})
+        if value.get("$") == "str" and value.get("v") == expected:
+            return "intact"
+        digest = blake3.blake3(expected.encode()).hexdigest()
+        with self.lock:
+            self.unclear.append(f"changed {ref} (blob {digest[:16]}): {json.dumps(value)[:300]}")
+        return "changed"
+
+    def stop_all(self) -> None:
+        if self.kernel.proc is not None and self.kernel.proc.poll() is None:
+            os.kill(self.kernel.pid, signal.SIGCONT)
+        self.kernel.stop(signal.SIGTERM, timeout=30)
+
+
+def _leftover(chaos: Chaos, exclude: set[int]) -> list[int]:
+    """Marked processes still alive after SETTLE_S (polled; none left returns at once)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        left = sorted(marked_pids(chaos.token, chaos.digits) - exclude)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(RUN_S + 900)  # the suite's 300 s default is per test
+def test_chaos_soak(request) -> None:
+    rng = random.Random(int(os.environ.get("SHOAL_CHAOS_SEED", "0")) or None)
+    with short_tmp("shchaos") as tmp:
+        chaos = Chaos(Path(tmp))
+        try:
+            started = time.monotonic()
+            threads = [
+                threading.Thread(target=chaos.worker, args=(n, random.Random(rng.random())))
+                for n in range(WORKERS)
+            ]
+            for t in threads:
+                t.start()
+            chaos_thread = threading.Thread(target=chaos.chaos_loop, args=(rng,))
+            chaos_thread.start()
+            chaos.done.wait(RUN_S)
+            chaos.done.set()
+            chaos_thread.join()
+            for t in threads:
+                t.join(CALL_DEADLINE_S * 4)
+            elapsed = time.monotonic() - started
+            if chaos.kernel.proc is None or chaos.kernel.proc.poll() is not None:
+                chaos.restart()
+            refs = chaos.verify_refs()
+            # Before the last stop: the trees of every SIGKILLed kernel must be gone.
+            live = {chaos.kernel.pid} | descendants_of(chaos.kernel.pid)
+            orphans = _leftover(chaos, live)
+        finally:
+            chaos.done.set()
+            chaos.stop_all()
+        left = _leftover(chaos, set())
+        with contextlib.suppress(ProcessLookupError):
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+    figures = {
+        "quick": QUICK,
+        "seconds": round(elapsed, 1),
+        "calls": dict(chaos.calls),
+        "per_tool": dict(chaos.per_tool),
+        "injected": dict(chaos.injected),
+        "kernels": len(chaos.kernel_pids),
+        "refs": dict(refs),
+        "refs_recorded": len(chaos.refs),
+        "orphans_before_stop": len(orphans),
+        "left_after_stop": len(left),
+        "peak_marked_processes": chaos.peak_marked,
+        "problems": chaos.unclear,
+        "errors": dict(chaos.errors.most_common(20)),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    calls, inj = chaos.calls, chaos.injected
+    lines = [
+        f"run {figures['seconds']} s{' (quick)' if QUICK else ''}, {WORKERS} facades, "
+        f"{len(chaos.kernel_pids)} kernels",
+        f"injected: SIGSTOP {inj['sigstop']}, SIGKILL {inj['sigkill']}, "
+        f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}",
+        f"calls: answered {calls['answered']}, failed with a clear error "
+        f"{calls['failed_clear']}, failed unclearly {calls['failed_unclear']}, "
+        f"hung {calls['hung']} (target 0)",
+        f"refs: {len(chaos.refs)} recorded; intact {refs['intact']}, corrupted (reported) "
+        f"{refs['corrupted']}, changed {refs['changed']} (target 0), unreadable "
+        f"{refs['unreadable']}",
+        f"processes left: {len(orphans)} orphaned before the last stop, {len(left)} after it "
+        f"(target 0; up to {chaos.peak_marked} of this run's processes seen while it ran)",
+        "most frequent clear errors:",
+        *(f"  {n} x {m}" for m, n in chaos.errors.most_common(6)),
+        *(f"  {p}" for p in chaos.unclear[:10]),
+        f"saved to {RESULTS}",
+    ]
+    register_summary(request.config, "chaos soak (issue 19)", lines)
+    print("\n" + "\n".join(lines))
+    assert calls["hung"] == 0 and refs["hung"] == 0, figures
+    assert refs["changed"] == 0, figures
+    assert not orphans and not left, figures
+    assert calls["failed_unclear"] == 0, figures
+    assert calls["answered"] > 0 and refs["intact"] > 0 and chaos.peak_marked > 0, figures
