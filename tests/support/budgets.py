@@ -18,7 +18,7 @@ from .kernel import KernelProcess
 from .tmp import short_tmp
 from .wire import RawConn
 
-PRINCIPALS = ("agent:flood", "agent:small", "agent:other", "agent:wide")
+PRINCIPALS = ("agent:flood", "agent:small", "agent:other", "agent:wide", "agent:slow")
 SMALL_POLICY = f"""
 [principal."agent:small"]
 ungranted = "ask"
@@ -53,12 +53,17 @@ class BudgetEnv:
 
 
 @contextlib.contextmanager
-def token_kernel(prefix: str = "shbu", kernel_table: str = "", *args: str) -> Iterator[BudgetEnv]:
+def token_kernel(
+    prefix: str = "shbu", kernel_table: str = "", *args: str, extra_policy: str = ""
+) -> Iterator[BudgetEnv]:
     """A kernel whose policy defines only ``agent:small`` (tiny budgets, no grants);
-    ``kernel_table`` is the body of an optional ``[kernel]`` table."""
+    ``kernel_table`` is the body of an optional ``[kernel]`` table, ``extra_policy`` more
+    principal tables (e.g. for ``agent:slow``)."""
     with short_tmp(prefix) as tmp:
         policy = Path(tmp) / "policy.toml"
-        text = SMALL_POLICY + (f"\n[kernel]\n{kernel_table}\n" if kernel_table else "")
+        text = (
+            SMALL_POLICY + extra_policy + (f"\n[kernel]\n{kernel_table}\n" if kernel_table else "")
+        )
         policy.write_text(text)
         kernel = KernelProcess(tmp, "--policy", str(policy), *args)
         store = TokenStore(kernel.state / "tokens.json")

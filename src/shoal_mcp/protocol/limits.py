@@ -284,8 +284,18 @@ execs and plans are refused too (a clear error before the disk is full). Unset, 
 ``MIN_FREE_FRACTION`` of that filesystem's size, at most ``MIN_FREE_BYTES``."""
 FRAME_BEFORE_ATTACH = 64 * KiB
 """Largest frame accepted before ``session.attach`` (SPEC §6)."""
-ATTACH_TIMEOUT_S = 30.0
-"""A connection that has not attached after this long is closed."""
+CPU_MS_PER_S = 100
+CPU_MS_PER_S_LOCAL = 0
+"""``max_cpu_ms_per_s``: kernel CPU milliseconds a principal's calls may use per second
+(measured per thread, charged after the work); past it its next frames wait until it is
+back in credit (delayed, never refused; kernel/rpc/fairness.py). 0 means no limit."""
+CPU_BURST_S = 1.0
+"""Seconds of ``max_cpu_ms_per_s`` a principal may use in one burst before it waits."""
+CPU_WAIT_SLICE_S = 0.25
+"""A waiting principal rechecks its credit (and whether its connection closed) this often."""
+ATTACH_DEADLINE_MS = 30_000
+"""``[kernel] attach_timeout_ms``: a connection that has not attached after this long is
+answered -32000 and closed."""
 MAX_BLOCKING_CALLS = 64
 """Blocking calls (exec, task.await, …: one thread each) one connection runs at once."""
 LIST_REPLY_BYTES = 4 * MiB

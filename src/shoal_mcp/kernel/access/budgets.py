@@ -7,6 +7,10 @@ Per-principal keys live in the principal's policy table (docs/configuration.md, 
     max_plans         = 64        plans it has stored
     max_plan_bytes    = 16777216  source bytes of those plans
     max_connections   = 16        attached connections
+    max_output_bytes  = 1073741824  stdout + stderr of one exec (0 = no cap; the
+                                  command is stopped and its outcome says output_capped)
+    max_cpu_ms_per_s  = 250       kernel CPU ms its calls use per second (0 = no limit;
+                                  past it its next calls wait: kernel/rpc/fairness.py)
 
 Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
 
@@ -15,8 +19,10 @@ Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
     max_state_bytes = 34359738368  state dir size past which writes are refused
     min_free_bytes  = 268435456    free disk under the state dir below which they are too
                                    (unset: 1% of that filesystem, at most 256 MiB)
+    attach_timeout_ms = 30000      how long a connection may take to attach
 
-Hitting a budget answers -32031 whose ``data.quota`` names the key (``kernel.`` prefixed
+Hitting a budget answers -32031 (except ``max_cpu_ms_per_s``, which delays, and
+``max_output_bytes``, which stops the command) whose ``data.quota`` names the key (``kernel.`` prefixed
 for the kernel table), so a caller can tell which one and an operator can raise it.
 """
 
@@ -29,11 +35,15 @@ from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import (
+    ATTACH_DEADLINE_MS,
     CHANNEL_BYTES,
     CHANNELS,
     CHANNELS_LOCAL,
     CONNECTIONS,
     CONNECTIONS_LOCAL,
+    CPU_MS_PER_S,
+    CPU_MS_PER_S_LOCAL,
+    DEFAULT_MAX_OUTPUT_BYTES,
     EVENT_BYTES,
     KERNEL_CONNECTIONS,
     MIN_FREE_BYTES,
@@ -55,6 +65,8 @@ PRINCIPAL_BUDGETS: dict[str, tuple[int, int]] = {
     "max_plans": (PLANS, PLANS_LOCAL),
     "max_plan_bytes": (PLAN_BYTES, PLAN_BYTES_LOCAL),
     "max_connections": (CONNECTIONS, CONNECTIONS_LOCAL),
+    "max_output_bytes": (DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES),
+    "max_cpu_ms_per_s": (CPU_MS_PER_S, CPU_MS_PER_S_LOCAL),
 }
 
 KERNEL_BUDGETS: dict[str, int] = {
@@ -62,6 +74,7 @@ KERNEL_BUDGETS: dict[str, int] = {
     "max_event_bytes": EVENT_BYTES,
     "max_state_bytes": STATE_BYTES,
     "min_free_bytes": -1,  # unset: see StateBudget.min_free_now
+    "attach_timeout_ms": ATTACH_DEADLINE_MS,
 }
 
 

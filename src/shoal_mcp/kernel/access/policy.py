@@ -15,8 +15,8 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     journal_read = "own"               own | all
     tasks_read   = "own"               own | all
     max_tasks = 8, max_ptys = 2, max_subscriptions = 16
-    max_output_bytes = 1073741824      stdout + stderr of one exec (0 = no cap)
-    max_channels, max_channel_bytes, max_plans, max_plan_bytes, max_connections  (budgets.py)
+    max_channels, max_channel_bytes, max_plans, max_plan_bytes, max_connections,
+    max_output_bytes, max_cpu_ms_per_s  (budgets.py)
 
 An optional top-level ``[kernel]`` table holds the kernel-wide budgets (``budgets.py``).
     fs.read / fs.write / fs.delete     path globs, absolute or ~-relative; ** spans dirs
@@ -57,7 +57,6 @@ from typing import Any
 
 from wcmatch import fnmatch, glob
 
-from ...protocol.limits import DEFAULT_MAX_OUTPUT_BYTES
 from ..effects.analyzer import SHELL_BUILTINS
 from .budgets import (
     KERNEL_BUDGETS,
@@ -88,8 +87,6 @@ _BOOL_KEYS = ("approver", "session_write", "sandbox")
 _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
-_BYTES_KEYS = ("max_output_bytes",)
-_MAX_BYTES = 1 << 62
 
 _TABLE_DEFAULTS: dict[str, Any] = {
     "auto_apply": "in-grant",
@@ -103,7 +100,6 @@ _TABLE_DEFAULTS: dict[str, Any] = {
     "max_tasks": 8,
     "max_ptys": 2,
     "max_subscriptions": 16,
-    "max_output_bytes": DEFAULT_MAX_OUTPUT_BYTES,
     **token_defaults(),
 }
 _LOCAL_DEFAULTS: dict[str, Any] = {
@@ -179,10 +175,6 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
         elif k in _INT_KEYS:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_QUOTA:
                 raise PolicyError(where, f"expected an integer 0..{_MAX_QUOTA}, got {v!r}")
-            out[k] = v
-        elif k in _BYTES_KEYS:
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_BYTES:
-                raise PolicyError(where, f"expected an integer 0..{_MAX_BYTES}, got {v!r}")
             out[k] = v
         elif k in PRINCIPAL_BUDGETS:
             try:
@@ -306,8 +298,8 @@ class PrincipalPolicy:
 
     @property
     def max_output_bytes(self) -> int:
-        """Cap on one exec's stdout + stderr; 0 means none."""
-        return int(self._s["max_output_bytes"])
+        """Cap on one exec's stdout + stderr (a budget key); 0 means none."""
+        return self.budget("max_output_bytes")
 
     @property
     def auto_apply(self) -> str:

@@ -9,7 +9,9 @@ Budgets (docs/configuration.md, Budgets): at most ``[kernel] max_connections``
 connections are open (each is a thread; past it a new one is answered -32031 and
 closed), a connection runs at most ``MAX_BLOCKING_CALLS`` blocking calls at once, and
 before ``session.attach`` a frame may not exceed ``FRAME_BEFORE_ATTACH`` bytes and the
-connection must attach within ``ATTACH_TIMEOUT_S``. Until it attaches, a connection is
+connection must attach within ``[kernel] attach_timeout_ms``. Each attached frame and
+blocking call is metered against its principal's ``max_cpu_ms_per_s`` (``fairness.py``):
+a principal over it waits before its next frame is handled, so it cannot starve others. Until it attaches, a connection is
 read byte-exactly (``_read_until_attached``): nothing past the attaching frame is
 consumed, so the full-size reader that follows starts at the right byte.
 """
@@ -41,7 +43,6 @@ from ...protocol.jsonrpc import (
     response,
 )
 from ...protocol.limits import (
-    ATTACH_TIMEOUT_S,
     FRAME_BEFORE_ATTACH,
     MAX_BLOCKING_CALLS,
     MAX_OVERSIZE_PER_CONNECTION,
@@ -52,6 +53,7 @@ from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
+from .fairness import CpuBudgets, Metered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
 from .workers import Workers
@@ -164,8 +166,12 @@ class KernelServer:
         self.stopping = threading.Event()
         tune_malloc(self.stopping)  # before the connection threads: see malloc.py
         self._threads = Workers()  # reused threads: no thread start per blocking call
+        self.cpu = CpuBudgets(self._cpu_rate)
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
+
+    def _cpu_rate(self, principal: str) -> int:
+        return self.kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
 
     def connections_of(self, principal: str) -> int:
         """Attached connections of ``principal`` (its ``max_connections`` count)."""
@@ -244,15 +250,25 @@ class KernelServer:
                 return
             reader = FrameReader(conn.sock.fileno())
             while not conn.closed.is_set():
+                cpu_start = time.thread_time()  # reading the frames is this principal's too
                 events = reader.read_frames()
                 if not events:
                     break
                 for event in events:
+                    principal = _principal_of(conn)
+                    if principal is not None:
+                        self.cpu.admit(principal, conn.closed)
                     if isinstance(event, Oversize):
-                        if not self._oversize(conn, event):
-                            return
-                        continue
-                    self._handle_frame(conn, event)
+                        ok = self._oversize(conn, event)
+                    else:
+                        self._handle_frame(conn, event)
+                        ok = True
+                    if principal is not None:
+                        now = time.thread_time()
+                        self.cpu.charge(principal, now - cpu_start)
+                        cpu_start = now
+                    if not ok:
+                        return
         except OSError:
             pass
         finally:
@@ -266,7 +282,8 @@ class KernelServer:
         attaching frame is still in the socket for the connection's FrameReader.
         """
         sock = conn.sock
-        deadline = time.monotonic() + ATTACH_TIMEOUT_S
+        timeout_s = self.kernel.guard.policy.kernel["attach_timeout_ms"] / 1000
+        deadline = time.monotonic() + timeout_s
         line = bytearray()  # the current frame (its head once over the limit)
         length = 0
         try:
@@ -278,7 +295,7 @@ class KernelServer:
                     peeked = sock.recv(FRAME_BEFORE_ATTACH + 1, socket.MSG_PEEK)
                 except TimeoutError:
                     sock.settimeout(None)
-                    conn.send(_attach_timeout())
+                    conn.send(_attach_timeout(timeout_s))
                     return False
                 if not peeked:
                     return False
@@ -350,8 +367,14 @@ class KernelServer:
                 return
             # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
             conn.inflight[msg.id] = InflightCall()
-            self._start_worker(self._run, (conn, spec, msg), f"call-{msg.method}")
+            self._start_worker(self._run_metered, (conn, spec, msg), f"call-{msg.method}")
         else:
+            self._run(conn, spec, msg)
+
+    def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
+        """A blocking call on its own thread: its CPU is charged to its principal (an
+        inline call's is charged by the reader that runs it)."""
+        with Metered(self.cpu, _principal_of(conn)):
             self._run(conn, spec, msg)
 
     def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
@@ -457,12 +480,17 @@ def _oversize_before_attach(head: bytes, size: int) -> dict:
     )
 
 
-def _attach_timeout() -> dict:
+def _principal_of(conn: Connection) -> str | None:
+    who = conn.who
+    return who.principal if who is not None else None
+
+
+def _attach_timeout(timeout_s: float) -> dict:
     return error_response(
         NO_ID,
         ErrorCode.NOT_ATTACHED,
-        f"not attached after {ATTACH_TIMEOUT_S:g} s: closing the connection",
-        {"timeout_s": ATTACH_TIMEOUT_S},
+        f"not attached after {timeout_s:g} s ([kernel] attach_timeout_ms): closing the connection",
+        {"timeout_s": timeout_s},
     )
 
 

@@ -1,0 +1,143 @@
+"""Kernel CPU per principal: a token bucket that makes a heavy caller wait, not others.
+
+Budgets bound what a principal keeps (bytes, rows, connections), not how much of the
+kernel's time it takes. Every call of a principal runs Python in the kernel (parsing,
+analysing its source, encoding its reply) under the one GIL, so two principals sending
+1 MiB plans back to back left a normal agent waiting on the GIL for most of each of its
+own calls (issue 14's soak: its p99 went from 31 to 188 ms).
+
+``CpuBudgets`` measures the CPU time (``time.thread_time``) each principal's work uses on
+the kernel's threads: the connection's reader (framing, parsing, quick methods) and the
+threads of its blocking calls. It is charged after the work; before the next frame of a
+connection is handled, a principal that has used more than policy ``max_cpu_ms_per_s``
+allows (with a burst of ``CPU_BURST_S`` of it) waits until it is back in credit. The
+reader waiting stops reading that connection, so the socket pushes back on the client;
+no other principal's call waits. A principal's calls are delayed, never refused: a
+refusal would still cost the parse of each frame, and a client retrying in a loop would
+make the kernel spend more time, not less (docs/decisions.md, Fairness).
+
+The time a call spends waiting on a child process, on disk or on another principal's
+lock is not CPU and is not charged; a value of 0 means no limit (the local human's
+default).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from ...protocol.limits import CPU_BURST_S, CPU_WAIT_SLICE_S
+
+RateOf = Callable[[str], int]
+"""A principal's ``max_cpu_ms_per_s`` (0: no limit)."""
+
+
+class CpuBucket:
+    """Credit in CPU seconds for one principal: refills at ``rate``, holds at most
+    ``rate * CPU_BURST_S``; charged after the work, so it can go negative (debt)."""
+
+    def __init__(self, ms_per_s: int) -> None:
+        self._cond = threading.Condition()
+        self.rate = 0.0
+        self.tokens = 0.0
+        self.stamp = time.monotonic()
+        self.set_rate(ms_per_s)
+        self.tokens = self.depth
+
+    @property
+    def depth(self) -> float:
+        return self.rate * CPU_BURST_S
+
+    def set_rate(self, ms_per_s: int) -> None:
+        with self._cond:
+            self._refill()
+            self.rate = ms_per_s / 1000.0
+            self.tokens = min(self.tokens, self.depth)
+            self._cond.notify_all()
+
+    def _refill(self) -> None:  # under _cond
+        now = time.monotonic()
+        self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def admit(self, stop: threading.Event) -> float:
+        """Wait while in debt (or until ``stop``); the seconds waited."""
+        started = time.monotonic()
+        with self._cond:
+            while not stop.is_set():
+                self._refill()
+                if self.tokens >= 0 or self.rate <= 0:
+                    break
+                # Woken early by set_rate; sliced so ``stop`` (a closed connection) is seen.
+                self._cond.wait(min(-self.tokens / self.rate, CPU_WAIT_SLICE_S))
+        return time.monotonic() - started
+
+    def charge(self, seconds: float) -> None:
+        with self._cond:
+            self._refill()
+            self.tokens -= seconds
+
+
+class CpuBudgets:
+    """One ``CpuBucket`` per principal that has a limit; the server's only entry point."""
+
+    def __init__(self, rate_of: RateOf) -> None:
+        self._rate_of = rate_of
+        self._lock = threading.Lock()
+        self._buckets: dict[str, CpuBucket] = {}
+        self.waited_s: dict[str, float] = {}  # seconds held, per principal (diagnostics)
+
+    def bucket(self, principal: str) -> CpuBucket | None:
+        """The principal's bucket, or None when its work is not limited."""
+        rate = self._rate_of(principal)
+        with self._lock:
+            bucket = self._buckets.get(principal)
+            if rate <= 0:
+                if bucket is not None:  # the limit was lifted (policy reload)
+                    self._buckets.pop(principal, None)
+                    bucket.set_rate(0)
+                return None
+            if bucket is None:
+                bucket = self._buckets[principal] = CpuBucket(rate)
+            elif bucket.rate != rate / 1000.0:
+                bucket.set_rate(rate)
+            return bucket
+
+    def admit(self, principal: str, stop: threading.Event) -> None:
+        """Before a principal's work: wait while it is over its CPU rate."""
+        bucket = self.bucket(principal)
+        if bucket is None:
+            return
+        waited = bucket.admit(stop)
+        if waited > 0:
+            with self._lock:
+                self.waited_s[principal] = self.waited_s.get(principal, 0.0) + waited
+
+    def charge(self, principal: str, seconds: float) -> None:
+        """After a principal's work: the thread CPU seconds it used."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            bucket = self._buckets.get(principal)
+        if bucket is not None:
+            bucket.charge(seconds)
+
+
+class Metered:
+    """``with Metered(budgets, principal):`` charges the CPU the block used on this thread."""
+
+    __slots__ = ("_budgets", "_principal", "_start")
+
+    def __init__(self, budgets: CpuBudgets, principal: str | None) -> None:
+        self._budgets = budgets
+        self._principal = principal
+        self._start = 0.0
+
+    def __enter__(self) -> Metered:
+        self._start = time.thread_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._principal is not None:
+            self._budgets.charge(self._principal, time.thread_time() - self._start)

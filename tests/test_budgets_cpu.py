@@ -1,0 +1,104 @@
+"""Budgets, live (issue 14): kernel CPU per principal and the attach deadline.
+
+A principal over ``max_cpu_ms_per_s`` has its next frames held (not refused) until it is
+back in credit, while another principal's calls are answered meanwhile; closing the held
+connection frees its reader. A connection that does not attach within ``[kernel]
+attach_timeout_ms`` is answered -32000 and closed; one that attached stays open.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal_mcp.protocol.limits import SRC_MAX_CHARS
+from tests.support.budgets import token_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import threads
+from tests.support.wire import RawConn
+
+NOT_ATTACHED = -32000
+ATTACH_TIMEOUT_MS = 400
+SLOW_POLICY = """
+[principal."agent:slow"]
+max_cpu_ms_per_s = 1
+"""
+
+
+def _heavy_src(n: int) -> str:
+    # The kernel parses, analyses and escapes a 1 MiB source: about 0.1 s of its CPU.
+    return f"echo {n}" + "y" * (SRC_MAX_CHARS - 16)
+
+
+@pytest.fixture(scope="module")
+def env():
+    with token_kernel(
+        "shcpu", f"attach_timeout_ms = {ATTACH_TIMEOUT_MS}", extra_policy=SLOW_POLICY
+    ) as env:
+        yield env
+
+
+def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> None:
+    # 1 ms of kernel CPU per second: one 1 MiB plan puts agent:slow about 100 s in debt.
+    with env.raw("cpu-slow", principal="agent:slow") as slow:
+        first = slow.call("exec", {"src": _heavy_src(1), "mode": "plan"}, timeout=120)
+        assert "result" in first, first  # the burst lets the first call through
+        held = slow.send("ping")
+        with pytest.raises(TimeoutError):
+            slow.wait(held, timeout=2.0)  # held, not refused: no error frame either
+        # Other principals are not held: a token principal and the local human.
+        with env.raw("cpu-other", principal="agent:other") as other:
+            for _ in range(3):
+                assert other.call("ping", timeout=30)["result"]["pong"] is True
+            plan = other.call("exec", {"src": "echo hi", "mode": "plan"}, timeout=60)
+            assert "result" in plan, plan
+        with env.raw("cpu-local", principal=None) as local:
+            assert local.call("ping", timeout=30)["result"]["pong"] is True
+        base = threads(env.kernel.pid)
+    # Closing the held connection releases its reader thread (it does not sleep out the debt).
+    wait_until(lambda: threads(env.kernel.pid) < base, timeout=30, interval=0.1)
+
+
+def test_an_unlimited_principal_is_never_held(env) -> None:
+    # agent:other keeps the token default (a burst covers a few heavy calls) and the local
+    # human has no limit: back-to-back heavy plans are all answered.
+    with env.raw("cpu-local-heavy", principal=None) as local:
+        for n in range(6):
+            reply = local.call("exec", {"src": _heavy_src(n), "mode": "plan"}, timeout=120)
+            assert "result" in reply, reply
+
+
+def test_a_connection_that_does_not_attach_in_time_is_closed(env) -> None:
+    idle = RawConn(env.kernel.socket, keep_frames=False)
+    partial = RawConn(env.kernel.socket, keep_frames=False)
+    try:
+        partial.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"pi')  # a frame never finished
+        with env.raw("attached-in-time", principal=None) as attached:
+            for conn in (idle, partial):
+                reply = conn.recv(timeout=30)
+                err = reply["error"]
+                assert err["code"] == NOT_ATTACHED and reply.get("id") is None
+                assert "attach_timeout_ms" in err["message"]
+                assert err["data"]["timeout_s"] == ATTACH_TIMEOUT_MS / 1000
+                with pytest.raises(ConnectionError):
+                    conn.recv(timeout=30)
+            # Past the deadline, an attached connection is still served.
+            assert attached.call("ping", timeout=30)["result"]["pong"] is True
+    finally:
+        idle.close()
+        partial.close()
+
+
+def test_attaching_before_the_deadline_keeps_the_connection(env) -> None:
+    conn = RawConn(env.kernel.socket, keep_frames=False)
+    try:
+        assert "result" in conn.call("session.attach", {"session": "quick"}, timeout=30)
+        assert "result" in conn.call("ping", timeout=30)
+        # Another connection's deadline passing proves ours has too; we are still open.
+        late = RawConn(env.kernel.socket, keep_frames=False)
+        try:
+            assert late.recv(timeout=30)["error"]["code"] == NOT_ATTACHED
+        finally:
+            late.close()
+        assert conn.call("ping", timeout=30)["result"]["pong"] is True
+    finally:
+        conn.close()
