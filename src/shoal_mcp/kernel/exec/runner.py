@@ -20,6 +20,7 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
 from ...protocol.limits import CANCEL_GRACE_S
 from ..access.sandbox import SandboxSpec
+from .exports import parse_report
 from .supervisor import Job, Supervisor
 
 BASH_ARGV = ["bash", "--noprofile", "--norc", "-c"]
@@ -37,10 +38,12 @@ longer sources are read by bash from a descriptor (``. /dev/fd/N``)."""
 
 def _prelude(fd: int) -> str:
     # Kept on the same line as the user's first line so bash's line numbers match theirs.
+    # Builtins only (``export -p``, not ``$(compgen -e)``): no subshell forked at the end
+    # of every exec (exports.py reads it back).
     return (
-        "__shoal_exit() { local __shoal_s=$?; { printf '%s\\0' \"$PWD\"; "
-        'for __shoal_n in $(compgen -e); do printf \'%s=%s\\0\' "$__shoal_n" "${!__shoal_n}"; '
-        f"done; }} >&{fd} 2>/dev/null; exit $__shoal_s; }}; trap __shoal_exit EXIT; "
+        "__shoal_exit() { local __shoal_s=$?; { builtin printf '%s\\0' \"$PWD\"; "
+        f"builtin export -p; }} >&{fd} 2>/dev/null; exit $__shoal_s; }}; "
+        "trap __shoal_exit EXIT; "
     )
 
 
@@ -105,18 +108,7 @@ class RunningCommand:
             raw = self.state_path.read_bytes()
         except FileNotFoundError:
             return None
-        parts = raw.split(b"\0")
-        if len(parts) < 2 or not parts[0]:
-            return None
-        cwd = parts[0].decode("utf-8", "surrogateescape")
-        env: dict[str, str] = {}
-        for item in parts[1:]:
-            name, sep, value = item.partition(b"=")
-            if sep:
-                env[name.decode("utf-8", "surrogateescape")] = value.decode(
-                    "utf-8", "surrogateescape"
-                )
-        return cwd, env
+        return parse_report(raw)
 
     def discard_state(self) -> None:
         try:
