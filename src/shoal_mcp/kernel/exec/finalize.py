@@ -82,8 +82,7 @@ class Finalizer:
             return self._finalize(task, run)
         except BaseException as exc:
             # Nothing of this exec was applied (one transaction); the row says what happened.
-            for path in (run.out_path, run.err_path, run.state_path):
-                path.unlink(missing_ok=True)
+            run.discard()
             reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             try:
                 self.journal.fail(task.journal_id, f"finalize failed: {reason}", None)
@@ -187,9 +186,8 @@ class Finalizer:
 
     def _read_report(self, run: RunningCommand) -> tuple[tuple[str, dict] | None, int | None]:
         """The EXIT trap's (cwd, env) report, bounded, and when it was written (ns)."""
-        try:
-            st = os.stat(run.state_path)
-        except FileNotFoundError:
+        st = run.state_stat()
+        if st is None:
             return None, None
         try:
             if st.st_size > STATE_REPORT_MAX_BYTES:

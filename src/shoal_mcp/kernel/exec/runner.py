@@ -61,7 +61,9 @@ class RunningCommand:
     job: Job
     out_path: Path
     err_path: Path
-    state_path: Path
+    state_fd: int
+    """The EXIT trap's report: a memfd, not a file in the spool dir (creating and deleting
+    a file per exec made ext4's inode allocator the kernel's top CPU cost)."""
     started: float = field(default_factory=time.time)
     started_ns: int = field(default_factory=time.monotonic_ns)
     finished_ns: int | None = None
@@ -104,17 +106,33 @@ class RunningCommand:
 
     def read_state(self) -> tuple[str, dict[str, str]] | None:
         """The (cwd, exported env) the EXIT trap wrote, or None if it never ran."""
-        try:
-            raw = self.state_path.read_bytes()
-        except FileNotFoundError:
+        if self.state_fd < 0:
             return None
-        return parse_report(raw)
+        size = os.fstat(self.state_fd).st_size
+        chunks = []
+        offset = 0
+        while offset < size:
+            chunk = os.pread(self.state_fd, size - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return parse_report(b"".join(chunks))
+
+    def state_stat(self) -> os.stat_result | None:
+        """The report's size and when it was last written; None once discarded."""
+        return os.fstat(self.state_fd) if self.state_fd >= 0 else None
 
     def discard_state(self) -> None:
-        try:
-            os.unlink(self.state_path)
-        except FileNotFoundError:
-            pass
+        fd, self.state_fd = self.state_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def discard(self) -> None:
+        """Remove the spools and the report (nothing of this exec is stored)."""
+        for path in (self.out_path, self.err_path):
+            path.unlink(missing_ok=True)
+        self.discard_state()
 
 
 def _size(path: Path) -> int:
@@ -152,11 +170,14 @@ def spawn(
         )
     fds = []
     paths = []
+    state_fd = -1
     try:
-        for suffix in (".out", ".err", ".state"):
+        for suffix in (".out", ".err"):
             fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=spool_dir)
             fds.append(fd)
             paths.append(Path(name))
+        state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
+        fds.append(state_fd)
         script = _prelude(STATE_FD) + src
         targets = [STATE_FD]
         if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
@@ -189,10 +210,13 @@ def spawn(
     except (OSError, UnicodeEncodeError) as exc:
         for p in paths:
             p.unlink(missing_ok=True)
+        if state_fd >= 0:
+            os.close(state_fd)
         raise RpcError(
             ErrorCode.INTERNAL, f"cannot spawn bash: {exc}", {"reason": str(exc)}
         ) from exc
     finally:
         for fd in fds:
-            os.close(fd)
-    return RunningCommand(src, cwd, job, paths[0], paths[1], paths[2], started_ns=started_ns)
+            if fd != state_fd:
+                os.close(fd)
+    return RunningCommand(src, cwd, job, paths[0], paths[1], state_fd, started_ns=started_ns)

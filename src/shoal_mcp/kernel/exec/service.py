@@ -294,8 +294,7 @@ class ExecService:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
             except BaseException:
                 run.terminate()
-                for path in (run.out_path, run.err_path, run.state_path):
-                    path.unlink(missing_ok=True)
+                run.discard()
                 raise
             return self.tasks.start(
                 who.session,
