@@ -30,7 +30,7 @@ from ..store.db import Database
 from ..store.journal import Journal, JournalEntry, command_head
 from ..store.sessions import SessionTable, StateDelta
 from ..store.transcript import TranscriptStore
-from .runner import RunningCommand
+from .runner import RunningCommand, spool_bin
 from .state_report import Filtered, filter_report
 from .tasks import Task
 
@@ -98,14 +98,22 @@ class Finalizer:
         if full:
             raise state_dir_full(full)
         placed: list[Placed] = []
+        # Spools of a tree known to be gone are reused when their blob is stored already
+        # (given back only once this exec is stored: a failure below deletes them).
+        spare: list[Path] = []
+        recycle = spare.append if run.reaped else None
         try:
-            placed.append(self.cas.place(run.out_path))
-            placed.append(self.cas.place(run.err_path))
-            return self._store(task, run, code, placed[0], placed[1])
+            placed.append(self.cas.place(run.out_path, recycle))
+            placed.append(self.cas.place(run.err_path, recycle))
+            stored = self._store(task, run, code, placed[0], placed[1])
         except BaseException:
             for p in placed:
                 self.cas.unplace(p)
             raise
+        spools = spool_bin(self.spool_dir)
+        for path in spare:
+            spools.give_back(path)
+        return stored
 
     def _store(
         self, task: Task, run: RunningCommand, code: int | None, out: Placed, err: Placed

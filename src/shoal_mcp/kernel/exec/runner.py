@@ -12,13 +12,14 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
-from ...protocol.limits import CANCEL_GRACE_S
+from ...protocol.limits import CANCEL_GRACE_S, SPOOLS_KEPT
 from ..access.sandbox import SandboxSpec
 from .exports import parse_report
 from .supervisor import Job, Supervisor
@@ -128,11 +129,72 @@ class RunningCommand:
         if fd >= 0:
             os.close(fd)
 
+    @property
+    def reaped(self) -> bool:
+        """The supervisor reported the whole tree gone: nothing writes the spools now."""
+        return self.job.reported
+
     def discard(self) -> None:
         """Remove the spools and the report (nothing of this exec is stored)."""
         for path in (self.out_path, self.err_path):
             path.unlink(missing_ok=True)
         self.discard_state()
+
+
+class SpoolBin:
+    """Empty spool files for the next execs of one spool dir.
+
+    A finished exec's spool whose blob was already stored (the same output again, an
+    empty stderr) is truncated and kept here instead of deleted, and the next spawn takes
+    it instead of creating a file: ext4 inode allocation under create/delete churn was
+    the kernel's top CPU cost.  Only spools of a tree its supervisor reported reaped are
+    kept (nothing can still write them); at most ``SPOOLS_KEPT``.
+    """
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.spool_dir = spool_dir
+        self._free: list[Path] = []
+        self._lock = threading.Lock()
+
+    def take(self, suffix: str) -> tuple[int, Path]:
+        """An open (write) descriptor on an empty spool, and its path."""
+        while True:
+            with self._lock:
+                path = self._free.pop() if self._free else None
+            if path is None:
+                fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=self.spool_dir)
+                return fd, Path(name)
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW), path
+            except OSError:
+                continue  # removed under us (spool dir cleaned): take another
+
+    def give_back(self, path: Path) -> None:
+        """Keep ``path`` (already ingested) for reuse, emptied; or delete it."""
+        try:
+            with self._lock:
+                keep = len(self._free) < SPOOLS_KEPT
+            if keep:
+                os.truncate(path, 0)
+                with self._lock:
+                    self._free.append(path)
+                return
+        except OSError:
+            pass
+        path.unlink(missing_ok=True)
+
+
+_BINS: dict[Path, SpoolBin] = {}
+_BINS_LOCK = threading.Lock()
+
+
+def spool_bin(spool_dir: Path) -> SpoolBin:
+    """The bin of ``spool_dir`` (one per kernel: spawn takes, finalize gives back)."""
+    with _BINS_LOCK:
+        found = _BINS.get(spool_dir)
+        if found is None:
+            found = _BINS[spool_dir] = SpoolBin(spool_dir)
+        return found
 
 
 def _size(path: Path) -> int:
@@ -172,10 +234,11 @@ def spawn(
     paths = []
     state_fd = -1
     try:
+        spools = spool_bin(spool_dir)
         for suffix in (".out", ".err"):
-            fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=spool_dir)
+            fd, path = spools.take(suffix)
             fds.append(fd)
-            paths.append(Path(name))
+            paths.append(path)
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         fds.append(state_fd)
         script = _prelude(STATE_FD) + src
