@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 SHOAL_OUT_ENV = "SHOAL_OUT"
 """The variable every exec gets: its caller's ``session_dir``."""
+COPIES_DIR = ".copies"
+"""A root kernel's copies of blobs, linked into entries (never inside a ``$SHOAL_OUT``)."""
 DIR_MODE = 0o555
 FILE_MODE = 0o444
 
@@ -157,10 +159,18 @@ class SharedOutputs:
             hashes = blob_hashes(node)
             if len(hashes) != 1:
                 continue
-            self._link(self.cas.path_of(hashes.pop()), entry / stream)
+            digest = hashes.pop()
+            self._link(self.cas.path_of(digest), entry / stream, self._copy_of(entry, digest))
+
+    def _copy_of(self, entry: Path, digest: str) -> Path:
+        """Where a root kernel keeps its one copy of blob ``digest`` for the session of
+        ``entry``: outside every ``$SHOAL_OUT`` (under ``root/.copies/<principal>/<session>``),
+        so no listing shows it twice."""
+        session_dir = entry.parent
+        return self.root / COPIES_DIR / session_dir.parent.name / session_dir.name / digest
 
     @staticmethod
-    def _link(blob: Path, name: Path) -> None:
+    def _link(blob: Path, name: Path, copy: Path) -> None:
         if name.exists() or not blob.exists():
             return
         os.chmod(blob, FILE_MODE)  # CAS blobs never change: read-only for everyone
@@ -171,15 +181,28 @@ class SharedOutputs:
             except OSError:
                 pass  # another file system or no hard links: a copy
         # root ignores file modes: a hard link would let `>>` rewrite the CAS blob itself,
-        # so a root kernel exposes copies (a sandbox makes them read-only too).
-        # Copied under a temporary name, then renamed: a copy cut short (a full disk) is
-        # never left where the next sync would take it for complete.
-        part = name.with_name(name.name + ".part")
+        # so a root kernel exposes a copy, one per blob and session, hard-linked into each
+        # entry with those bytes (a new file per exec was most of this sync's cost). A
+        # root write through one entry changes that session's other entries of the same
+        # bytes, never the stored output (a sandbox makes them read-only too).
+        if not copy.exists():
+            copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _copy(blob, copy)
         try:
-            with open(blob, "rb") as src, open(part, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            os.chmod(part, FILE_MODE)
-            os.replace(part, name)
-        finally:
-            part.unlink(missing_ok=True)
+            os.link(copy, name)
+        except OSError:
+            _copy(blob, name)  # too many links to one file: this entry gets its own
+
+
+def _copy(blob: Path, name: Path) -> None:
+    """Copied under a temporary name, then renamed: a copy cut short (a full disk) is
+    never left where the next sync would take it for complete."""
+    part = name.with_name(name.name + ".part")
+    try:
+        with open(blob, "rb") as src, open(part, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.chmod(part, FILE_MODE)
+        os.replace(part, name)
+    finally:
+        part.unlink(missing_ok=True)
