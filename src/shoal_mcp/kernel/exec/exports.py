@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 
 _ENTRY = re.compile(rb"(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)(=?)")
+_PLAIN = re.compile(rb'(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)="([^"\\]*)"\n')
+"""The usual entry, a double-quoted value without escapes: one regex match, no scan."""
 _SIMPLE_ESCAPES = {
     ord("a"): b"\a",
     ord("b"): b"\b",
@@ -132,6 +134,11 @@ def parse_exports(data: bytes) -> dict[str, str]:
     env: dict[str, str] = {}
     i = 0
     while i < len(data):
+        plain = _PLAIN.match(data, i)
+        if plain is not None:
+            env[_text(plain.group(1))] = _text(plain.group(2))
+            i = plain.end()
+            continue
         m = _ENTRY.match(data, i)
         if m is None:  # not an entry: skip this line
             nl = data.find(b"\n", i)
