@@ -43,8 +43,7 @@ def run(src: str, spool: Path, **kw) -> tuple[RunningCommand, str, str]:
     r = spawn(src, "/", dict(ENV), spool, **kw)
     r.wait(60)
     out, err = r.out_path.read_text(), r.err_path.read_text()
-    for p in (r.out_path, r.err_path, r.state_path):
-        p.unlink(missing_ok=True)
+    r.discard()
     return r, out, err
 
 
@@ -168,8 +167,7 @@ def test_sandboxed_zygote_confines_every_job(box) -> None:
             assert not (tree["outside"] / "new").exists()
             assert out.splitlines() == [str(tree["tmp"]), "to-stdout"], out
             assert pids_with_arg(mark) == []
-            for p in (r.out_path, r.err_path, r.state_path):
-                p.unlink(missing_ok=True)
+            r.discard()
         assert z.jobs == 2
     finally:
         kill_pids(pids_with_arg(mark))

@@ -75,14 +75,31 @@ def test_a_plain_call_is_answered_by_the_kernel_reply_thread(lean):
     assert thread == "kernel-demux"  # no pool worker between the kernel's reply and stdout
 
 
-def test_calls_owning_a_kernel_task_stay_on_the_pool(lean):
-    # exec and apply own a kernel task: a cancel that overtakes the spawn must still end
-    # it, which the pool path guarantees (tests/test_mcp_stdio.py), so they are served there.
+def test_calls_owning_a_kernel_task_take_the_lean_path_too(lean):
+    # exec and apply own a kernel task; the cancel that overtakes the spawn is kept by the
+    # kernel (test_a_cancel_right_behind_a_lean_exec_ends_it, tests/test_mcp_stdio.py).
     session, out = lean
     session.receive(_exec(2, "echo bad >&2; exit 4"))
     message, thread = out.reply(2)
-    assert thread.startswith("mcp-call")
+    assert thread == "kernel-demux"
     assert message["result"]["isError"] is False  # a failed command is a result, not an error
+
+
+def test_a_cancel_right_behind_a_lean_exec_ends_it(lean):
+    # The cancel is read right after the call, before the kernel can have spawned it.
+    session, out = lean
+    args = [f"31.{time.time_ns() % 10**9:09d}{i}" for i in range(4)]
+    for i, arg in enumerate(args):
+        session.receive(_exec(f"early{i}", f"sleep {arg}"))
+        session.receive(Notification("notifications/cancelled", {"requestId": f"early{i}"}))
+    wait_until(lambda: len(session.inflight) == 0, timeout=30, interval=0.01)
+    wait_until(
+        lambda: not any(pids_with_arg(a) for a in args), timeout=30, interval=0.05, what="ends"
+    )
+    session.receive(Request("after", "ping", {}))
+    out.reply("after")
+    assert not any(pids_with_arg(a) for a in args)
+    assert all(str(m.get("id")).startswith("early") is False for m, _ in out.messages)
 
 
 def test_kernel_errors_read_the_same_on_the_lean_path(lean):

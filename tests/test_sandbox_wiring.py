@@ -63,8 +63,7 @@ def test_runner_spawn_applies_the_spec(abi: int, tree: dict[str, Path]) -> None:
         assert state[1]["NEW"] == "1"
         assert "LC_CTYPE" not in state[1]  # the supervisor's locale coercion does not leak
     finally:
-        for p in (run.out_path, run.err_path, run.state_path):
-            p.unlink(missing_ok=True)
+        run.discard()
 
 
 def test_runner_spawn_without_a_spec_is_unconfined(tree: dict[str, Path]) -> None:
@@ -72,8 +71,7 @@ def test_runner_spawn_without_a_spec_is_unconfined(tree: dict[str, Path]) -> Non
     run = spawn(f"touch {tree['outside']}/X", str(tree["project"]), env, tree["state"] / "spool")
     assert run.wait(60) == 0
     assert (tree["outside"] / "X").exists()
-    for p in (run.out_path, run.err_path, run.state_path):
-        p.unlink(missing_ok=True)
+    run.discard()
     assert os.listdir(tree["state"] / "spool") == []
 
 
@@ -128,8 +126,7 @@ def test_long_script_runs_sandboxed(abi: int, tree: dict[str, Path]) -> None:
         assert run.out_path.read_text() == "start\nend\n"
         assert os.listdir(tree["tmp"]) == []  # unlinked before bash ran
     finally:
-        for p in (run.out_path, run.err_path, run.state_path):
-            p.unlink(missing_ok=True)
+        run.discard()
 
 
 def test_also_read_opens_one_kernel_path_read_only(abi: int, tree: dict[str, Path]) -> None:
@@ -152,8 +149,7 @@ def test_also_read_opens_one_kernel_path_read_only(abi: int, tree: dict[str, Pat
         assert run.err_path.read_text().count("Permission denied") == 2
         assert not (outs / "2").exists()
     finally:
-        for p in (run.out_path, run.err_path, run.state_path):
-            p.unlink(missing_ok=True)
+        run.discard()
 
 
 def test_specs_are_reused_briefly_and_rebuilt_when_the_tmpdir_went(abi: int) -> None:
@@ -230,8 +226,7 @@ def test_without_user_namespaces_tcp_is_still_denied(abi: int, tree: dict[str, P
         )
         assert run.wait(60) != 0
         assert "Permission denied" in run.err_path.read_text()
-        for p in (run.out_path, run.err_path, run.state_path):
-            p.unlink(missing_ok=True)
+        run.discard()
     finally:
         listener.close()
         box.close()

@@ -113,10 +113,6 @@ class ToolRunner:
             return None
         if "task" in params and self.revision().tasks:
             return None  # a task-augmented call: the pool path answers CreateTaskResult
-        if tool.cancels_task:
-            # Owns a kernel task: served on the pool, where a cancel that overtakes the
-            # spawn is known to end the task (tests/test_mcp_stdio.py).
-            return None
         client = self.link.connected_calls()
         if client is None or progress_token(params) is not None:
             return None

@@ -102,6 +102,11 @@ KERNEL_IDLE_WORKERS = 8
 costs a hand-off on the critical path; an idle one is woken instead)."""
 KERNEL_WORKER_IDLE_S = 5.0
 """An idle kernel worker thread exits after this long without work."""
+SPOOLS_KEPT = 16
+"""Empty exec spool files kept for reuse per spool dir (exec/runner.py ``SpoolBin``): a
+spool whose blob was already stored is truncated and reused instead of deleted."""
+OUTPUTS_SYNC_IDLE_S = 5.0
+"""The background ``$SHOAL_OUT`` sync thread (values/outputs.py) exits after this long idle."""
 
 # --- client timeouts (docs/configuration.md, "Timeouts") -----------------------------
 CONNECT_TIMEOUT_S = 5.0

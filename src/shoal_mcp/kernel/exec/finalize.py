@@ -30,7 +30,7 @@ from ..store.db import Database
 from ..store.journal import Journal, JournalEntry, command_head
 from ..store.sessions import SessionTable, StateDelta
 from ..store.transcript import TranscriptStore
-from .runner import RunningCommand
+from .runner import RunningCommand, spool_bin
 from .state_report import Filtered, filter_report
 from .tasks import Task
 
@@ -82,8 +82,7 @@ class Finalizer:
             return self._finalize(task, run)
         except BaseException as exc:
             # Nothing of this exec was applied (one transaction); the row says what happened.
-            for path in (run.out_path, run.err_path, run.state_path):
-                path.unlink(missing_ok=True)
+            run.discard()
             reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             try:
                 self.journal.fail(task.journal_id, f"finalize failed: {reason}", None)
@@ -99,14 +98,22 @@ class Finalizer:
         if full:
             raise state_dir_full(full)
         placed: list[Placed] = []
+        # Spools of a tree known to be gone are reused when their blob is stored already
+        # (given back only once this exec is stored: a failure below deletes them).
+        spare: list[Path] = []
+        recycle = spare.append if run.reaped else None
         try:
-            placed.append(self.cas.place(run.out_path))
-            placed.append(self.cas.place(run.err_path))
-            return self._store(task, run, code, placed[0], placed[1])
+            placed.append(self.cas.place(run.out_path, recycle))
+            placed.append(self.cas.place(run.err_path, recycle))
+            stored = self._store(task, run, code, placed[0], placed[1])
         except BaseException:
             for p in placed:
                 self.cas.unplace(p)
             raise
+        spools = spool_bin(self.spool_dir)
+        for path in spare:
+            spools.give_back(path)
+        return stored
 
     def _store(
         self, task: Task, run: RunningCommand, code: int | None, out: Placed, err: Placed
@@ -187,9 +194,8 @@ class Finalizer:
 
     def _read_report(self, run: RunningCommand) -> tuple[tuple[str, dict] | None, int | None]:
         """The EXIT trap's (cwd, env) report, bounded, and when it was written (ns)."""
-        try:
-            st = os.stat(run.state_path)
-        except FileNotFoundError:
+        st = run.state_stat()
+        if st is None:
             return None, None
         try:
             if st.st_size > STATE_REPORT_MAX_BYTES:

@@ -12,14 +12,16 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
-from ...protocol.limits import CANCEL_GRACE_S
+from ...protocol.limits import CANCEL_GRACE_S, SPOOLS_KEPT
 from ..access.sandbox import SandboxSpec
+from .exports import parse_report
 from .supervisor import Job, Supervisor
 
 BASH_ARGV = ["bash", "--noprofile", "--norc", "-c"]
@@ -37,10 +39,12 @@ longer sources are read by bash from a descriptor (``. /dev/fd/N``)."""
 
 def _prelude(fd: int) -> str:
     # Kept on the same line as the user's first line so bash's line numbers match theirs.
+    # Builtins only (``export -p``, not ``$(compgen -e)``): no subshell forked at the end
+    # of every exec (exports.py reads it back).
     return (
-        "__shoal_exit() { local __shoal_s=$?; { printf '%s\\0' \"$PWD\"; "
-        'for __shoal_n in $(compgen -e); do printf \'%s=%s\\0\' "$__shoal_n" "${!__shoal_n}"; '
-        f"done; }} >&{fd} 2>/dev/null; exit $__shoal_s; }}; trap __shoal_exit EXIT; "
+        "__shoal_exit() { local __shoal_s=$?; { builtin printf '%s\\0' \"$PWD\"; "
+        f"builtin export -p; }} >&{fd} 2>/dev/null; exit $__shoal_s; }}; "
+        "trap __shoal_exit EXIT; "
     )
 
 
@@ -58,7 +62,9 @@ class RunningCommand:
     job: Job
     out_path: Path
     err_path: Path
-    state_path: Path
+    state_fd: int
+    """The EXIT trap's report: a memfd, not a file in the spool dir (creating and deleting
+    a file per exec made ext4's inode allocator the kernel's top CPU cost)."""
     started: float = field(default_factory=time.time)
     started_ns: int = field(default_factory=time.monotonic_ns)
     finished_ns: int | None = None
@@ -101,28 +107,94 @@ class RunningCommand:
 
     def read_state(self) -> tuple[str, dict[str, str]] | None:
         """The (cwd, exported env) the EXIT trap wrote, or None if it never ran."""
-        try:
-            raw = self.state_path.read_bytes()
-        except FileNotFoundError:
+        if self.state_fd < 0:
             return None
-        parts = raw.split(b"\0")
-        if len(parts) < 2 or not parts[0]:
-            return None
-        cwd = parts[0].decode("utf-8", "surrogateescape")
-        env: dict[str, str] = {}
-        for item in parts[1:]:
-            name, sep, value = item.partition(b"=")
-            if sep:
-                env[name.decode("utf-8", "surrogateescape")] = value.decode(
-                    "utf-8", "surrogateescape"
-                )
-        return cwd, env
+        size = os.fstat(self.state_fd).st_size
+        chunks = []
+        offset = 0
+        while offset < size:
+            chunk = os.pread(self.state_fd, size - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return parse_report(b"".join(chunks))
+
+    def state_stat(self) -> os.stat_result | None:
+        """The report's size and when it was last written; None once discarded."""
+        return os.fstat(self.state_fd) if self.state_fd >= 0 else None
 
     def discard_state(self) -> None:
+        fd, self.state_fd = self.state_fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    @property
+    def reaped(self) -> bool:
+        """The supervisor reported the whole tree gone: nothing writes the spools now."""
+        return self.job.reported
+
+    def discard(self) -> None:
+        """Remove the spools and the report (nothing of this exec is stored)."""
+        for path in (self.out_path, self.err_path):
+            path.unlink(missing_ok=True)
+        self.discard_state()
+
+
+class SpoolBin:
+    """Empty spool files for the next execs of one spool dir.
+
+    A finished exec's spool whose blob was already stored (the same output again, an
+    empty stderr) is truncated and kept here instead of deleted, and the next spawn takes
+    it instead of creating a file: ext4 inode allocation under create/delete churn was
+    the kernel's top CPU cost.  Only spools of a tree its supervisor reported reaped are
+    kept (nothing can still write them); at most ``SPOOLS_KEPT``.
+    """
+
+    def __init__(self, spool_dir: Path) -> None:
+        self.spool_dir = spool_dir
+        self._free: list[Path] = []
+        self._lock = threading.Lock()
+
+    def take(self, suffix: str) -> tuple[int, Path]:
+        """An open (write) descriptor on an empty spool, and its path."""
+        while True:
+            with self._lock:
+                path = self._free.pop() if self._free else None
+            if path is None:
+                fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=self.spool_dir)
+                return fd, Path(name)
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW), path
+            except OSError:
+                continue  # removed under us (spool dir cleaned): take another
+
+    def give_back(self, path: Path) -> None:
+        """Keep ``path`` (already ingested) for reuse, emptied; or delete it."""
         try:
-            os.unlink(self.state_path)
-        except FileNotFoundError:
+            with self._lock:
+                keep = len(self._free) < SPOOLS_KEPT
+            if keep:
+                os.truncate(path, 0)
+                with self._lock:
+                    self._free.append(path)
+                return
+        except OSError:
             pass
+        path.unlink(missing_ok=True)
+
+
+_BINS: dict[Path, SpoolBin] = {}
+_BINS_LOCK = threading.Lock()
+
+
+def spool_bin(spool_dir: Path) -> SpoolBin:
+    """The bin of ``spool_dir`` (one per kernel: spawn takes, finalize gives back)."""
+    with _BINS_LOCK:
+        found = _BINS.get(spool_dir)
+        if found is None:
+            found = _BINS[spool_dir] = SpoolBin(spool_dir)
+        return found
 
 
 def _size(path: Path) -> int:
@@ -160,11 +232,15 @@ def spawn(
         )
     fds = []
     paths = []
+    state_fd = -1
     try:
-        for suffix in (".out", ".err", ".state"):
-            fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=spool_dir)
+        spools = spool_bin(spool_dir)
+        for suffix in (".out", ".err"):
+            fd, path = spools.take(suffix)
             fds.append(fd)
-            paths.append(Path(name))
+            paths.append(path)
+        state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
+        fds.append(state_fd)
         script = _prelude(STATE_FD) + src
         targets = [STATE_FD]
         if len(script.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
@@ -197,10 +273,13 @@ def spawn(
     except (OSError, UnicodeEncodeError) as exc:
         for p in paths:
             p.unlink(missing_ok=True)
+        if state_fd >= 0:
+            os.close(state_fd)
         raise RpcError(
             ErrorCode.INTERNAL, f"cannot spawn bash: {exc}", {"reason": str(exc)}
         ) from exc
     finally:
         for fd in fds:
-            os.close(fd)
-    return RunningCommand(src, cwd, job, paths[0], paths[1], paths[2], started_ns=started_ns)
+            if fd != state_fd:
+                os.close(fd)
+    return RunningCommand(src, cwd, job, paths[0], paths[1], state_fd, started_ns=started_ns)

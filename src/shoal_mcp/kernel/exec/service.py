@@ -264,6 +264,9 @@ class ExecService:
         try:
             return self.result(who, task, opts, started)
         finally:
+            # $SHOAL_OUT/<n> for this output: made in the background while the reply
+            # travels, not at the next exec's start (which only waits if it is not done).
+            self.values.outputs.schedule(who.principal, who.session)
             # A finished foreground exec is never named again (its value is out:N in the
             # transcript): drop the task record so the kernel's memory stays flat.
             self.tasks.forget(task)
@@ -291,8 +294,7 @@ class ExecService:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
             except BaseException:
                 run.terminate()
-                for path in (run.out_path, run.err_path, run.state_path):
-                    path.unlink(missing_ok=True)
+                run.discard()
                 raise
             return self.tasks.start(
                 who.session,

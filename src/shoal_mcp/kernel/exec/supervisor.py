@@ -148,7 +148,7 @@ class Supervisor:
         if job.eof:
             # Its supervisor was killed before it could report (the command killed its
             # parent at once); the zygote, a subreaper too, kills what it left.
-            job.finish(b"exit 9 0")
+            job.finish(b"exit 9 0", reported=False)
             return job
         job.kill()
         job.close()
@@ -181,6 +181,7 @@ class Job:
         self.owner = owner  # a one-job zygote to reap once the job ended
         self.pid: int | None = None
         self.exit: Exit | None = None
+        self.reported = False  # the supervisor itself reported the end (tree reaped)
         self.eof = False
         self.lock = threading.Lock()
         self._reading = threading.Lock()
@@ -202,10 +203,11 @@ class Job:
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
-    def finish(self, line: bytes) -> None:
+    def finish(self, line: bytes, *, reported: bool = True) -> None:
         _, status, capped = line.split()
         with self.lock:
             self.exit = Exit(int(status), capped == b"1")
+            self.reported = reported
         self.close()
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,8 +250,11 @@ class ContentStore:
             raise
         return placed.info
 
-    def place(self, spool: Path) -> Placed:
-        """Hash ``spool`` (one streaming pass) and move it to ``cas/ab/<hash>``."""
+    def place(self, spool: Path, recycle: Callable[[Path], None] | None = None) -> Placed:
+        """Hash ``spool`` (one streaming pass) and move it to ``cas/ab/<hash>``.
+
+        A spool whose blob is already stored is removed, or handed to ``recycle`` (the
+        exec spools are reused: creating and deleting a file per exec is costly)."""
         hasher = blake3.blake3()
         decoder = codecs.getincrementaldecoder("utf-8")()
         size = lines = chars = 0
@@ -282,7 +285,10 @@ class ContentStore:
         target = self.path_of(info.hash)
         try:
             if target.exists() and os.stat(target).st_size == size:
-                os.unlink(spool)
+                if recycle is not None:
+                    recycle(spool)
+                else:
+                    os.unlink(spool)
                 return Placed(info, False)
             # Missing dirs are recreated (someone removed cas/ under a live kernel); a
             # same-hash file of the wrong size is damaged, and this good copy replaces it.
