@@ -32,7 +32,8 @@ ROUNDS = 3 if QUICK else 5
 
 
 def _write_log(path: Path, size: int) -> int:
-    """A log of about ``size`` bytes; returns how many ERROR lines it has."""
+    """A log of at most ``size`` bytes (whole blocks: within one block of it, and never
+    over the policy's 1 GiB output cap); returns how many ERROR lines it has."""
     block = b"".join(
         (b"2026-12-03 12:00:%02d ERROR request %06d failed: timeout\n" % (i % 60, i))
         if i % 10 == 3
@@ -42,7 +43,7 @@ def _write_log(path: Path, size: int) -> int:
     per_block = block.count(b"ERROR")
     n = 0
     with open(path, "wb") as fh:
-        while fh.tell() < size:
+        while fh.tell() + len(block) <= size:
             fh.write(block)
             n += per_block
     return n
@@ -73,12 +74,13 @@ class PeakRss:
 def test_bench_match_vs_grep(tmp_path, request):
     log = tmp_path / "big.log"
     errors = _write_log(log, SIZE)
+    size = log.stat().st_size
     with running_kernel(prefix="shoal-bench-match-") as kernel:
         c = kernel.client("bench-match")
         try:
             out = c.call("exec", {"src": f"cat {log}"}, timeout=600)
             log.unlink()  # only the stored blob from here on
-            blob = next(p for p in (kernel.state / "cas").glob("*/*") if p.stat().st_size >= SIZE)
+            blob = next(p for p in (kernel.state / "cas").glob("*/*") if p.stat().st_size == size)
             grep_t, match_t = [], []
             start_rss = rss_kib(kernel.pid)
             with PeakRss(kernel.pid) as peak:
@@ -102,7 +104,7 @@ def test_bench_match_vs_grep(tmp_path, request):
     growth_mib = (peak.peak - start_rss) / 1024
     results = {
         "quick": QUICK,
-        "bytes": SIZE,
+        "bytes": size,
         "error_lines": errors,
         "grep_c_median_s": statistics.median(grep_t),
         "match_median_s": statistics.median(match_t),
