@@ -81,3 +81,22 @@ def test_totals_past_the_reply_match_the_oracle(mc, big, pattern, ignore_case, i
     reply2 = mc.call("value.get", {"ref": ref, "match": spec2}, timeout=120)
     assert [m["line"] for m in reply2["matches"]] == want[len(want) // 2 :][:3]
     assert reply2["total"] == len(want)
+
+
+@pytest.mark.parametrize(
+    "pattern, oracle_pattern",
+    [(r"\AERROR", "^ERROR"), (r"\GERROR", "^ERROR"), (r"ERROR\Z", "ERROR$")],
+)
+@pytest.mark.parametrize("max_", [1, 1000])
+def test_string_anchors_anchor_each_line(mc, big, pattern, oracle_pattern, max_):
+    """A line is searched as a string of its own, so \\A, \\G and \\Z anchor at each
+    line, on the block-wide candidate search and on the per-block count alike."""
+    data, ref = big
+    want = oracle(data, oracle_pattern, False, False)
+    assert len(want) > 2
+    reply = mc.call(
+        "value.get", {"ref": ref, "match": {"regex": pattern, "max": max_}}, timeout=120
+    )
+    assert reply["total"] == len(want)
+    got = [m["line"] for m in reply["matches"]]
+    assert got and got == want[: len(got)]  # (max 1000 stops at the 64 KiB reply bound)

@@ -34,6 +34,7 @@ from ...protocol.limits import (
     MATCH_TEXT_MAX,
 )
 from ..store.cas import FileSource
+from .match_pattern import Prepared, prepare
 
 Buf = bytes | bytearray
 """A block being searched: ``bytes``, or the reused read buffer of a file (``_file_blocks``)."""
@@ -131,11 +132,12 @@ class Matcher:
             self.literal = pattern
             self.can_count = bool(pattern)
             return
-        source = regex.escape(pattern) if literal else pattern
+        prepared = Prepared(regex.escape(pattern), True) if literal else prepare(pattern)
+        source = prepared.source
         flags = regex.MULTILINE | regex.VERSION0 | (regex.IGNORECASE if ignore_case else 0)
         try:
             self.compiled = regex.compile(source, flags)
-            if (literal or _newline_safe(pattern)) and not self.compiled.fullmatch(b""):
+            if prepared.newline_safe and not self.compiled.fullmatch(b""):
                 self.counter = regex.compile(b"(?:" + source + b")[^\n]*()", flags)
                 self.can_count = True
         except (regex.error, OverflowError, RecursionError) as exc:
@@ -176,31 +178,6 @@ class Matcher:
             return self.compiled.search(buf, pos, end, concurrent=True, timeout=left)
         except TimeoutError:
             raise _too_slow() from None
-
-
-SAFE_ESCAPES = frozenset(b"dwbBAZ") | frozenset(b".*+?()[]{}|^$\\/-:=!<>'\"#@%&,;~`_ ")
-SAFE_GROUPS = (b"(?:", b"(?=", b"(?!", b"(?<=", b"(?<!", b"(?P<")
-
-
-def _newline_safe(pattern: bytes) -> bool:
-    """True when the pattern surely cannot match a newline (no classes, \\s, flags…).
-
-    Conservative: anything unsure (any ``[``, escapes other than \\d \\w \\b and
-    punctuation, inline flags such as ``(?s)``) takes the line-by-line path instead.
-    """
-    if b"[" in pattern:
-        return False
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == 0x5C:  # a backslash: the escaped byte must be a safe one
-            if i + 1 >= len(pattern) or pattern[i + 1] not in SAFE_ESCAPES:
-                return False
-            i += 2
-            continue
-        if pattern.startswith(b"(?", i) and not pattern.startswith(SAFE_GROUPS, i):
-            return False
-        i += 1
-    return True
 
 
 def _too_slow() -> RpcError:
