@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,29 @@ class SharedOutputs:
             self._synced[(principal, session)] = last
         return target
 
+    def remove(self, principal: str, session: str, numbers: list[int]) -> int:
+        """Delete the entries ``<n>`` of pruned outputs (``store.gc``); how many went.
+
+        Under the sync lock, so a sync never finds its directory made read-only again
+        halfway. A hard link would keep a pruned blob's bytes alive (and readable)."""
+        target = self.session_dir(principal, session)
+        removed = 0
+        with self._lock:
+            if not target.is_dir():
+                return 0
+            os.chmod(target, 0o700)
+            try:
+                for n in numbers:
+                    entry = target / str(n)
+                    if not entry.is_dir():
+                        continue
+                    os.chmod(entry, 0o700)
+                    shutil.rmtree(entry)
+                    removed += 1
+            finally:
+                os.chmod(target, DIR_MODE)
+        return removed
+
     def _existing(self, target: Path) -> int:
         if not target.is_dir():
             return 0
@@ -98,14 +122,18 @@ class SharedOutputs:
     def _link_rows(self, target: Path, rows: list) -> None:
         for row in rows:
             value = trusted(orjson.loads(row["value"]))
-            entry = target / str(row["n"])
-            entry.mkdir(mode=0o700, exist_ok=True)
+            blobs = {}
             for stream in ("out", "err"):
                 node = value.get(stream) if isinstance(value, dict) else None
                 hashes = blob_hashes(node)
-                if len(hashes) != 1:
-                    continue
-                self._link(self.cas.path_of(hashes.pop()), entry / stream)
+                if len(hashes) == 1:
+                    blobs[stream] = hashes.pop()
+            if not blobs:  # no output stored (an error, a value pruned by gc): no entry
+                continue
+            entry = target / str(row["n"])
+            entry.mkdir(mode=0o700, exist_ok=True)
+            for stream, digest in blobs.items():
+                self._link(self.cas.path_of(digest), entry / stream)
             os.chmod(entry, DIR_MODE)
 
     @staticmethod
