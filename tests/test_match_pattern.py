@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import regex
 
-from shoal_mcp.kernel.values.match_pattern import prepare
+from shoal_mcp.kernel.values.match_pattern import prepare, required_literal
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,30 @@ def test_a_safe_pattern_never_matches_a_newline(pattern):
     text = b"ERROR x\nERROR\n ]y\na\nc\nab\ncd 12\nw.x-y@\n\n[]x\n" * 3
     rx = regex.compile(prepare(pattern).source, regex.MULTILINE | regex.VERSION0)
     assert all(b"\n" not in m.group() for m in rx.finditer(text))
+
+
+@pytest.mark.parametrize(
+    "pattern, literal",
+    [
+        (rb"ERR[O]R", b"ERR"),
+        (rb"ERROR.*timeout", b"timeout"),
+        (rb"\d+ ERROR\b", b" ERROR"),
+        (rb"foo\.bar", b"foo.bar"),
+        (rb"ERRORS?", b"ERROR"),  # the optional S is not required
+        (rb"a{2,3}bcd", b"bcd"),  # a repeat count is no literal
+        (rb"(a|b)ERRORx?", b"ERROR"),
+        (rb"abc|def", None),  # a top-level alternative: nothing is required
+        (rb"ab(?:cd)ef", None),  # group contents are not taken; "ab", "ef" too short
+        (rb"(?<=abc)de", None),
+    ],
+)
+def test_required_literal(pattern, literal):
+    assert required_literal(prepare(pattern).source) == literal
+
+
+@pytest.mark.parametrize("pattern", [rb"ERR[O]R", rb"\d+ ERROR\b", rb"ERRORS?", rb"a{2,3}bcd"])
+def test_every_match_holds_the_required_literal(pattern):
+    text = b"ERROR 12 ERRORS aaabcd abcd ERROR\n" * 2 + b"ERRORx ERR0R 3 ERROR\n"
+    literal = required_literal(pattern)
+    matches = list(regex.finditer(pattern, text))
+    assert matches and all(literal in m.group() for m in matches)

@@ -34,7 +34,7 @@ from ...protocol.limits import (
     MATCH_TEXT_MAX,
 )
 from ..store.cas import FileSource
-from .match_pattern import Prepared, prepare
+from .match_pattern import Prepared, prepare, required_literal
 
 Buf = bytes | bytearray
 """A block being searched: ``bytes``, or the reused read buffer of a file (``_file_blocks``)."""
@@ -43,6 +43,8 @@ REGEX_SYNTAX = frozenset(b".^$*+?{}[]\\|()\n")
 """Bytes that make a pattern more than a literal (a newline can never match in a line)."""
 EXCERPT_LEAD = 64
 """Bytes shown before a match that lies beyond MATCH_TEXT_MAX in a long line."""
+PREFILTER_WINDOW = 256 * 1024
+"""Lines a regex count skips at once when its required literal is not among them."""
 CONTEXT_READ = 2 * MATCH_TEXT_MAX
 """Bytes read per context line around a match (longer context lines show their ends)."""
 
@@ -119,7 +121,8 @@ class Matcher:
     literal is counted by ``count_lines_with`` (memmem + memchr in the framing core, GIL
     released). A regex that can match neither a newline nor the empty string has a
     ``counter``, ``(?:P)[^\n]*()``: each match ends at its line's end, so ``findall``
-    yields one empty group per matching line, counted in C.
+    yields one empty group per matching line, counted in C; with a ``prefilter`` (a
+    literal every match holds) windows of lines without it are skipped at memchr speed.
     """
 
     def __init__(self, pattern: bytes, ignore_case: bool) -> None:
@@ -127,6 +130,7 @@ class Matcher:
         self.compiled: Any = None
         self.counter: Any = None
         self.can_count = False
+        self.prefilter: bytes | None = None  # a literal every match of the regex holds
         literal = not REGEX_SYNTAX.intersection(pattern)
         if literal and not ignore_case:
             self.literal = pattern
@@ -140,6 +144,8 @@ class Matcher:
             if prepared.newline_safe and not self.compiled.fullmatch(b""):
                 self.counter = regex.compile(b"(?:" + source + b")[^\n]*()", flags)
                 self.can_count = True
+                if not ignore_case:
+                    self.prefilter = required_literal(source)
         except (regex.error, OverflowError, RecursionError) as exc:
             raise invalid_params("match.regex", f"not a valid regex: {exc}") from None
 
@@ -147,6 +153,20 @@ class Matcher:
         """Matching lines in the complete lines ``buf[pos:end]`` (``can_count`` required)."""
         if self.literal is not None:  # memmem + memchr in the framing core, no GIL
             return count_lines_with(buf, self.literal, pos, end)
+        if self.prefilter is None:
+            return self._count(buf, pos, end, deadline)
+        total = 0
+        while pos < end:  # windows of whole lines; one without the literal cannot match
+            stop = end
+            if end - pos > PREFILTER_WINDOW:
+                stop = buf.find(b"\n", pos + PREFILTER_WINDOW, end) + 1 or end
+            hit = buf.find(self.prefilter, pos, stop)
+            if hit >= 0:  # from the start of the first line holding it
+                total += self._count(buf, buf.rfind(b"\n", pos, hit) + 1 or pos, stop, deadline)
+            pos = stop
+        return total
+
+    def _count(self, buf: Buf, pos: int, end: int, deadline: float) -> int:
         left = max(0.001, deadline - time.monotonic())
         try:
             return len(self.counter.findall(buf, pos, end, concurrent=True, timeout=left))

@@ -86,3 +86,63 @@ def _class(pattern: bytes, i: int) -> tuple[int, bool]:
             safe = False
         j += 1
     return min(j + 1, n), safe
+
+
+QUANTIFIERS = frozenset(b"?*{")
+"""After a literal byte these may make it optional (``+`` keeps it required)."""
+LITERAL_MIN = 3
+"""A shorter required literal filters too little to be worth a pass of its own."""
+
+
+def required_literal(source: bytes) -> bytes | None:
+    """The longest run of plain bytes every match of a newline-safe ``source`` contains.
+
+    Conservative: only bytes at the top level (outside groups and classes) in sequence,
+    with no quantifier that could drop them; any top-level ``|`` gives None. Used as a
+    prefilter: a stretch of lines without it cannot match (``Matcher.count``).
+    """
+    runs: list[bytes] = []
+    run = bytearray()
+    depth, i, n = 0, 0, len(source)
+
+    def cut() -> None:
+        if len(run) >= LITERAL_MIN:
+            runs.append(bytes(run))
+        run.clear()
+
+    while i < n:
+        c = source[i]
+        if c == BACKSLASH and i + 1 < n:
+            e = source[i + 1]
+            literal = e in PUNCTUATION
+            i += 2
+        elif c == OPEN:
+            i, _ = _class(source, i)
+            cut()
+            continue
+        elif c == ord("{"):  # a repeat count (or a literal brace): skipped whole
+            close = source.find(b"}", i)
+            i = n if close < 0 else close + 1
+            cut()
+            continue
+        else:
+            literal = depth == 0 and (chr(c).isalnum() or c in b" _-:=!,;'\"#@%&/<>~`")
+            if c == ord("("):
+                depth += 1
+            elif c == ord(")"):
+                depth = max(0, depth - 1)
+            elif c == ord("|") and depth == 0:
+                return None
+            e = c
+            i += 1
+        if not literal or depth:
+            cut()
+            continue
+        if i < n and source[i] in QUANTIFIERS:  # this byte is optional
+            cut()
+            continue
+        run.append(e)
+        if i < n and source[i] == ord("+"):  # required once, then a repeat: the run ends
+            cut()
+    cut()
+    return max(runs, key=len) if runs else None
