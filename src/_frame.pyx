@@ -168,6 +168,23 @@ cdef extern from *:
         return 0;
     }
 
+    /* lines of [s, s+n) holding `needle` (no '\\n' in it): memmem to a hit, memchr to
+       that line's end, on from the next line; a line is counted once however many hits */
+    static Py_ssize_t shoal_count_lines_with(const char *s, Py_ssize_t n,
+                                             const char *needle, Py_ssize_t m) {
+        const char *p = s, *end = s + n;
+        Py_ssize_t count = 0;
+        while (end - p >= m) {
+            const char *hit = (const char *)memmem(p, (size_t)(end - p), needle, (size_t)m);
+            if (hit == NULL) break;
+            count++;
+            const char *nl = (const char *)memchr(hit + m, '\\n', (size_t)(end - hit - m));
+            if (nl == NULL) break;
+            p = nl + 1;
+        }
+        return count;
+    }
+
     static const char shoal_b64_alphabet[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -269,6 +286,8 @@ cdef extern from *:
                                  Py_ssize_t pos, Py_ssize_t remaining) nogil
     Py_ssize_t shoal_line_start_fwd(const char *p, Py_ssize_t n, Py_ssize_t index) nogil
     Py_ssize_t shoal_line_start_back(const char *p, Py_ssize_t n, Py_ssize_t back) nogil
+    Py_ssize_t shoal_count_lines_with(const char *s, Py_ssize_t n,
+                                      const char *needle, Py_ssize_t m) nogil
     void shoal_b64(const unsigned char *s, Py_ssize_t n, unsigned char *out) nogil
     void shoal_buf_free(shoal_buf *b) nogil
     int shoal_buf_reserve(shoal_buf *b, Py_ssize_t keep, Py_ssize_t need,
@@ -289,6 +308,7 @@ cdef Py_ssize_t _NOGIL_MIN = 1 << 16   # slicer scans shorter than this keep the
 cdef Py_ssize_t _MAX_LIMIT = PY_SSIZE_T_MAX // 4
 
 cdef str _CUT_CLAUSE = "first line cut, "
+cdef str _NEEDLE_ERROR = "needle must be non-empty bytes without a newline"
 
 
 cdef inline Py_ssize_t _clamp_index(object value, Py_ssize_t lo, Py_ssize_t hi) except? -1:
@@ -730,6 +750,41 @@ def count_lines(buf):
         return c + (0 if p[n - 1] == b'\n' else 1)
     finally:
         PyBuffer_Release(&view)
+
+
+def count_lines_with(buf, needle, start=0, end=None):
+    """Lines of ``buf[start:end]`` holding ``needle``: ``grep -c -F`` over a buffer.
+
+    Lines are the ``\\n``-separated pieces of the range (a last piece without ``\\n``
+    counts); ``start``/``end`` follow slice rules. ``needle`` is a non-empty byte string
+    without ``\\n`` (ValueError otherwise). The scan is memmem to a hit, then memchr to
+    the end of its line, without the GIL.
+    """
+    cdef Py_buffer view, nview
+    cdef Py_ssize_t s, e, m, c
+    cdef const char *p
+    cdef const char *q
+    _get_buffer(needle, &nview)
+    try:
+        m = nview.len
+        q = <const char *>nview.buf
+        if m == 0 or memchr(q, b'\n', <size_t>m) != NULL:
+            raise ValueError(_NEEDLE_ERROR)
+        _get_buffer(buf, &view)
+        try:
+            s, e, _ = slice(start, end).indices(view.len)
+            p = <const char *>view.buf
+            if e - s < m:
+                return 0
+            if e - s >= _NOGIL_MIN:
+                with nogil:
+                    c = shoal_count_lines_with(p + s, e - s, q, m)
+                return c
+            return shoal_count_lines_with(p + s, e - s, q, m)
+        finally:
+            PyBuffer_Release(&view)
+    finally:
+        PyBuffer_Release(&nview)
 
 
 def _marker(cut, lines, nbytes, uri):

@@ -43,7 +43,8 @@ def gc_cmd(
 
     A dry run by default: it says what would go. Outputs of live sessions (a client is
     attached now) and outputs still referenced by kept values are never deleted; a
-    pruned out:N keeps its number and says it was removed. The journal is kept.
+    pruned out:N keeps its number and says it was removed, and leaves $SHOAL_OUT. The
+    journal is kept; long journal texts no journal row refers to any more are deleted.
     """
     params: dict = {"dry_run": not delete}
     if older_than is not None:
@@ -61,10 +62,17 @@ def gc_cmd(
         f"{verb} {_human(report['bytes_freed'])} ({report['blobs']} blobs) from "
         f"{report['values']} outputs; {_human(report['bytes_after'])} stored after"
     )
+    also = []
+    if report.get("shoal_out_entries"):
+        also.append(f"{report['shoal_out_entries']} $SHOAL_OUT entries of pruned outputs")
+    if report.get("journal_texts"):
+        also.append(f"{report['journal_texts']} journal texts no journal row refers to")
+    if also:
+        click.echo(f"{'would remove' if report['dry_run'] else 'removed'} {' and '.join(also)}")
     if report["kept_live_values"]:
         live = ", ".join(report["live_sessions"])
         click.echo(f"kept {report['kept_live_values']} outputs of live sessions ({live})")
-    if report["dry_run"] and report["values"]:
+    if report["dry_run"] and (report["values"] or also):
         click.echo("dry run: nothing was deleted; add --delete to do it")
 
 

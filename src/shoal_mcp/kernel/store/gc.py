@@ -8,6 +8,10 @@ a kept value still references (outputs are deduplicated by hash, so one blob can
 an old and a new ``out:N``). A pruned ``out:N`` keeps its number, as a tombstone that
 says when it was removed, so numbers are never reused. The journal is history and is
 kept. A dry run (the default of ``shoal gc``) reports what would go and changes nothing.
+
+Two things follow the pruned outputs: their ``$SHOAL_OUT/<n>`` entries (hard links or
+copies of the blobs; a link would keep a deleted blob's bytes on disk and readable),
+and long journal texts no journal row refers to any more (``journal_texts``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import orjson
 
@@ -26,6 +31,19 @@ from .db import Database
 
 TOMBSTONE_TAG = "error"
 
+TEXT_REFS = """SELECT json_extract(d.value, '$.hash') FROM journal, json_each(journal.outputs) d
+    WHERE json_valid(journal.outputs) AND json_extract(d.value, '$.kind') IN ('src', 'effects')"""
+"""The ``journal_texts`` hashes the journal refers to (``store_once`` descriptors)."""
+ORPHAN_TEXTS = f"SELECT hash, len FROM journal_texts WHERE hash NOT IN ({TEXT_REFS})"
+
+
+class OutputDirs(Protocol):
+    """``$SHOAL_OUT`` as gc sees it (``kernel.values.outputs.SharedOutputs``)."""
+
+    def session_dir(self, principal: str, session: str) -> Path: ...
+
+    def remove(self, principal: str, session: str, numbers: list[int]) -> int: ...
+
 
 @dataclass
 class GcPlan:
@@ -35,6 +53,9 @@ class GcPlan:
     blobs: dict[str, int] = field(default_factory=dict)  # hash -> size, to delete
     kept_live: int = 0
     bytes_before: int = 0
+    # $SHOAL_OUT entries of pruned (or earlier pruned) outputs: (principal, session) -> ns
+    shoal_out: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    texts: dict[str, int] = field(default_factory=dict)  # journal_texts hash -> chars
 
     def report(self, dry_run: bool) -> dict[str, Any]:
         freed = sum(self.blobs.values())
@@ -47,6 +68,9 @@ class GcPlan:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_before - freed,
             "kept_live_values": self.kept_live,
+            "shoal_out_entries": sum(len(ns) for ns in self.shoal_out.values()),
+            "journal_texts": len(self.texts),
+            "journal_text_chars": sum(self.texts.values()),
         }
 
 
@@ -64,9 +88,10 @@ def blob_hashes(value: Any) -> Iterator[str]:
 
 
 class GarbageCollector:
-    def __init__(self, db: Database, cas: ContentStore) -> None:
+    def __init__(self, db: Database, cas: ContentStore, outputs: OutputDirs | None = None) -> None:
         self.db = db
         self.cas = cas
+        self.outputs = outputs
 
     def plan(
         self, live_sessions: set[str], max_age_s: float | None, max_bytes: int | None
@@ -74,11 +99,16 @@ class GarbageCollector:
         now = time.time()
         sizes = {r["hash"]: int(r["size"]) for r in self.db.query("SELECT hash, size FROM blobs")}
         rows = []
-        for r in self.db.query("SELECT session, n, ts, value FROM transcript ORDER BY ts, n"):
+        kept: set[tuple[str, int]] = set()  # values alive after this pass
+        owners: set[tuple[str, str]] = set()  # (principal, session) with values
+        query = "SELECT session, n, ts, value, principal FROM transcript ORDER BY ts, n"
+        for r in self.db.query(query):
+            owners.add((r["principal"], r["session"]))
             value = orjson.loads(r["value"])
             if isinstance(value, dict) and value.get("gc_removed"):
                 continue  # already a tombstone
             rows.append((r["session"], int(r["n"]), float(r["ts"]), set(blob_hashes(value))))
+            kept.add((r["session"], int(r["n"])))
         plan = GcPlan(bytes_before=sum(sizes.values()))
         refs: dict[str, int] = {}  # hash -> kept values referencing it
         for _, _, _, hashes in rows:
@@ -102,7 +132,28 @@ class GarbageCollector:
         for h, size in sizes.items():  # blobs no value references (a crash mid-finalize)
             if h not in refs and self._orphan_settled(h, now):
                 plan.blobs[h] = size
+        kept.difference_update(plan.victims)
+        plan.shoal_out = self._stale_entries(owners, kept)
+        plan.texts = {r["hash"]: int(r["len"]) for r in self.db.query(ORPHAN_TEXTS)}
         return plan
+
+    def _stale_entries(
+        self, owners: set[tuple[str, str]], kept: set[tuple[str, int]]
+    ) -> dict[tuple[str, str], list[int]]:
+        """``$SHOAL_OUT/<n>`` entries whose ``out:N`` is pruned (now or by an earlier gc)."""
+        stale: dict[tuple[str, str], list[int]] = {}
+        if self.outputs is None:
+            return stale
+        for principal, session in sorted(owners):
+            target = self.outputs.session_dir(principal, session)
+            try:
+                names = [p.name for p in target.iterdir()]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            ns = sorted(int(x) for x in names if x.isdigit() and (session, int(x)) not in kept)
+            if ns:
+                stale[(principal, session)] = ns
+        return stale
 
     def _orphan_settled(self, digest: str, now: float) -> bool:
         # A blob is ingested just before its out:N row is written: only old orphans go.
@@ -127,6 +178,7 @@ class GarbageCollector:
                     "UPDATE transcript SET value = ? WHERE session = ? AND n = ?",
                     (orjson.dumps(tomb).decode(), session, n),
                 )
+        self._remove_entries(plan)
         for digest in list(plan.blobs):
             if self._still_referenced(digest):
                 del plan.blobs[digest]  # a value stored meanwhile shares this output
@@ -134,6 +186,29 @@ class GarbageCollector:
             with self.db.transaction() as conn:
                 conn.execute("DELETE FROM blobs WHERE hash = ?", (digest,))
             self.cas.path_of(digest).unlink(missing_ok=True)
+        with self.db.transaction() as conn:  # one statement: a journal row and its text
+            # are inserted in one transaction, so a text being recorded is never seen alone
+            gone = {r["hash"] for r in conn.execute(ORPHAN_TEXTS)}
+            conn.execute(f"DELETE FROM journal_texts WHERE hash NOT IN ({TEXT_REFS})")
+        plan.texts = {h: c for h, c in plan.texts.items() if h in gone}
+
+    def _remove_entries(self, plan: GcPlan) -> None:
+        """Delete the planned ``$SHOAL_OUT`` entries whose value is a tombstone now."""
+        if self.outputs is None:
+            return
+        for (principal, session), ns in plan.shoal_out.items():
+            pruned = [n for n in ns if self._is_tombstone(session, n)]
+            self.outputs.remove(principal, session, pruned)
+            plan.shoal_out[(principal, session)] = pruned
+
+    def _is_tombstone(self, session: str, n: int) -> bool:
+        rows = self.db.query(
+            "SELECT value FROM transcript WHERE session = ? AND n = ?", (session, n)
+        )
+        if not rows:
+            return True  # no value at all: nothing may be shown under that number
+        value = orjson.loads(rows[0]["value"])
+        return isinstance(value, dict) and bool(value.get("gc_removed"))
 
     def _still_referenced(self, digest: str) -> bool:
         rows = self.db.query(

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import regex
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
+from ...protocol.framing import count_lines_with
 from ...protocol.limits import (
     MATCH_BLOCK,
     MATCH_DEADLINE_BYTES_PER_S,
@@ -33,11 +34,17 @@ from ...protocol.limits import (
     MATCH_TEXT_MAX,
 )
 from ..store.cas import FileSource
+from .match_pattern import Prepared, prepare, required_literal
+
+Buf = bytes | bytearray
+"""A block being searched: ``bytes``, or the reused read buffer of a file (``_file_blocks``)."""
 
 REGEX_SYNTAX = frozenset(b".^$*+?{}[]\\|()\n")
 """Bytes that make a pattern more than a literal (a newline can never match in a line)."""
 EXCERPT_LEAD = 64
 """Bytes shown before a match that lies beyond MATCH_TEXT_MAX in a long line."""
+PREFILTER_WINDOW = 256 * 1024
+"""Lines a regex count skips at once when its required literal is not among them."""
 CONTEXT_READ = 2 * MATCH_TEXT_MAX
 """Bytes read per context line around a match (longer context lines show their ends)."""
 
@@ -110,41 +117,63 @@ def compile_matcher(spec: MatchSpec) -> Matcher:
 class Matcher:
     """Finds candidate lines in a buffer, confirms them line by line, counts fast.
 
-    ``counter`` (when the pattern allows it) is ``(?:P)[^\n]*()``: each match ends at its
-    line's end, so ``findall`` yields one empty group per matching line, counted in C.
-    It needs a pattern that can match neither a newline nor the empty string.
+    ``can_count``: the lines past the reply can be counted without line numbers. A
+    literal is counted by ``count_lines_with`` (memmem + memchr in the framing core, GIL
+    released). A regex that can match neither a newline nor the empty string has a
+    ``counter``, ``(?:P)[^\n]*()``: each match ends at its line's end, so ``findall``
+    yields one empty group per matching line, counted in C; with a ``prefilter`` (a
+    literal every match holds) windows of lines without it are skipped at memchr speed.
     """
 
     def __init__(self, pattern: bytes, ignore_case: bool) -> None:
         self.literal: bytes | None = None
         self.compiled: Any = None
         self.counter: Any = None
+        self.can_count = False
+        self.prefilter: bytes | None = None  # a literal every match of the regex holds
         literal = not REGEX_SYNTAX.intersection(pattern)
         if literal and not ignore_case:
             self.literal = pattern
-            if pattern:  # re finds a literal prefix at memchr speed and cannot backtrack
-                self.counter = re.compile(re.escape(pattern) + rb"[^\n]*()")
+            self.can_count = bool(pattern)
             return
-        source = regex.escape(pattern) if literal else pattern
+        prepared = Prepared(regex.escape(pattern), True) if literal else prepare(pattern)
+        source = prepared.source
         flags = regex.MULTILINE | regex.VERSION0 | (regex.IGNORECASE if ignore_case else 0)
         try:
             self.compiled = regex.compile(source, flags)
-            if (literal or _newline_safe(pattern)) and not self.compiled.fullmatch(b""):
+            if prepared.newline_safe and not self.compiled.fullmatch(b""):
                 self.counter = regex.compile(b"(?:" + source + b")[^\n]*()", flags)
+                self.can_count = True
+                if not ignore_case:
+                    self.prefilter = required_literal(source)
         except (regex.error, OverflowError, RecursionError) as exc:
             raise invalid_params("match.regex", f"not a valid regex: {exc}") from None
 
-    def count(self, buf: bytes, pos: int, end: int, deadline: float) -> int:
-        """Matching lines in the complete lines ``buf[pos:end]`` (``counter`` required)."""
-        if isinstance(self.counter, re.Pattern):
-            return len(self.counter.findall(buf, pos, end))
+    def count(self, buf: Buf, pos: int, end: int, deadline: float) -> int:
+        """Matching lines in the complete lines ``buf[pos:end]`` (``can_count`` required)."""
+        if self.literal is not None:  # memmem + memchr in the framing core, no GIL
+            return count_lines_with(buf, self.literal, pos, end)
+        if self.prefilter is None:
+            return self._count(buf, pos, end, deadline)
+        total = 0
+        while pos < end:  # windows of whole lines; one without the literal cannot match
+            stop = end
+            if end - pos > PREFILTER_WINDOW:
+                stop = buf.find(b"\n", pos + PREFILTER_WINDOW, end) + 1 or end
+            hit = buf.find(self.prefilter, pos, stop)
+            if hit >= 0:  # from the start of the first line holding it
+                total += self._count(buf, buf.rfind(b"\n", pos, hit) + 1 or pos, stop, deadline)
+            pos = stop
+        return total
+
+    def _count(self, buf: Buf, pos: int, end: int, deadline: float) -> int:
         left = max(0.001, deadline - time.monotonic())
         try:
             return len(self.counter.findall(buf, pos, end, concurrent=True, timeout=left))
         except TimeoutError:
             raise _too_slow() from None
 
-    def first(self, buf: bytes, pos: int, end: int, deadline: float) -> tuple[int, int]:
+    def first(self, buf: Buf, pos: int, end: int, deadline: float) -> tuple[int, int]:
         """(start, end) of the leftmost candidate in ``buf[pos:end]``, or (-1, -1)."""
         if self.literal is not None:
             i = buf.find(self.literal, pos, end)
@@ -152,47 +181,23 @@ class Matcher:
         m = self._search(buf, pos, end, deadline)
         return (m.start(), m.end()) if m else (-1, -1)
 
-    def in_line(self, buf: bytes, ls: int, le: int, deadline: float) -> int:
+    def in_line(self, buf: Buf, ls: int, le: int, deadline: float) -> int:
         """Byte offset of the first match within the line ``buf[ls:le]``, or -1."""
         if self.literal is not None:
             return buf.find(self.literal, ls, le)
         m = self._search(buf, ls, le, deadline)
         return m.start() if m else -1
 
-    def _search(self, buf: bytes, pos: int, end: int, deadline: float) -> Any:
+    def _search(self, buf: Buf, pos: int, end: int, deadline: float) -> Any:
         if isinstance(self.compiled, re.Pattern):
             return self.compiled.search(buf, pos, end)
         try:
             left = max(0.001, deadline - time.monotonic())
-            # concurrent: the GIL is released while matching (the buffers are bytes)
+            # concurrent: the GIL is released while matching (safe: no buffer searched
+            # here changes meanwhile; a reused block is refilled only after its search)
             return self.compiled.search(buf, pos, end, concurrent=True, timeout=left)
         except TimeoutError:
             raise _too_slow() from None
-
-
-SAFE_ESCAPES = frozenset(b"dwbBAZ") | frozenset(b".*+?()[]{}|^$\\/-:=!<>'\"#@%&,;~`_ ")
-SAFE_GROUPS = (b"(?:", b"(?=", b"(?!", b"(?<=", b"(?<!", b"(?P<")
-
-
-def _newline_safe(pattern: bytes) -> bool:
-    """True when the pattern surely cannot match a newline (no classes, \\s, flags…).
-
-    Conservative: anything unsure (any ``[``, escapes other than \\d \\w \\b and
-    punctuation, inline flags such as ``(?s)``) takes the line-by-line path instead.
-    """
-    if b"[" in pattern:
-        return False
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == 0x5C:  # a backslash: the escaped byte must be a safe one
-            if i + 1 >= len(pattern) or pattern[i + 1] not in SAFE_ESCAPES:
-                return False
-            i += 2
-            continue
-        if pattern.startswith(b"(?", i) and not pattern.startswith(SAFE_GROUPS, i):
-            return False
-        i += 1
-    return True
 
 
 def _too_slow() -> RpcError:
@@ -229,9 +234,9 @@ class _Scan:
     def run(self, reader: Reader, start: int, end: int, line: int) -> None:
         # A block's complete lines are searched in place; only the line that straddles
         # two blocks is copied (carry + the next block's first line).
-        carry = b""
+        carry: Buf = b""
         carry_off = start
-        long_head: bytes | None = None  # head of a line longer than MATCH_LINE_MAX
+        long_head: Buf | None = None  # head of a line longer than MATCH_LINE_MAX
         for off, block in _blocks(reader, start, end):
             if time.monotonic() > self.deadline:
                 raise _too_slow()
@@ -263,7 +268,7 @@ class _Scan:
         elif carry:
             self._chunk(carry + b"\n", carry_off, line)
 
-    def _long_line(self, head: bytes, start: int, end: int, line: int) -> None:
+    def _long_line(self, head: Buf, start: int, end: int, line: int) -> None:
         """A line cut to its head: searched there, but its hit spans the whole line."""
         hits = len(self.found.hits)
         self._chunk(head + b"\n", start, line)
@@ -272,7 +277,7 @@ class _Scan:
 
     # -- lines ------------------------------------------------------------------------
 
-    def _chunk(self, buf: bytes, base: int, line: int, lo: int = 0, stop: int | None = None) -> int:
+    def _chunk(self, buf: Buf, base: int, line: int, lo: int = 0, stop: int | None = None) -> int:
         """Search the complete lines of ``buf[lo:stop]`` (``buf`` at absolute ``base``).
 
         Returns the number of the line after them.
@@ -284,7 +289,7 @@ class _Scan:
         found, m, invert = self.found, self.m, self.spec.invert
         long_lines = _long_lines(buf, lo, stop)
         found.cut_lines += long_lines
-        fast = m.counter is not None and not long_lines
+        fast = m.can_count and not long_lines
         if found.more and fast and not invert:
             found.total += m.count(buf, lo, stop, self.deadline)
             return line  # line numbers are no longer needed
@@ -321,7 +326,7 @@ class _Scan:
         found.total += matched
         return cur + buf.count(b"\n", counted, stop)
 
-    def _gap(self, buf: bytes, base: int, pos: int, stop: int, line: int) -> None:
+    def _gap(self, buf: Buf, base: int, pos: int, stop: int, line: int) -> None:
         """Lines ``buf[pos:stop]`` (starting at line ``line``) are non-matching: hits for invert."""
         found = self.found
         while pos < stop and not found.more:
@@ -330,7 +335,7 @@ class _Scan:
             self._hit(buf, base, line, pos, le, pos)
             pos, line = le + 1, line + 1
 
-    def _hit(self, buf: bytes, base: int, line: int, ls: int, le: int, at: int) -> None:
+    def _hit(self, buf: Buf, base: int, line: int, ls: int, le: int, at: int) -> None:
         found = self.found
         if line < self.want_from or found.more:
             return
@@ -341,11 +346,11 @@ class _Scan:
         if at - ls + EXCERPT_LEAD > MATCH_TEXT_MAX:  # show the match, not the line's head
             col = at - ls - EXCERPT_LEAD + 1
             ls = at - EXCERPT_LEAD
-        text = buf[ls : min(le, ls + MATCH_TEXT_MAX)]
+        text = bytes(buf[ls : min(le, ls + MATCH_TEXT_MAX)])  # buf may be a reused block
         found.hits.append(Hit(line, base + ls, base + le, text, col))
 
 
-def _long_lines(buf: bytes, pos: int, stop: int) -> int:
+def _long_lines(buf: Buf, pos: int, stop: int) -> int:
     """Complete lines in ``buf[pos:stop]`` longer than MATCH_LINE_MAX (few rfinds a MiB)."""
     count = 0
     while stop - pos > MATCH_LINE_MAX:
@@ -358,8 +363,9 @@ def _long_lines(buf: bytes, pos: int, stop: int) -> int:
     return count
 
 
-def _blocks(reader: Reader, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """``MATCH_BLOCK`` blocks of ``[start, end)``; a file is read with one pread each."""
+def _blocks(reader: Reader, start: int, end: int) -> Iterator[tuple[int, Buf]]:
+    """``MATCH_BLOCK`` blocks of ``[start, end)``; a file is read with one pread each
+    into a reused buffer (so nothing may keep a block past the next one)."""
     if isinstance(reader, FileSource):
         with reader.open_fd() as fd:
             yield from _file_blocks(fd, start, end)
@@ -373,14 +379,23 @@ def _blocks(reader: Reader, start: int, end: int) -> Iterator[tuple[int, bytes]]
         pos += len(data)
 
 
-def _file_blocks(fd: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+def _file_blocks(fd: int, start: int, end: int) -> Iterator[tuple[int, bytearray]]:
+    """Blocks read into one reused buffer: a fresh 4 MiB ``bytes`` per block costs a
+    page fault per 4 KiB (the allocator maps and unmaps it each time), which measured
+    slower than the search itself. Each block is valid until the next is read."""
     pos = start
+    data = bytearray(min(MATCH_BLOCK, end - pos))
     while pos < end:
-        data = os.pread(fd, min(MATCH_BLOCK, end - pos), pos)
-        if not data:
+        want = min(MATCH_BLOCK, end - pos)
+        if want < len(data):
+            data = bytearray(want)  # the last block: a smaller buffer, once
+        got = os.preadv(fd, [data], pos)
+        if got <= 0:
             return
+        if got < len(data):  # the file ended early (a spool being read as it grows)
+            del data[got:]
         yield pos, data
-        pos += len(data)
+        pos += got
 
 
 def _add_context(reader: Reader, start: int, end: int, hit: Any, n: int) -> None:

@@ -45,6 +45,17 @@ def _key(name: str) -> str:
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
+def _stored_blobs(value: Any) -> dict[str, str]:
+    """``{"out"|"err": blob hash}`` of a stored exec value's streams kept in the CAS."""
+    blobs = {}
+    for stream in ("out", "err"):
+        node = value.get(stream) if isinstance(value, dict) else None
+        hashes = blob_hashes(node)
+        if len(hashes) == 1:
+            blobs[stream] = hashes.pop()
+    return blobs
+
+
 class SharedOutputs:
     def __init__(self, root: Path, cas: ContentStore, db: Database) -> None:
         self.root = Path(root)
@@ -118,6 +129,45 @@ class SharedOutputs:
             self._synced[(principal, session)] = last
         return target
 
+    def remove(self, principal: str, session: str, numbers: list[int]) -> int:
+        """Delete the entries ``<n>`` of pruned outputs (``store.gc``); how many went.
+
+        Under the sync lock, so a sync never finds its directory made read-only again
+        halfway. A hard link would keep a pruned blob's bytes alive (and readable)."""
+        target = self.session_dir(principal, session)
+        removed = 0
+        with self._lock:
+            if not target.is_dir():
+                return 0
+            os.chmod(target, 0o700)
+            try:
+                for n in numbers:
+                    entry = target / str(n)
+                    if not entry.is_dir():
+                        continue
+                    os.chmod(entry, 0o700)
+                    shutil.rmtree(entry)
+                    removed += 1
+            finally:
+                os.chmod(target, DIR_MODE)
+            self._drop_unlinked_copies(target)
+        return removed
+
+    def _drop_unlinked_copies(self, target: Path) -> None:
+        """A root kernel's copies that no entry of ``target`` links any more (a link
+        count of 1: only the copy) hold a pruned output's bytes: delete them."""
+        copies = self.root / COPIES_DIR / target.parent.name / target.name
+        try:
+            names = list(copies.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for copy in names:
+            try:
+                if copy.stat().st_nlink == 1:
+                    copy.unlink()
+            except FileNotFoundError:
+                pass
+
     def _existing(self, target: Path) -> int:
         if not target.is_dir():
             return 0
@@ -138,10 +188,13 @@ class SharedOutputs:
     def _link_rows(self, target: Path, rows: list) -> None:
         for row in rows:
             value = trusted(orjson.loads(row["value"]))
+            blobs = _stored_blobs(value)
+            if not blobs:  # no output stored (an error, a value pruned by gc): no entry
+                continue
             entry = target / str(row["n"])
             if entry.is_dir():  # made by an earlier kernel: complete what it missed
                 os.chmod(entry, 0o700)
-                self._fill(entry, value)
+                self._fill(entry, blobs)
                 os.chmod(entry, DIR_MODE)
                 continue
             part = target / f".{row['n']}.part"  # not a number: never taken for an entry
@@ -149,17 +202,12 @@ class SharedOutputs:
                 os.chmod(part, 0o700)
                 shutil.rmtree(part)  # cut short by a crash or a full disk
             part.mkdir(mode=0o700)
-            self._fill(part, value)
+            self._fill(part, blobs)
             os.chmod(part, DIR_MODE)
             os.rename(part, entry)
 
-    def _fill(self, entry: Path, value: Any) -> None:
-        for stream in ("out", "err"):
-            node = value.get(stream) if isinstance(value, dict) else None
-            hashes = blob_hashes(node)
-            if len(hashes) != 1:
-                continue
-            digest = hashes.pop()
+    def _fill(self, entry: Path, blobs: dict[str, str]) -> None:
+        for stream, digest in blobs.items():
             self._link(self.cas.path_of(digest), entry / stream, self._copy_of(entry, digest))
 
     def _copy_of(self, entry: Path, digest: str) -> Path:

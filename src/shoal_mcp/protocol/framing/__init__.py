@@ -33,6 +33,7 @@ FrameWriter = _impl.FrameWriter
 write_all = _impl.write_all
 bound_text = _impl.bound_text
 count_lines = _impl.count_lines
+count_lines_with = _impl.count_lines_with
 b64_slice = _impl.b64_slice
 utf8_slice = _impl.utf8_slice
 utf8_offset = _impl.utf8_offset
@@ -69,6 +70,7 @@ __all__ = [
     "backends",
     "bound_text",
     "count_lines",
+    "count_lines_with",
     "encode_frame",
     "line_offsets",
     "utf8_offset",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import binascii
 import operator
 import os
+import re
 import threading
 from typing import NamedTuple
 
@@ -257,6 +258,37 @@ def count_lines(buf) -> int:
             count += bytes(mv[pos : pos + _BLOCK]).count(b"\n")
         last = mv[n - 1]
     return count + (0 if last == 10 else 1)
+
+
+_NEEDLE_ERROR = "needle must be non-empty bytes without a newline"
+_NEWLINE = re.compile(rb"\n")
+
+
+def count_lines_with(buf, needle, start=0, end=None) -> int:
+    """Lines of ``buf[start:end]`` holding ``needle``: ``grep -c -F`` over a buffer.
+
+    Lines are the ``\\n``-separated pieces of the range (a last piece without ``\\n``
+    counts); ``start``/``end`` follow slice rules. ``needle`` is a non-empty byte string
+    without ``\\n`` (ValueError otherwise). ``needle[^\\n]*`` consumes the rest of a
+    line once it matched, so ``findall`` yields one (empty) group per line, in C; it runs
+    in ``_BLOCK`` windows that end after a newline, so its list stays small.
+    """
+    with _view(needle) as nv:
+        pattern = nv.tobytes()
+    if not pattern or b"\n" in pattern:
+        raise ValueError(_NEEDLE_ERROR)
+    counter = re.compile(re.escape(pattern) + rb"[^\n]*()")
+    count = 0
+    with _view(buf) as mv:
+        s, e, _ = slice(start, end).indices(len(mv))
+        while e - s >= len(pattern):  # windows end after a newline: no line is split
+            stop = e
+            if e - s > _BLOCK:
+                nl = _NEWLINE.search(mv, s + _BLOCK, e)
+                stop = nl.end() if nl else e
+            count += len(counter.findall(mv, s, stop))
+            s = stop
+    return count
 
 
 _CUT_CLAUSE = "first line cut, "

@@ -21,7 +21,7 @@ def store_gc(call: Call, params: dict) -> dict:
             ErrorCode.DENIED, "store.gc is for approvers (the local user)", {"method": "store.gc"}
         )
     live = kernel.live_sessions(besides=call.conn)
-    collector = GarbageCollector(kernel.db, kernel.cas)
+    collector = GarbageCollector(kernel.db, kernel.cas, kernel.values.outputs)
     plan = collector.plan(live, params.get("max_age_s"), params.get("max_bytes"))
     dry_run = params.get("dry_run", True)
     if not dry_run:
