@@ -49,14 +49,15 @@ def test_gc_removes_pruned_outputs_from_shoal_out(env):  # noqa: F811
         assert not Path(old_dir, "1").exists()
         # No copy, no hard link of the pruned bytes is left anywhere in the state dir.
         assert _files_holding(state, TOKEN) == []
+        # A second pass at once finds nothing more to remove (later execs of "old" make
+        # new entries: $SHOAL_OUT is synced in the background after each exec).
+        again = json.loads(shoal(env, "gc", "--older-than", "0", "--json").stdout)
+        assert again["shoal_out_entries"] == 0
         # The next exec of that session does not see it; the live session keeps its own.
         after = _exec(env, "old", 'test -e "$SHOAL_OUT/1/out"', check=False)
         assert after["value"]["status"] == 1
         kept = _exec(env, "live", 'tail -n 1 "$SHOAL_OUT/1/out"')
         assert shoal(env, "--session", "live", "get", kept["ref"]).stdout.startswith("100000")
-        # A second pass finds nothing more to remove.
-        again = json.loads(shoal(env, "gc", "--older-than", "0", "--json").stdout)
-        assert again["shoal_out_entries"] == 0
     finally:
         close_client(live)
 
