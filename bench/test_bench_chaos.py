@@ -380,7 +380,8 @@ def _leftover(chaos: Chaos, exclude: set[int]) -> list[int]:
 
 @pytest.mark.timeout(RUN_S + 900)  # the suite's 300 s default is per test
 def test_chaos_soak(request) -> None:
-    rng = random.Random(int(os.environ.get("SHOAL_CHAOS_SEED", "0")) or None)
+    seed = int(os.environ.get("SHOAL_CHAOS_SEED", "0")) or secrets.randbelow(2**31)
+    rng = random.Random(seed)
     with short_tmp("shchaos") as tmp:
         chaos = Chaos(Path(tmp))
         try:
@@ -414,6 +415,7 @@ def test_chaos_soak(request) -> None:
                 os.kill(pid, signal.SIGKILL)
     figures = {
         "quick": QUICK,
+        "seed": seed,
         "seconds": round(elapsed, 1),
         "calls": dict(chaos.calls),
         "per_tool": dict(chaos.per_tool),
@@ -432,7 +434,7 @@ def test_chaos_soak(request) -> None:
     calls, inj = chaos.calls, chaos.injected
     lines = [
         f"run {figures['seconds']} s{' (quick)' if QUICK else ''}, {WORKERS} facades, "
-        f"{len(chaos.kernel_pids)} kernels",
+        f"{len(chaos.kernel_pids)} kernels, SHOAL_CHAOS_SEED={seed}",
         f"injected: SIGSTOP {inj['sigstop']}, SIGKILL {inj['sigkill']}, "
         f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}",
         f"calls: answered {calls['answered']}, failed with a clear error "

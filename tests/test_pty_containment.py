@@ -13,13 +13,17 @@ from __future__ import annotations
 import secrets
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from shoal_mcp.client import KernelClient
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from shoal_mcp.tokens import TokenStore
+from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
 from tests.support.procfs import kill_pids, pids_with_arg, proc_ids
+from tests.support.tmp import short_tmp
 
 WAIT_S = 60.0  # a budget for a loaded machine, not a speed check
 
@@ -135,3 +139,32 @@ def test_spawn_failure_leaves_no_supervisor(kernel, tmp_path) -> None:
         assert pids_with_arg(str(garbage)) == []  # neither the supervisor nor its child
     finally:
         c.close()
+
+
+POLICY = """
+[principal."agent:pty"]
+proc_spawn = ["bash"]
+"""
+
+
+def test_confined_program_is_contained_too(marks) -> None:
+    """A token principal's PTY program is sandboxed (applied in the supervisor's forked
+    child before the exec) and its detached children still die with the PTY."""
+    with short_tmp("shpc") as tmp:
+        policy = Path(tmp) / "policy.toml"
+        policy.write_text(POLICY)
+        k = KernelProcess(tmp, "--policy", str(policy))
+        token = TokenStore(k.state / "tokens.json").create("agent:pty")[1]
+        k.start()
+        c = k.client("ptyc-agent", token=token)
+        try:
+            opened = open_escaping(c, marks)
+            status = Path(f"/proc/{opened['pid']}/status").read_text()
+            assert "NoNewPrivs:\t1" in status  # the sandbox's first step
+            for pid in alive(marks):  # inherited by everything the program started
+                assert "NoNewPrivs:\t1" in Path(f"/proc/{pid}/status").read_text()
+            c.call("pty.close", {"pty_id": opened["pty_id"]}, timeout=WAIT_S)
+            wait_until(lambda: not alive(marks), WAIT_S, what="every process of the tree to die")
+        finally:
+            c.close()
+            k.stop()
