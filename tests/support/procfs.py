@@ -10,6 +10,8 @@ import os
 import signal
 from pathlib import Path
 
+from shoal_mcp.kernel.exec.ready import GO_FD as READY_GO_FD
+
 
 def stat_fields(pid: int | str) -> list[str] | None:
     """``/proc/PID/stat`` after the command name: [state, ppid, pgrp, session, tty_nr,
@@ -78,11 +80,23 @@ def is_exec_supervisor(pid: int) -> bool:
     return any(arg.endswith(SUPERVISOR_SCRIPT.encode()) for arg in argv)
 
 
+def is_waiting_ready_shell(pid: int | str) -> bool:
+    """A bash the kernel started ahead for a session's next exec (kernel/exec/ready.py)
+    that has not been given a source: its loader still holds the go pipe open."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"__shoal_go" in argv and os.path.exists(f"/proc/{pid}/fd/{READY_GO_FD}")
+    except OSError:
+        return False
+
+
 def kernel_commands(kernel_pid: int) -> list[int]:
     """The processes the kernel runs for its callers, zombies included: below the kernel
     and its exec supervisors, the first process that is not a supervisor (each exec's
     bash, which leads its own process group; a PTY's program).  What ``children`` meant
-    before exec supervisors: empty once every command is gone and reaped."""
+    before exec supervisors: empty once every command is gone and reaped.  A ready shell
+    still waiting for a source runs nothing for anyone and is not counted (bounded by
+    ``READY_SHELLS_MAX``, gone after ``WARM_POOL_IDLE_S``)."""
     parent: dict[int, list[int]] = {}
     for pid in _pids():
         fields = stat_fields(pid)
@@ -94,7 +108,7 @@ def kernel_commands(kernel_pid: int) -> list[int]:
         for child in parent.get(todo.pop(), []):
             if is_exec_supervisor(child):
                 todo.append(child)
-            else:
+            elif not is_waiting_ready_shell(child):
                 found.append(child)
     return found
 

@@ -105,6 +105,10 @@ KERNEL_WORKER_IDLE_S = 5.0
 SPOOLS_KEPT = 16
 """Empty exec spool files kept for reuse per spool dir (exec/runner.py ``SpoolBin``): a
 spool whose blob was already stored is truncated and reused instead of deleted."""
+OUTPUTS_EAGER_COPY_MAX = 1 * MiB
+"""The background ``$SHOAL_OUT`` sync of a root kernel copies outputs up to this size;
+a larger one is copied when the session's next exec starts (an exec refused for disk
+use then copies nothing)."""
 OUTPUTS_SYNC_IDLE_S = 5.0
 """The background ``$SHOAL_OUT`` sync thread (values/outputs.py) exits after this long idle."""
 
@@ -253,6 +257,9 @@ WARM_POOL_IDLE_S = 60.0
 """A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
 WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
+READY_SHELLS_MAX = 16
+"""At most this many started bash processes waiting for a source (exec/ready.py), one
+per (principal, session); the least recently made goes."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...protocol.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS, ZYGOTE_EXIT_WAIT_S
+from .ready import ReadyShells
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class WarmPool:
         self._reaper: threading.Thread | None = None
         self.hits = 0
         self.misses = 0
+        self.ready = ReadyShells() if enabled else None  # bash started, waiting (ready.py)
 
     def take(self, principal: str, spec_bytes: bytes) -> Supervisor | None:
         """The warm zygote for this key, or None (the caller starts a one-job one).
@@ -161,6 +163,8 @@ class WarmPool:
     def close(self) -> None:
         """Kernel exit: every zygote exits; no more start.  (Running jobs are the task
         manager's to kill.)"""
+        if self.ready is not None:
+            self.ready.close()  # their jobs end now: the zygotes need not wait for them
         with self._lock:
             self._closed = True
             zygotes = [e.zygote for e in self._keys.values() if e.zygote is not None]

@@ -32,7 +32,8 @@ from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
 from .finalize import Finalizer
 from .pool import WarmPool
-from .runner import RunningCommand, spawn
+from .ready import ReadyShell, prepare
+from .runner import MAX_ARG_BYTES, RunningCommand, spawn
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -267,6 +268,8 @@ class ExecService:
             # $SHOAL_OUT/<n> for this output: made in the background while the reply
             # travels, not at the next exec's start (which only waits if it is not done).
             self.values.outputs.schedule(who.principal, who.session)
+            if task.result is not None:  # not after an output that could not be stored
+                self._refill(who)
             # A finished foreground exec is never named again (its value is out:N in the
             # transcript): drop the task record so the kernel's memory stays flat.
             self.tasks.forget(task)
@@ -352,16 +355,50 @@ class ExecService:
             # state report echoing it is no change of the agent's (nothing to refuse).
             env = {**env, **sandbox.environ()}
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
+        cap = self.guard.for_principal(who.principal).max_output_bytes
+        ready = self.pool.ready if self.pool is not None else None
+        if warm is not None and ready is not None and _short(src):
+            shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap)
+            started = shell.start(src) if shell is not None else None
+            if started is not None:
+                return started, env
         run = spawn(
             src,
             cwd,
             env,
             self.spool_dir,
             sandbox=sandbox,
-            max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
+            max_output_bytes=cap,
             supervisor=warm,
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
+
+    def _refill(self, who: Principal) -> None:
+        """Start the session's next bash now, with its state as it is after this exec
+        (ready.py); the next exec uses it if nothing changed meanwhile."""
+        ready = self.pool.ready if self.pool is not None else None
+        if ready is None:
+            return
+
+        def make() -> ReadyShell | None:
+            assert self.pool is not None
+            cwd, env = self.sessions.get_or_create(who.session).snapshot()
+            if not os.path.isdir(cwd):
+                return None
+            outputs = str(self.values.outputs.session_dir(who.principal, who.session))
+            env = {**env, SHOAL_OUT_ENV: outputs}
+            sandbox = self._sandbox_for(who, outputs)
+            spec_bytes = b""
+            if sandbox is not None:
+                spec_bytes = sandbox.to_bytes()
+                env = {**env, **sandbox.environ()}
+            zygote = self.pool.take(who.principal, spec_bytes)
+            if zygote is None:
+                return None
+            cap = self.guard.for_principal(who.principal).max_output_bytes
+            return prepare(cwd, env, self.spool_dir, zygote, sandbox=sandbox, max_output_bytes=cap)
+
+        ready.refill((who.principal, who.session), make)
 
     def _wait(self, task: Task, timeout_ms: int | None, caller: Caller) -> bool:
         """Watch ``task`` on this thread within the budget; False when the budget ran out
@@ -433,6 +470,12 @@ class ExecService:
                 **({"output_capped": True} if task.result.get("output_capped") else {}),
             },
         )
+
+
+def _short(src: str) -> bool:
+    """A source the cold path would pass as ``-c`` (longer ones are read from a file)."""
+    limit = MAX_ARG_BYTES - 4096  # room for the prelude
+    return len(src) * 4 < limit or len(src.encode("utf-8", "surrogatepass")) < limit
 
 
 def task_handle(task: Task, **extra: Any) -> dict:

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import OUTPUTS_SYNC_IDLE_S
+from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_SYNC_IDLE_S
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
@@ -98,13 +98,16 @@ class SharedOutputs:
                     return
                 principal, session = self._pending.pop(0)
             try:
-                self.sync(principal, session)
+                self.sync(principal, session, eager=True)
             except Exception:  # noqa: BLE001 - the next exec's own sync reports it
                 log.warning("background $SHOAL_OUT sync failed", exc_info=True)
 
-    def sync(self, principal: str, session: str) -> Path:
+    def sync(self, principal: str, session: str, *, eager: bool = False) -> Path:
         """Link every output of ``principal`` in ``session`` not linked yet; the directory.
 
+        ``eager`` (the background sync, not an exec's start): a root kernel stops before
+        an output it would have to copy over ``OUTPUTS_EAGER_COPY_MAX`` bytes; the next
+        exec's start copies it, as before (an exec refused for disk use copies nothing).
         A full disk is the usual "state dir full" error (the exec could not spool either).
         """
         target = self.session_dir(principal, session)
@@ -117,6 +120,8 @@ class SharedOutputs:
                 " ORDER BY n",
                 (session, principal, last),
             )
+            if eager and rows and os.geteuid() == 0:
+                rows = self._small_first(rows)
             if rows or not target.exists():
                 try:
                     self._writable(target, lambda: self._link_rows(target, rows))
@@ -167,6 +172,18 @@ class SharedOutputs:
                     copy.unlink()
             except FileNotFoundError:
                 pass
+
+    def _small_first(self, rows: list) -> list:
+        """The leading rows whose outputs are each at most ``OUTPUTS_EAGER_COPY_MAX``."""
+        for i, row in enumerate(rows):
+            for digest in _stored_blobs(trusted(orjson.loads(row["value"]))).values():
+                try:
+                    size = os.stat(self.cas.path_of(digest)).st_size
+                except OSError:
+                    continue
+                if size > OUTPUTS_EAGER_COPY_MAX:
+                    return rows[:i]
+        return rows
 
     def _existing(self, target: Path) -> int:
         if not target.is_dir():
@@ -221,8 +238,9 @@ class SharedOutputs:
     def _link(blob: Path, name: Path, copy: Path) -> None:
         if name.exists() or not blob.exists():
             return
-        os.chmod(blob, FILE_MODE)  # CAS blobs never change: read-only for everyone
         if os.geteuid() != 0:
+            # A hard link shares the blob's mode: CAS blobs never change, read-only.
+            os.chmod(blob, FILE_MODE)
             try:
                 os.link(blob, name)
                 return

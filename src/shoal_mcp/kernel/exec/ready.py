@@ -1,0 +1,269 @@
+"""Ready shells: a bash already started, per (principal, session), waiting for its source.
+
+Starting bash (fork, exec, the loader, locale) is most of a small exec's time.  After a
+foreground exec ends, the session's next bash is started in the background under the
+principal's warm zygote, with the session's cwd and environment as they are now, its
+own fresh spools and its own supervisor (a job like any other), and blocks reading one
+byte from a pipe.  An exec whose cwd, environment, sandbox spec and output cap are
+exactly those hands it the source (through a memfd) and the go byte; anything else
+discards it (the pipe closes, bash exits) and starts cold.  Each ready shell runs one
+source, so nothing passes between execs; its source runs through ``eval`` at line 1,
+which differs from ``bash -c`` only in the word ``eval`` instead of ``-c`` in syntax
+error messages.  See docs/decisions.md, "Exec round trip, second pass".
+
+Bounds: one per (principal, session), at most ``READY_SHELLS_MAX`` (least recently
+made goes first), none older than ``WARM_POOL_IDLE_S``, none without a warm zygote
+(so none for a principal whose ``max_tasks`` is 0), none for a source over
+``MAX_ARG_BYTES``.  ``SHOAL_WARM_SHELLS=0`` turns them off with the zygotes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...protocol.limits import READY_SHELLS_MAX, WARM_POOL_IDLE_S
+from ..access.sandbox import SandboxSpec
+from .runner import (
+    BASH,
+    BASH_ARGV,
+    STATE_FD,
+    RunningCommand,
+    _bytes,
+    _prelude,
+)
+from .supervisor import Job, Supervisor
+
+log = logging.getLogger(__name__)
+
+SCRIPT_FD = 96
+"""Where a ready bash reads its source (a memfd)."""
+GO_FD = 97
+"""The pipe a ready bash blocks on: one byte means run, EOF means exit unused."""
+LOADER = (
+    f"IFS= read -r -n 1 -u {GO_FD} __shoal_go || exit 0; exec {GO_FD}<&-; "
+    f"IFS= read -r -d '' -u {SCRIPT_FD} __shoal_src; exec {SCRIPT_FD}<&-; SECONDS=0; "
+    'eval "unset __shoal_go __shoal_src; $__shoal_src"'
+)
+"""After the EXIT trap, on the same first line: wait, read the source, run it."""
+
+READY_SPOOL_PREFIX = "ready-"
+"""Spools of ready shells (the kernel removes leftovers at start, like ``run-*``)."""
+
+ReadyKey = tuple[str, str]  # (principal, session)
+
+
+@dataclass
+class ReadyShell:
+    """One started bash waiting for its source, and what it was started with."""
+
+    cwd: str
+    env: dict[str, str]
+    spec_bytes: bytes
+    cap: int
+    job: Job
+    out_path: Path
+    err_path: Path
+    state_fd: int
+    script_fd: int
+    go_fd: int
+    made: float = field(default_factory=time.monotonic)
+
+    def matches(self, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int) -> bool:
+        return self.job.exit is None and (cwd, env, spec_bytes, cap) == (
+            self.cwd,
+            self.env,
+            self.spec_bytes,
+            self.cap,
+        )
+
+    def start(self, src: str) -> RunningCommand | None:
+        """Run ``src`` in it; None when it is gone (then it was discarded)."""
+        started, started_ns = time.time(), time.monotonic_ns()
+        try:
+            os.pwrite(self.script_fd, _bytes(src), 0)  # its offset stays 0 for bash's read
+            os.write(self.go_fd, b"g")
+        except (OSError, UnicodeEncodeError):  # the cold path reports a bad source
+            self.discard()
+            return None
+        os.close(self.go_fd)
+        os.close(self.script_fd)
+        self.go_fd = self.script_fd = -1
+        return RunningCommand(
+            src,
+            self.cwd,
+            self.job,
+            self.out_path,
+            self.err_path,
+            self.state_fd,
+            started=started,
+            started_ns=started_ns,
+        )
+
+    def discard(self) -> None:
+        """Unused: bash reads EOF and exits; its end is reaped and its files dropped
+        off the caller's thread."""
+        for fd in (self.go_fd, self.script_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.go_fd = self.script_fd = -1
+        threading.Thread(target=self._drop, name="ready-drop", daemon=True).start()
+
+    def _drop(self) -> None:
+        self.job.kill()
+        self.job.wait()
+        for path in (self.out_path, self.err_path):
+            path.unlink(missing_ok=True)
+        if self.state_fd >= 0:
+            os.close(self.state_fd)
+            self.state_fd = -1
+
+
+def prepare(
+    cwd: str,
+    env: dict[str, str],
+    spool_dir: Path,
+    supervisor: Supervisor,
+    *,
+    sandbox: SandboxSpec | None,
+    max_output_bytes: int,
+) -> ReadyShell:
+    """Start a bash under ``supervisor`` that waits for its source (OSError if not)."""
+    fds: list[int] = []
+    paths: list[Path] = []
+    keep: list[int] = []
+    try:
+        for suffix in (".out", ".err"):
+            # Named apart from the spools of running execs (``run-*``): these wait, unused,
+            # for as long as the shell does (off the exec path, so a new file is fine).
+            fd, name = tempfile.mkstemp(prefix=READY_SPOOL_PREFIX, suffix=suffix, dir=spool_dir)
+            fds.append(fd)
+            paths.append(Path(name))
+        state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
+        script_fd = os.memfd_create("shoal-src", os.MFD_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        keep += [state_fd, script_fd, go_w]
+        fds += [state_fd, script_fd, go_r]
+        job = supervisor.run(
+            [_bytes(a) for a in (BASH, *BASH_ARGV[1:], _prelude(STATE_FD) + LOADER)],
+            _bytes(cwd),
+            {_bytes(k): _bytes(v) for k, v in env.items()},
+            fds,
+            [STATE_FD, SCRIPT_FD, GO_FD],
+            max_output_bytes,
+            write=[_bytes(str(p)) for p in paths] if sandbox is not None else [],
+        )
+    except BaseException:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        for fd in keep:
+            os.close(fd)
+        raise
+    finally:
+        for fd in fds:
+            if fd not in keep:
+                os.close(fd)
+    spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
+    shell = ReadyShell(
+        cwd, dict(env), spec_bytes, max_output_bytes, job, paths[0], paths[1],
+        state_fd, script_fd, go_w,
+    )  # fmt: skip
+    if job.exit is not None:  # it could not start (sandbox not applied, exec failed)
+        shell.discard()
+        raise OSError("the ready shell did not start")
+    return shell
+
+
+class ReadyShells:
+    """At most one ready shell per (principal, session); see the module docstring."""
+
+    def __init__(self, *, max_shells: int = READY_SHELLS_MAX, idle_s: float = WARM_POOL_IDLE_S):
+        self.max_shells = max_shells
+        self.idle_s = idle_s
+        self._shells: OrderedDict[ReadyKey, ReadyShell] = OrderedDict()
+        self._making: set[ReadyKey] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.hits = 0
+        self.misses = 0
+
+    def take(
+        self, key: ReadyKey, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int
+    ) -> ReadyShell | None:
+        """The key's shell if it was started with exactly this state, else None."""
+        with self._lock:
+            shell = self._shells.pop(key, None)
+            stale = self._expired()
+        for old in stale:
+            old.discard()
+        if shell is None:
+            self.misses += 1
+            return None
+        if not shell.matches(cwd, env, spec_bytes, cap):
+            self.misses += 1
+            shell.discard()
+            return None
+        self.hits += 1
+        return shell
+
+    def refill(self, key: ReadyKey, make: object) -> None:
+        """Start the key's next shell in the background with ``make()`` (a callable
+        returning a ReadyShell or None), unless one is ready or being made."""
+        with self._lock:
+            stale = self._expired()
+            busy = self._closed or key in self._making or key in self._shells
+            if not busy:
+                self._making.add(key)
+        for old in stale:
+            old.discard()
+        if busy:
+            return
+        threading.Thread(
+            target=self._make, args=(key, make), name="ready-make", daemon=True
+        ).start()
+
+    def _make(self, key: ReadyKey, make: object) -> None:
+        shell = None
+        try:
+            shell = make()  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001 - the next exec simply starts cold
+            log.debug("ready shell for %s not started: %s", key, exc)
+        with self._lock:
+            self._making.discard(key)
+            if shell is None:
+                return
+            if self._closed:
+                drop = [shell]
+            else:
+                drop = [s for s in (self._shells.pop(key, None),) if s is not None]
+                self._shells[key] = shell
+                while len(self._shells) > self.max_shells:
+                    drop.append(self._shells.popitem(last=False)[1])
+        for old in drop:
+            old.discard()
+
+    def _expired(self) -> list[ReadyShell]:
+        """Shells unused for ``idle_s`` (caller holds the lock): taken out."""
+        now = time.monotonic()
+        old = [k for k, s in self._shells.items() if now - s.made > self.idle_s]
+        return [self._shells.pop(k) for k in old]
+
+    def close(self) -> None:
+        """Kernel exit: every ready shell is discarded; none is made any more."""
+        with self._lock:
+            self._closed = True
+            shells = list(self._shells.values())
+            self._shells.clear()
+        for shell in shells:
+            shell.job.kill()  # now: the zygotes close next and wait for their jobs
+            shell.discard()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._shells)

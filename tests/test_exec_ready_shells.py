@@ -1,0 +1,121 @@
+"""Ready shells (kernel/exec/ready.py): after an exec, the session's next bash is
+started ahead with the session's state and waits for its source; the next exec runs in
+it when nothing changed, with the semantics of a fresh ``bash -c``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from shoal_mcp.kernel.exec.ready import ReadyShells, prepare
+from shoal_mcp.kernel.exec.supervisor import Supervisor
+from tests.support.kernel import close_client, running_kernel
+from tests.support.polling import wait_until
+from tests.support.procfs import is_waiting_ready_shell, stat_fields
+
+
+def out(c, src: str, **params) -> str:
+    reply = c.call("exec", {"src": src, "position": "value", **params}, timeout=60)
+    return reply["value"]["out"]["v"] if isinstance(reply["value"]["out"], dict) else ""
+
+
+def ready_shells() -> list[int]:
+    """Waiting ready shells on this machine (other kernels' too: compared by pid)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and is_waiting_ready_shell(p)]
+
+
+def test_the_next_exec_runs_in_a_started_shell_as_if_fresh(kernel, tmp_path):
+    c = kernel.client("ready-fresh")
+    try:
+        first_pid, cold_zero = out(c, 'echo "$$ $0"').split()  # the first exec starts cold
+        wait_until(ready_shells, timeout=30, what="a ready shell")
+        waiting = set(ready_shells())
+        time.sleep(1.2)  # the shell waits; its clock must not count that
+        second = out(c, 'echo "$$ $SECONDS $? ${#BASH_SOURCE[@]} $0"; echo "$LINENO"')
+        pid, seconds, status, sources, zero = second.split("\n")[0].split()
+        assert int(pid) in waiting and pid != first_pid  # the started shell, a new process
+        assert (seconds, status, sources, zero) == ("0", "0", "0", cold_zero)
+        assert second.split("\n")[1] == "1"  # line numbers are the source's own
+        # state: cd and export persist, shell variables and functions do not
+        out(c, f"cd {tmp_path}; export READY_T=1; plain=2; f() {{ :; }}")
+        assert out(c, 'echo "$PWD ${READY_T:-} ${plain:-unset} $(type -t f || echo none)"') == (
+            f"{tmp_path} 1 unset none\n"
+        )
+        assert out(c, "unset READY_T; cd /") == ""
+        assert out(c, 'echo "$PWD ${READY_T:-gone}"') == "/ gone\n"
+    finally:
+        close_client(c)
+
+
+def test_status_stderr_and_syntax_errors(kernel):
+    c = kernel.client("ready-status")
+    try:
+        out(c, "true")
+        wait_until(ready_shells, timeout=30, what="a ready shell")
+        reply = c.call("exec", {"src": "echo e >&2; exit 7", "position": "value"}, timeout=60)
+        assert reply["value"]["status"] == 7 and reply["value"]["err"]["v"] == "e\n"
+        wait_until(ready_shells, timeout=30, what="a ready shell")
+        reply = c.call("exec", {"src": "echo a\nif then", "position": "value"}, timeout=60)
+        assert reply["value"]["status"] == 2 and reply["value"]["out"]["v"] == "a\n"
+        assert "line 2: syntax error" in reply["value"]["err"]["v"]
+    finally:
+        close_client(c)
+
+
+def test_a_shell_is_used_only_for_the_exact_state_it_was_started_with(tmp_path):
+    z = Supervisor()
+    shells = ReadyShells()
+    try:
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: made)
+        wait_until(lambda: len(shells) == 1, timeout=30)
+        assert shells.take(("p", "s"), "/tmp", env, b"", 0) is None  # another cwd
+        wait_until(lambda: made.job.exit is not None, timeout=30, what="the stale shell to end")
+        assert not made.out_path.exists()
+        again = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: again)
+        wait_until(lambda: len(shells) == 1, timeout=30)
+        assert shells.take(("p", "s"), "/", {**env, "X": "1"}, b"", 0) is None  # other env
+        third = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: third)
+        wait_until(lambda: len(shells) == 1, timeout=30)
+        shell = shells.take(("p", "s"), "/", dict(env), b"", 0)
+        assert shell is third
+        run = shell.start("echo hi; printf '%s' \"$PWD\" >&2")
+        assert run is not None and run.wait(60) == 0
+        assert run.out_path.read_bytes() == b"hi\n" and run.err_path.read_bytes() == b"/"
+        assert run.read_state()[0] == "/"  # type: ignore[index]
+        run.discard()
+    finally:
+        shells.close()
+        z.close()
+
+
+def _below(root: int) -> set[int]:
+    parent = {}
+    for p in os.listdir("/proc"):
+        fields = stat_fields(p) if p.isdigit() else None
+        if fields:
+            parent[int(p)] = int(fields[1])
+    found = set()
+    for pid in parent:
+        p, hops = pid, 0
+        while p in parent and hops < 64:
+            p, hops = parent[p], hops + 1
+            if p == root:
+                found.add(pid)
+                break
+    return found
+
+
+def test_no_ready_shell_outlives_the_kernel():
+    with running_kernel(prefix="shready-") as k:
+        c = k.client("ready-exit")
+        out(c, "true")
+        mine = wait_until(
+            lambda: set(ready_shells()) & _below(k.pid), timeout=30, what="a ready shell"
+        )
+        close_client(c)
+        k.stop()
+    wait_until(lambda: not (mine & set(ready_shells())), timeout=30, what="ready shells gone")
