@@ -35,7 +35,7 @@ from cpython.unicode cimport (
     PyUnicode_New,
 )
 from libc.errno cimport EINTR, errno
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcpy, memmove
 from posix.unistd cimport read, write
 
@@ -185,6 +185,35 @@ cdef extern from *:
         return count;
     }
 
+    /* spans [start, end) of the lines of [s, s+n) holding `needle` (end past the '\\n'
+       when there is one), appended to *spans (2 per line, grown with realloc); the
+       number of lines, or -1 when out of memory */
+    static Py_ssize_t shoal_lines_with(const char *s, Py_ssize_t n, const char *needle,
+                                       Py_ssize_t m, Py_ssize_t **spans, Py_ssize_t *cap) {
+        const char *p = s, *end = s + n;
+        Py_ssize_t k = 0;
+        while (end - p >= m) {
+            const char *hit = (const char *)memmem(p, (size_t)(end - p), needle, (size_t)m);
+            if (hit == NULL) break;
+            const char *ls = hit;
+            while (ls > p && ls[-1] != '\\n') ls--;
+            const char *nl = (const char *)memchr(hit + m, '\\n', (size_t)(end - hit - m));
+            const char *le = nl == NULL ? end : nl + 1;
+            if (2 * (k + 1) > *cap) {
+                Py_ssize_t grown = *cap ? 2 * *cap : 1024;
+                Py_ssize_t *more = (Py_ssize_t *)realloc(*spans, (size_t)grown * sizeof(Py_ssize_t));
+                if (more == NULL) return -1;
+                *spans = more;
+                *cap = grown;
+            }
+            (*spans)[2 * k] = ls - s;
+            (*spans)[2 * k + 1] = le - s;
+            k++;
+            p = le;
+        }
+        return k;
+    }
+
     static const char shoal_b64_alphabet[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -288,6 +317,8 @@ cdef extern from *:
     Py_ssize_t shoal_line_start_back(const char *p, Py_ssize_t n, Py_ssize_t back) nogil
     Py_ssize_t shoal_count_lines_with(const char *s, Py_ssize_t n,
                                       const char *needle, Py_ssize_t m) nogil
+    Py_ssize_t shoal_lines_with(const char *s, Py_ssize_t n, const char *needle,
+                                Py_ssize_t m, Py_ssize_t **spans, Py_ssize_t *cap) nogil
     void shoal_b64(const unsigned char *s, Py_ssize_t n, unsigned char *out) nogil
     void shoal_buf_free(shoal_buf *b) nogil
     int shoal_buf_reserve(shoal_buf *b, Py_ssize_t keep, Py_ssize_t need,
@@ -782,6 +813,51 @@ def count_lines_with(buf, needle, start=0, end=None):
                 return c
             return shoal_count_lines_with(p + s, e - s, q, m)
         finally:
+            PyBuffer_Release(&view)
+    finally:
+        PyBuffer_Release(&nview)
+
+
+def lines_with(buf, needle, start=0, end=None):
+    """The lines of ``buf[start:end]`` holding ``needle``, concatenated (``grep -F``).
+
+    Same lines, ranges and needle rules as ``count_lines_with``; each line keeps its
+    ``\\n`` (a last piece without one stays without). Scanned without the GIL.
+    """
+    cdef Py_buffer view, nview
+    cdef Py_ssize_t s, e, m, k, i, total, cap = 0
+    cdef Py_ssize_t *spans = NULL
+    cdef const char *p
+    cdef const char *q
+    cdef char *out
+    _get_buffer(needle, &nview)
+    try:
+        m = nview.len
+        q = <const char *>nview.buf
+        if m == 0 or memchr(q, b'\n', <size_t>m) != NULL:
+            raise ValueError(_NEEDLE_ERROR)
+        _get_buffer(buf, &view)
+        try:
+            s, e, _ = slice(start, end).indices(view.len)
+            p = <const char *>view.buf + s
+            if e - s < m:
+                return b""
+            with nogil:
+                k = shoal_lines_with(p, e - s, q, m, &spans, &cap)
+            if k < 0:
+                raise MemoryError()
+            total = 0
+            for i in range(k):
+                total += spans[2 * i + 1] - spans[2 * i]
+            result = PyBytes_FromStringAndSize(NULL, total)
+            out = PyBytes_AS_STRING(result)
+            with nogil:
+                for i in range(k):
+                    memcpy(out, p + spans[2 * i], <size_t>(spans[2 * i + 1] - spans[2 * i]))
+                    out += spans[2 * i + 1] - spans[2 * i]
+            return result
+        finally:
+            free(spans)
             PyBuffer_Release(&view)
     finally:
         PyBuffer_Release(&nview)

@@ -1,4 +1,5 @@
-"""``count_lines_with`` (the ``grep -c -F`` of the framing core) on both backends.
+"""``count_lines_with`` and ``lines_with`` (``grep -c -F`` / ``grep -F`` of the framing
+core) on both backends.
 
 The compiled scan (memmem + memchr, GIL released) and the twin's windowed ``findall``
 must agree with each other and with a plain oracle (split the range on newlines, test
@@ -25,6 +26,12 @@ def oracle(data: bytes, needle: bytes, start: int | None, end: int | None) -> in
     return sum(needle in piece for piece in data[start:end].split(b"\n"))
 
 
+def lines_oracle(data: bytes, needle: bytes, start: int | None, end: int | None) -> bytes:
+    pieces = data[start:end].split(b"\n")
+    ended = [p + b"\n" for p in pieces[:-1]] + [pieces[-1]]
+    return b"".join(line for line, piece in zip(ended, pieces, strict=True) if needle in piece)
+
+
 _alphabet = st.sampled_from([b"a", b"b", b"ab", b"\n", b"\r", b"\xc3\xa9", b"\x00"])
 _data = st.lists(_alphabet, max_size=200).map(b"".join)
 _needle = st.lists(st.sampled_from([b"a", b"b", b"\xc3", b"\x00", b"\r"]), min_size=1, max_size=4)
@@ -43,6 +50,8 @@ def test_backends_agree_with_the_oracle(both_framing_backends, data, needle, sta
     s = 0 if start is None else start
     assert py.count_lines_with(data, needle, s, end) == want
     assert cy.count_lines_with(data, needle, s, end) == want
+    lines = lines_oracle(data, needle, start, end)
+    assert py.lines_with(data, needle, s, end) == cy.lines_with(data, needle, s, end) == lines
 
 
 def test_defaults_and_buffer_kinds(framing_backend):
@@ -58,12 +67,19 @@ def test_defaults_and_buffer_kinds(framing_backend):
     assert count(b"", b"x") == 0
     assert count(b"x", b"xx") == 0
     assert count(data, b"ERROR", 10**30, -(10**30)) == 0  # huge indexes are clamped
+    lines = framing_backend.lines_with
+    assert lines(data, b"ERROR") == b"one ERROR\nERROR ERROR three\nERROR"
+    assert lines(data, b"ERROR", 0, -5) == b"one ERROR\nERROR ERROR three\n"
+    assert lines(memoryview(data), bytearray(b"two")) == b"two\n"
+    assert lines(b"", b"x") == b"" and lines(data, b"nowhere") == b""
 
 
 @pytest.mark.parametrize("needle", [b"", b"a\nb", b"\n"])
 def test_bad_needles_are_value_errors(framing_backend, needle):
     with pytest.raises(ValueError, match="needle must be non-empty bytes without a newline"):
         framing_backend.count_lines_with(b"a\nb\n", needle)
+    with pytest.raises(ValueError, match="needle must be non-empty bytes without a newline"):
+        framing_backend.lines_with(b"a\nb\n", needle)
 
 
 def test_bad_indexes_are_type_errors(framing_backend):
@@ -92,6 +108,9 @@ def test_large_buffers_across_windows(both_framing_backends, tmp_path):
         want = oracle(data, b"NEEDLE", start, end)
         assert py.count_lines_with(data, b"NEEDLE", start, end) == want
         assert cy.count_lines_with(data, b"NEEDLE", start, end) == want
+        lines = lines_oracle(data, b"NEEDLE", start, end)
+        assert py.lines_with(data, b"NEEDLE", start, end) == lines
+        assert cy.lines_with(data, b"NEEDLE", start, end) == lines
     path = tmp_path / "blob"
     path.write_bytes(data)
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import regex
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.framing import count_lines_with
+from ...protocol.framing import count_lines_with, lines_with
 from ...protocol.limits import (
     MATCH_BLOCK,
     MATCH_DEADLINE_BYTES_PER_S,
@@ -43,8 +43,6 @@ REGEX_SYNTAX = frozenset(b".^$*+?{}[]\\|()\n")
 """Bytes that make a pattern more than a literal (a newline can never match in a line)."""
 EXCERPT_LEAD = 64
 """Bytes shown before a match that lies beyond MATCH_TEXT_MAX in a long line."""
-PREFILTER_WINDOW = 256 * 1024
-"""Lines a regex count skips at once when its required literal is not among them."""
 CONTEXT_READ = 2 * MATCH_TEXT_MAX
 """Bytes read per context line around a match (longer context lines show their ends)."""
 
@@ -122,7 +120,7 @@ class Matcher:
     released). A regex that can match neither a newline nor the empty string has a
     ``counter``, ``(?:P)[^\n]*()``: each match ends at its line's end, so ``findall``
     yields one empty group per matching line, counted in C; with a ``prefilter`` (a
-    literal every match holds) windows of lines without it are skipped at memchr speed.
+    literal every match holds) it runs only over the lines holding it (``lines_with``).
     """
 
     def __init__(self, pattern: bytes, ignore_case: bool) -> None:
@@ -155,16 +153,10 @@ class Matcher:
             return count_lines_with(buf, self.literal, pos, end)
         if self.prefilter is None:
             return self._count(buf, pos, end, deadline)
-        total = 0
-        while pos < end:  # windows of whole lines; one without the literal cannot match
-            stop = end
-            if end - pos > PREFILTER_WINDOW:
-                stop = buf.find(b"\n", pos + PREFILTER_WINDOW, end) + 1 or end
-            hit = buf.find(self.prefilter, pos, stop)
-            if hit >= 0:  # from the start of the first line holding it
-                total += self._count(buf, buf.rfind(b"\n", pos, hit) + 1 or pos, stop, deadline)
-            pos = stop
-        return total
+        # Only lines holding the literal can match: the regex runs over those alone,
+        # gathered (whole, each with its newline) by memmem in the framing core.
+        candidates = lines_with(buf, self.prefilter, pos, end)
+        return self._count(candidates, 0, len(candidates), deadline)
 
     def _count(self, buf: Buf, pos: int, end: int, deadline: float) -> int:
         left = max(0.001, deadline - time.monotonic())

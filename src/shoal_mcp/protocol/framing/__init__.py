@@ -34,6 +34,7 @@ write_all = _impl.write_all
 bound_text = _impl.bound_text
 count_lines = _impl.count_lines
 count_lines_with = _impl.count_lines_with
+lines_with = _impl.lines_with
 b64_slice = _impl.b64_slice
 utf8_slice = _impl.utf8_slice
 utf8_offset = _impl.utf8_offset
@@ -73,6 +74,7 @@ __all__ = [
     "count_lines_with",
     "encode_frame",
     "line_offsets",
+    "lines_with",
     "utf8_offset",
     "utf8_slice",
     "write_all",

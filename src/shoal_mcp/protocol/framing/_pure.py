@@ -291,6 +291,35 @@ def count_lines_with(buf, needle, start=0, end=None) -> int:
     return count
 
 
+def lines_with(buf, needle, start=0, end=None) -> bytes:
+    """The lines of ``buf[start:end]`` holding ``needle``, concatenated (``grep -F``).
+
+    Same lines, ranges and needle rules as ``count_lines_with``; each line keeps its
+    ``\\n`` (a last piece without one stays without).
+    """
+    with _view(needle) as nv:
+        pattern = nv.tobytes()
+    if not pattern or b"\n" in pattern:
+        raise ValueError(_NEEDLE_ERROR)
+    out = []
+    with _view(buf) as mv:
+        s, e, _ = slice(start, end).indices(len(mv))
+        while e - s >= len(pattern):  # the same windows as count_lines_with
+            stop = e
+            if e - s > _BLOCK:
+                nl = _NEWLINE.search(mv, s + _BLOCK, e)
+                stop = nl.end() if nl else e
+            block = mv[s:stop].tobytes()
+            pos = 0
+            while (hit := block.find(pattern, pos)) >= 0:
+                ls = block.rfind(b"\n", pos, hit) + 1 or pos
+                le = block.find(b"\n", hit + len(pattern)) + 1 or len(block)
+                out.append(block[ls:le])
+                pos = le
+            s = stop
+    return b"".join(out)
+
+
 _CUT_CLAUSE = "first line cut, "
 
 
