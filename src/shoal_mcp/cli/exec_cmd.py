@@ -174,7 +174,9 @@ class LiveFollower:
             try:
                 record = self.client.call("task.get", {"call": self.msg_id})
             except RpcError:
-                return  # not spawned yet, or already finished
+                return  # already finished
+            if "task" not in record:
+                return  # in flight but not spawned yet ("starting"): the next poll
             self.task_id = int(str(record["task"]).rpartition(":")[2])
         for stream in ("out", "err"):
             try:
