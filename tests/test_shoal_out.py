@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from shoal_mcp.kernel.values.outputs import SharedOutputs
+from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE, SharedOutputs
 from tests.support.kernel import close_client
 
 
@@ -31,7 +31,7 @@ def test_earlier_outputs_are_files(kernel):
         assert text(c, f'wc -l < "$SHOAL_OUT/{n}/out"') == "100000\n"
         # read-only files and directories (root's DAC override aside: docs/protocol.md)
         modes = text(c, f'stat -c %a "$SHOAL_OUT/{n}/out" "$SHOAL_OUT/{n}" "$SHOAL_OUT"')
-        assert modes == "444\n555\n555\n"
+        assert modes == f"{FILE_MODE:o}\n{DIR_MODE:o}\n{DIR_MODE:o}\n"
         run(c, f'echo x >> "$SHOAL_OUT/{n}/out"; touch "$SHOAL_OUT/new"')
         if os.geteuid() != 0:  # root's writes ignore modes: it writes to its copy
             assert text(c, f'tail -n 1 "$SHOAL_OUT/{n}/out"') == "100000\n"
@@ -66,9 +66,9 @@ def test_sessions_and_principals_are_apart(kernel):
         checked = 0
         for root, _, files in os.walk(state / "outputs"):
             if os.path.basename(root).isdigit():  # <n>/out, <n>/err (not root's own files)
-                assert os.stat(root).st_mode & 0o777 == 0o555
+                assert os.stat(root).st_mode & 0o777 == DIR_MODE
                 for name in files:
-                    assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o444
+                    assert os.stat(os.path.join(root, name)).st_mode & 0o777 == FILE_MODE
                     checked += 1
         assert checked >= 2
     finally:

@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE
 from tests.support.kernel import close_client
 
 EVENTUALLY_S = 30.0  # a bound for a background thread on a loaded machine, not a timing
@@ -35,8 +36,8 @@ def test_an_entry_appears_after_the_reply_without_another_exec(kernel):
             time.sleep(0.02)
         assert (entry / "out").read_bytes() == b"background\n"
         assert (entry / "err").read_bytes() == b"err\n"
-        assert os.stat(entry).st_mode & 0o777 == 0o555
-        assert os.stat(entry / "out").st_mode & 0o777 == 0o444
+        assert os.stat(entry).st_mode & 0o777 == DIR_MODE
+        assert os.stat(entry / "out").st_mode & 0o777 == FILE_MODE
         assert not [p for p in os.listdir(out_dir) if p.endswith(".part")]
     finally:
         close_client(c)

@@ -5,7 +5,7 @@ the CAS blobs of ``out:N`` (copies when the kernel runs as root, whose writes ig
 file modes), made for the values it owns in that session: in the background right
 after a foreground exec of that principal ended (``schedule``), and at the latest when
 its next exec starts (``sync``). Each ``<n>/`` is built under a temporary name and
-renamed into place whole, so no exec sees a half-made entry. Files and directories are read-only (0444 / 0555) so a
+renamed into place whole, so no exec sees a half-made entry. Files and directories are read-only (0400 / 0500) so a
 stray redirection cannot corrupt a stored blob; the directory holds nothing but that
 principal's own outputs, so a sandbox may grant read on ``principal_dir`` without
 exposing the CAS or anyone else's outputs (``principal_dir`` is the function the
@@ -36,8 +36,10 @@ SHOAL_OUT_ENV = "SHOAL_OUT"
 """The variable every exec gets: its caller's ``session_dir``."""
 COPIES_DIR = ".copies"
 """A root kernel's copies of blobs, linked into entries (never inside a ``$SHOAL_OUT``)."""
-DIR_MODE = 0o555
-FILE_MODE = 0o444
+DIR_MODE = 0o500
+FILE_MODE = 0o400
+# Read-only for the owner alone: every reader (the kernel, the caller's commands, their
+# sandbox) runs as the kernel's uid, and the state dir stays private (docs/security.md).
 
 
 def _key(name: str) -> str:
