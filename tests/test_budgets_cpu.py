@@ -53,6 +53,13 @@ def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> Non
             assert "result" in plan, plan
         with env.raw("cpu-local", principal=None) as local:
             assert local.call("ping", timeout=30)["result"]["pong"] is True
+
+            # The operator sees who is held, and the unlimited are not listed.
+            def held() -> dict:
+                return local.call("kernel.status", timeout=30)["result"]["cpu_held_s"]
+
+            wait_until(lambda: held().get("agent:slow", 0) > 0, timeout=30, interval=0.1)
+            assert "agent:other" not in held()
         base = threads(env.kernel.pid)
     # Closing the held connection releases its reader thread (it does not sleep out the debt).
     wait_until(lambda: threads(env.kernel.pid) < base, timeout=30, interval=0.1)

@@ -42,6 +42,7 @@ class CpuBucket:
         self.rate = 0.0
         self.tokens = 0.0
         self.stamp = time.monotonic()
+        self.held_s = 0.0  # time callers have waited here, so far (kernel.status)
         self.set_rate(ms_per_s)
         self.tokens = self.depth
 
@@ -61,17 +62,17 @@ class CpuBucket:
         self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def admit(self, stop: threading.Event) -> float:
-        """Wait while in debt (or until ``stop``); the seconds waited."""
-        started = time.monotonic()
+    def admit(self, stop: threading.Event) -> None:
+        """Wait while in debt (or until ``stop``)."""
         with self._cond:
             while not stop.is_set():
                 self._refill()
                 if self.tokens >= 0 or self.rate <= 0:
-                    break
+                    return
                 # Woken early by set_rate; sliced so ``stop`` (a closed connection) is seen.
+                began = time.monotonic()
                 self._cond.wait(min(-self.tokens / self.rate, CPU_WAIT_SLICE_S))
-        return time.monotonic() - started
+                self.held_s += time.monotonic() - began
 
     def charge(self, seconds: float) -> None:
         with self._cond:
@@ -86,7 +87,6 @@ class CpuBudgets:
         self._rate_of = rate_of
         self._lock = threading.Lock()
         self._buckets: dict[str, CpuBucket] = {}
-        self.waited_s: dict[str, float] = {}  # seconds held, per principal (diagnostics)
 
     def bucket(self, principal: str) -> CpuBucket | None:
         """The principal's bucket, or None when its work is not limited."""
@@ -104,15 +104,18 @@ class CpuBudgets:
                 bucket.set_rate(rate)
             return bucket
 
+    def held(self) -> dict[str, float]:
+        """Seconds each limited principal's frames have waited so far, for those that did
+        (``kernel.status`` ``cpu_held_s``; a wait under way counts up to its last slice)."""
+        with self._lock:
+            return {p: b.held_s for p, b in self._buckets.items() if b.held_s > 0}
+
     def admit(self, principal: str, stop: threading.Event) -> None:
         """Before a principal's work: wait while it is over its CPU rate."""
         bucket = self.bucket(principal)
         if bucket is None:
             return
-        waited = bucket.admit(stop)
-        if waited > 0:
-            with self._lock:
-                self.waited_s[principal] = self.waited_s.get(principal, 0.0) + waited
+        bucket.admit(stop)
 
     def charge(self, principal: str, seconds: float) -> None:
         """After a principal's work: the thread CPU seconds it used."""

@@ -140,6 +140,7 @@ class Call:
     conn: Connection
     id: Any
     slot: InflightCall | None = None
+    cpu: CpuBudgets | None = None  # the server's, for kernel.status
 
     @property
     def who(self) -> Principal:
@@ -383,7 +384,8 @@ class KernelServer:
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
             validate(params, spec.schema)
-            result = spec.func(Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id)), params)
+            call = Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id), self.cpu)
+            result = spec.func(call, params)
             reply = response(msg.id, result)
         except RpcError as exc:
             reply = error_response(msg.id, exc.code, exc.message, exc.data)

@@ -30,6 +30,7 @@ def kernel_status(call: Call, params: dict) -> dict:
         "tasks_running": kernel.tasks.running_total(),
         "ptys": len(kernel.ptys.list(None)),
         "connections": kernel.connection_count(),
+        "cpu_held_s": {p: round(s, 3) for p, s in call.cpu.held().items()} if call.cpu else {},
         "uid": os.geteuid(),
     }
 
