@@ -783,6 +783,13 @@ def count_lines(buf):
         PyBuffer_Release(&view)
 
 
+cdef inline int _check_needle(const char *q, Py_ssize_t m) except -1:
+    """A needle is non-empty and holds no ``\\n`` (the search is per line)."""
+    if m == 0 or memchr(q, b'\n', <size_t>m) != NULL:
+        raise ValueError(_NEEDLE_ERROR)
+    return 0
+
+
 def count_lines_with(buf, needle, start=0, end=None):
     """Lines of ``buf[start:end]`` holding ``needle``: ``grep -c -F`` over a buffer.
 
@@ -799,8 +806,7 @@ def count_lines_with(buf, needle, start=0, end=None):
     try:
         m = nview.len
         q = <const char *>nview.buf
-        if m == 0 or memchr(q, b'\n', <size_t>m) != NULL:
-            raise ValueError(_NEEDLE_ERROR)
+        _check_needle(q, m)
         _get_buffer(buf, &view)
         try:
             s, e, _ = slice(start, end).indices(view.len)
@@ -834,8 +840,7 @@ def lines_with(buf, needle, start=0, end=None):
     try:
         m = nview.len
         q = <const char *>nview.buf
-        if m == 0 or memchr(q, b'\n', <size_t>m) != NULL:
-            raise ValueError(_NEEDLE_ERROR)
+        _check_needle(q, m)
         _get_buffer(buf, &view)
         try:
             s, e, _ = slice(start, end).indices(view.len)

@@ -8,7 +8,6 @@ SIGTERM and after a kernel SIGKILL.  Processes are found by a unique ``sleep`` a
 
 from __future__ import annotations
 
-import secrets
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,16 +19,11 @@ from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
-from tests.support.procfs import kill_pids, pids_with_arg
+from tests.support.procfs import alive_with_marks, pids_with_arg, sleep_marker
 from tests.support.tmp import short_tmp
 
 QUOTA = -32031
 RAISED = -32002
-
-
-def marker() -> str:
-    """A ``sleep`` duration no other process on the machine uses: its argv names it."""
-    return f"300.{secrets.randbelow(10**8):08d}"
 
 
 def escapes(marks: list[str]) -> str:
@@ -40,25 +34,13 @@ def escapes(marks: list[str]) -> str:
     )
 
 
-@pytest.fixture
-def marks() -> Iterator[list[str]]:
-    made = [marker() for _ in range(3)]
-    yield made
-    for m in made:
-        kill_pids(pids_with_arg(m))
-
-
-def alive(marks: list[str]) -> list[int]:
-    return [p for m in marks for p in pids_with_arg(m)]
-
-
 def test_exec_end_kills_everything_the_command_started(kernel, marks) -> None:
     c = kernel.client("contain-end")
     try:
         got = c.call("exec", {"src": escapes(marks)}, timeout=60)
         # The reply comes after the supervisor reaped the whole tree: nothing is left,
         # without waiting.
-        assert alive(marks) == []
+        assert alive_with_marks(marks) == []
         assert got["value"]["out"]["v"] == "early\n"
     finally:
         c.close()
@@ -84,11 +66,11 @@ def test_cancel_kills_detached_descendants(kernel, marks) -> None:
         task = c.call("exec", {"src": escapes(marks) + f"; sleep {marks[0]}", "background": True})[
             "task"
         ]
-        wait_until(lambda: len(alive(marks)) >= 4, what="the tree to start")
+        wait_until(lambda: len(alive_with_marks(marks)) >= 4, what="the tree to start")
         c.call("task.cancel", {"task": task})
         done = c.call("task.await", {"task": task, "timeout_ms": 20000}, timeout=30)
         assert done["done"] is True
-        assert alive(marks) == []
+        assert alive_with_marks(marks) == []
     finally:
         c.close()
 
@@ -99,14 +81,18 @@ def test_kernel_exit_kills_every_tree(kernel_factory, marks, sig) -> None:
     see their control socket close and kill their trees."""
     k = kernel_factory()
     c = k.client("contain-exit")
-    fg_mark = marker()
+    fg_mark = sleep_marker()
     marks.append(fg_mark)
     try:
         c.call("exec", {"src": escapes(marks[:3]) + f"; sleep {marks[0]}", "background": True})
         c.start_call("exec", {"src": f"setsid sleep {fg_mark} & sleep {fg_mark}"})
-        wait_until(lambda: len(alive(marks)) >= 6, what="both trees to start")
+        wait_until(lambda: len(alive_with_marks(marks)) >= 6, what="both trees to start")
         k.stop(sig)
-        wait_until(lambda: not alive(marks), timeout=20, what="every process of the trees to die")
+        wait_until(
+            lambda: not alive_with_marks(marks),
+            timeout=20,
+            what="every process of the trees to die",
+        )
     finally:
         c.close()
 
@@ -117,7 +103,7 @@ def test_kill_of_bash_itself_still_kills_the_rest(kernel, marks) -> None:
         with pytest.raises(RpcError) as info:
             c.call("exec", {"src": f"setsid sleep {marks[0]} & kill -9 $$"}, timeout=60)
         assert info.value.code == RAISED and info.value.data["status"] == 137
-        assert alive(marks) == []
+        assert alive_with_marks(marks) == []
     finally:
         c.close()
 

@@ -10,9 +10,7 @@ left.  Before the supervisor, each of these left the ``setsid`` sleep running.
 
 from __future__ import annotations
 
-import secrets
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,27 +20,10 @@ from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
-from tests.support.procfs import kill_pids, pids_with_arg, proc_ids
+from tests.support.procfs import alive_with_marks, pids_with_arg, proc_ids, sleep_marker
 from tests.support.tmp import short_tmp
 
 WAIT_S = 60.0  # a budget for a loaded machine, not a speed check
-
-
-def marker() -> str:
-    """A ``sleep`` duration no other process on the machine uses: its argv names it."""
-    return f"400.{secrets.randbelow(10**8):08d}"
-
-
-@pytest.fixture
-def marks() -> Iterator[list[str]]:
-    made = [marker() for _ in range(3)]
-    yield made
-    for m in made:
-        kill_pids(pids_with_arg(m))
-
-
-def alive(marks: list[str]) -> list[int]:
-    return [p for m in marks for p in pids_with_arg(m)]
 
 
 def escapes(marks: list[str]) -> str:
@@ -57,7 +38,9 @@ def escapes(marks: list[str]) -> str:
 
 def open_escaping(c: KernelClient, marks: list[str]) -> dict:
     opened = c.call("pty.open", {"cmd": "bash", "args": ["-c", escapes(marks)]}, timeout=WAIT_S)
-    wait_until(lambda: len(alive(marks)) == 3, WAIT_S, what="the three children to start")
+    wait_until(
+        lambda: len(alive_with_marks(marks)) == 3, WAIT_S, what="the three children to start"
+    )
     return opened
 
 
@@ -70,7 +53,7 @@ def test_program_exit_kills_what_it_detached(kernel, marks) -> None:
         # It really left the program's session: closing the terminal would not reach it.
         assert proc_ids(setsid_child)["session"] != opened["pid"]
         c.call("pty.send", {"pty_id": pty, "input": "\r"})
-        wait_until(lambda: not alive(marks), WAIT_S, what="the detached children to die")
+        wait_until(lambda: not alive_with_marks(marks), WAIT_S, what="the detached children to die")
         done = wait_until(
             lambda: (r := c.call("pty.read", {"pty_id": pty}))["alive"] is False and r,
             WAIT_S,
@@ -89,7 +72,9 @@ def test_close_kills_what_the_program_detached(kernel, marks) -> None:
         pty = open_escaping(c, marks)["pty_id"]
         closed = c.call("pty.close", {"pty_id": pty}, timeout=WAIT_S)
         assert closed["exit"] == {"signal": signal.SIGHUP}
-        wait_until(lambda: not alive(marks), WAIT_S, what="every process of the tree to die")
+        wait_until(
+            lambda: not alive_with_marks(marks), WAIT_S, what="every process of the tree to die"
+        )
     finally:
         c.close()
 
@@ -100,10 +85,12 @@ def test_close_of_a_hup_ignoring_program_kills_its_tree(kernel, marks) -> None:
         a, b, _ = marks
         src = f"trap '' HUP; setsid sleep {a} & sleep {b} & echo started; read line"
         pty = c.call("pty.open", {"cmd": "bash", "args": ["-c", src]}, timeout=WAIT_S)["pty_id"]
-        wait_until(lambda: len(alive(marks)) == 2, WAIT_S, what="both children to start")
+        wait_until(lambda: len(alive_with_marks(marks)) == 2, WAIT_S, what="both children to start")
         closed = c.call("pty.close", {"pty_id": pty}, timeout=WAIT_S)
         assert closed["exit"] == {"signal": signal.SIGKILL}
-        wait_until(lambda: not alive(marks), WAIT_S, what="every process of the tree to die")
+        wait_until(
+            lambda: not alive_with_marks(marks), WAIT_S, what="every process of the tree to die"
+        )
     finally:
         c.close()
 
@@ -114,13 +101,15 @@ def test_kernel_exit_kills_every_pty_tree(kernel_factory, marks, sig) -> None:
     (the kernel held the only write end) and kills its tree."""
     k = kernel_factory()
     c = k.client("ptyc-kernel")
-    more = [marker() for _ in range(3)]
+    more = [sleep_marker() for _ in range(3)]
     marks.extend(more)
     try:
         open_escaping(c, marks[:3])
         open_escaping(c, more)
         k.stop(sig)
-        wait_until(lambda: not alive(marks), WAIT_S, what="every process of both trees to die")
+        wait_until(
+            lambda: not alive_with_marks(marks), WAIT_S, what="every process of both trees to die"
+        )
     finally:
         c.close()
 
@@ -161,10 +150,12 @@ def test_confined_program_is_contained_too(marks) -> None:
             opened = open_escaping(c, marks)
             status = Path(f"/proc/{opened['pid']}/status").read_text()
             assert "NoNewPrivs:\t1" in status  # the sandbox's first step
-            for pid in alive(marks):  # inherited by everything the program started
+            for pid in alive_with_marks(marks):  # inherited by everything the program started
                 assert "NoNewPrivs:\t1" in Path(f"/proc/{pid}/status").read_text()
             c.call("pty.close", {"pty_id": opened["pty_id"]}, timeout=WAIT_S)
-            wait_until(lambda: not alive(marks), WAIT_S, what="every process of the tree to die")
+            wait_until(
+                lambda: not alive_with_marks(marks), WAIT_S, what="every process of the tree to die"
+            )
         finally:
             c.close()
             k.stop()

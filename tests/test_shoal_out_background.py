@@ -10,19 +10,9 @@ from pathlib import Path
 
 from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE
 from tests.support.kernel import close_client
+from tests.test_shoal_out import run, text
 
 EVENTUALLY_S = 30.0  # a bound for a background thread on a loaded machine, not a timing
-
-
-def run(c, src: str) -> dict:
-    return c.call("exec", {"src": src}, timeout=60)
-
-
-def text(c, src: str) -> str:
-    ref = run(c, src)["ref"]
-    return c.call(
-        "value.get", {"ref": ref, "path": ".out", "format": "raw", "length": 65536}, timeout=30
-    )["raw"]
 
 
 def test_an_entry_appears_after_the_reply_without_another_exec(kernel):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .kernel import KernelProcess, running_kernel
+from .procfs import kill_pids, pids_with_arg, sleep_marker
 from .tmp import short_tmp
 
 
@@ -52,3 +53,13 @@ def short_tmp_path() -> Iterator[Path]:
     """A fresh directory directly under /tmp (short enough for a socket), removed after."""
     with short_tmp() as path:
         yield path
+
+
+@pytest.fixture
+def marks() -> Iterator[list[str]]:
+    """Three ``sleep_marker`` values for a test's escaping children; whatever a failed
+    test left running with them is killed afterwards."""
+    made = [sleep_marker() for _ in range(3)]
+    yield made
+    for m in made:
+        kill_pids(pids_with_arg(m))

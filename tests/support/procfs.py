@@ -7,6 +7,7 @@ that disappears between listing ``/proc`` and reading its files.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -188,3 +189,14 @@ def rss_kib(pid: int) -> int:
 def vm_hwm_kib(pid: int) -> int:
     """Peak resident set size (VmHWM), in KiB."""
     return status_field(pid, "VmHWM")
+
+
+def sleep_marker() -> str:
+    """A ``sleep`` duration no other process on the machine uses: its argv names it, so
+    ``pids_with_arg`` finds exactly the processes a test started."""
+    return f"300.{secrets.randbelow(10**8):08d}"
+
+
+def alive_with_marks(marks: list[str]) -> list[int]:
+    """Pids of the ``sleep`` processes started with any of ``marks``."""
+    return [p for m in marks for p in pids_with_arg(m)]

@@ -211,11 +211,7 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     while True:
         ready, _, _ = select.select([ctrl, wake_r], [], [], step if cap else None)
         if wake_r in ready:
-            try:
-                while os.read(wake_r, 256):
-                    pass
-            except BlockingIOError:
-                pass
+            _drain(wake_r)
             tree.reap()
             if tree.status is not None:
                 break

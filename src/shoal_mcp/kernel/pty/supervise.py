@@ -4,7 +4,7 @@
 
 Started by ``spawn.py`` (the kernel side) with the terminal's slave as fds 0/1/2, in a
 session of its own.  It is what the exec supervisor (``kernel/exec/supervise.py``) is to
-an exec, and reuses its tree helpers (``Tree``, ``_subreaper``, ``_wakeup_pipe``):
+an exec, and reuses its tree helpers (``Tree``, ``_drain``, ``_subreaper``, ``_wakeup_pipe``):
 
 1. It becomes a child subreaper, so every orphan of the program's tree (``&``,
    ``setsid``, ``nohup``) is reparented to it instead of to init.
@@ -109,7 +109,7 @@ def main(args: "list[str]") -> None:
         os.set_inheritable(fd, False)  # the program must not hold the kernel's pipes
     try:
         sys.path.insert(0, root)
-        from shoal_mcp.kernel.exec.supervise import Tree, _subreaper, _wakeup_pipe
+        from shoal_mcp.kernel.exec.supervise import Tree, _drain, _subreaper, _wakeup_pipe
 
         spec = None
         if spec_arg != "-":
@@ -151,11 +151,7 @@ def main(args: "list[str]") -> None:
         while tree.status is None:
             ready, _, _ = select.select([ctrl, wake_r], [], [])
             if wake_r in ready:
-                try:
-                    while os.read(wake_r, 256):
-                        pass
-                except BlockingIOError:
-                    pass
+                _drain(wake_r)
                 tree.reap()
             if ctrl in ready and not os.read(ctrl, 64):
                 break  # the kernel closed the PTY, exited or died: nothing may outlive it
