@@ -48,7 +48,7 @@ import pytest
 from bench.summary import register_summary
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import KernelProcess
-from tests.support.procfs import stat_fields
+from tests.support.procfs import descendants_of, stat_fields
 from tests.support.tmp import short_tmp
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
@@ -95,22 +95,6 @@ def marked_pids(token: str, digits: str) -> set[int]:
             a.endswith(arg_mark) for a in argv
         ):
             found.add(int(entry))
-    return found
-
-
-def descendants_of(root: int) -> set[int]:
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := stat_fields(entry)):
-            parent[int(entry)] = int(fields[1])
-    found = set()
-    for pid in parent:
-        p, hops = pid, 0
-        while p in parent and hops < 4096:
-            p, hops = parent[p], hops + 1
-            if p == root:
-                found.add(pid)
-                break
     return found
 
 

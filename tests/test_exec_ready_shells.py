@@ -11,7 +11,7 @@ from shoal_mcp.kernel.exec.ready import ReadyShells, prepare
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until
-from tests.support.procfs import is_waiting_ready_shell, stat_fields
+from tests.support.procfs import descendants_of, is_waiting_ready_shell
 
 
 def out(c, src: str, **params) -> str:
@@ -92,29 +92,12 @@ def test_a_shell_is_used_only_for_the_exact_state_it_was_started_with(tmp_path):
         z.close()
 
 
-def _below(root: int) -> set[int]:
-    parent = {}
-    for p in os.listdir("/proc"):
-        fields = stat_fields(p) if p.isdigit() else None
-        if fields:
-            parent[int(p)] = int(fields[1])
-    found = set()
-    for pid in parent:
-        p, hops = pid, 0
-        while p in parent and hops < 64:
-            p, hops = parent[p], hops + 1
-            if p == root:
-                found.add(pid)
-                break
-    return found
-
-
 def test_no_ready_shell_outlives_the_kernel():
     with running_kernel(prefix="shready-") as k:
         c = k.client("ready-exit")
         out(c, "true")
         mine = wait_until(
-            lambda: set(ready_shells()) & _below(k.pid), timeout=30, what="a ready shell"
+            lambda: set(ready_shells()) & descendants_of(k.pid), timeout=30, what="a ready shell"
         )
         close_client(c)
         k.stop()

@@ -200,3 +200,20 @@ def sleep_marker() -> str:
 def alive_with_marks(marks: list[str]) -> list[int]:
     """Pids of the ``sleep`` processes started with any of ``marks``."""
     return [p for m in marks for p in pids_with_arg(m)]
+
+
+def descendants_of(root: int) -> set[int]:
+    """Every live pid whose chain of parents reaches ``root`` (``root`` excluded)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := stat_fields(entry)):
+            parent[int(entry)] = int(fields[1])
+    found = set()
+    for pid in parent:
+        p, hops = pid, 0
+        while p in parent and hops < 4096:  # a bound in case pids were reused mid-walk
+            p, hops = parent[p], hops + 1
+            if p == root:
+                found.add(pid)
+                break
+    return found
