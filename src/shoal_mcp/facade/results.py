@@ -121,16 +121,6 @@ def tool_result(result: Any, rev: Revision = LATEST) -> dict:
         text = _with_trailer(structured["render"], trailer)
     elif isinstance(structured.get("raw"), str):
         text = _with_trailer(structured["raw"], trailer)
-    elif isinstance(structured.get("raw_base64"), str):
-        text = trailer or "binary page"
-        blob = {
-            "type": "resource",
-            "resource": {
-                "uri": _page_uri(structured, link),
-                "mimeType": BINARY,
-                "blob": structured["raw_base64"],
-            },
-        }
     else:
         text = _pretty(structured)  # the spec's advice: structured JSON also as text
     content: list[dict] = [{"type": "text", "text": bound_text(text, TEXT_LIMIT, link)}]
