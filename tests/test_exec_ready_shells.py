@@ -47,6 +47,24 @@ def test_the_next_exec_runs_in_a_started_shell_as_if_fresh(kernel, tmp_path):
         close_client(c)
 
 
+def test_back_to_back_execs_run_in_ready_shells(kernel):
+    """Execs sent one right after another still find their session's ready shell (made
+    after each reply; one still starting is waited for, READY_SHELL_WAIT_S), and
+    kernel.status counts hits and misses."""
+    c = kernel.client("ready-b2b")
+    try:
+        before = c.call("kernel.status", timeout=30)["warm"]
+        for i in range(10):
+            assert out(c, f"echo {i}") == f"{i}\n"
+        after = c.call("kernel.status", timeout=30)["warm"]
+        assert after["ready_hits"] + after["ready_misses"] - (
+            before["ready_hits"] + before["ready_misses"]
+        ) == 10  # one take per exec
+        assert after["ready_hits"] - before["ready_hits"] >= 5  # the first is cold
+    finally:
+        close_client(c)
+
+
 def test_status_stderr_and_syntax_errors(kernel):
     c = kernel.client("ready-status")
     try:

@@ -257,6 +257,9 @@ WARM_POOL_IDLE_S = 60.0
 """A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
 WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
+READY_SHELL_WAIT_S = 0.05
+"""How long an exec waits for its session's ready shell that is still starting (past
+it, the exec starts its own bash)."""
 READY_SHELLS_MAX = 16
 """At most this many started bash processes waiting for a source (exec/ready.py), one
 per (principal, session); the least recently made goes."""
@@ -289,6 +292,16 @@ KERNEL_CONNECTIONS = 256
 STATE_BYTES = 32 * 1024 * MiB
 """``[kernel] max_state_bytes``: size of the state dir past which new execs and plans are
 refused (-32031) until ``shoal gc`` frees room."""
+ANALYSIS_CACHE_ENTRIES = 256
+ANALYSIS_CACHE_SRC_MAX = 4 * KiB
+"""The effects analyses the kernel keeps (a pure function of source, cwd and home), and
+the longest source kept (so the cache stays under about a MiB)."""
+STATE_USED_RECHECK_S = 1.0
+STATE_USED_HEADROOM = 256 * MiB
+"""The state dir's size, once measured, stands for ``STATE_USED_RECHECK_S`` while it is at
+least ``STATE_USED_HEADROOM`` under ``max_state_bytes``: measuring (a SUM and a directory
+walk) before every exec was a tenth of a small exec's kernel time. Near the budget it is
+measured every time."""
 MIN_FREE_BYTES = 256 * MiB
 MIN_FREE_FRACTION = 0.01
 """``[kernel] min_free_bytes``: free space on the state dir's filesystem below which new

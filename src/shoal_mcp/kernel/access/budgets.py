@@ -29,6 +29,7 @@ for the kernel table), so a caller can tell which one and an operator can raise 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ from ...protocol.limits import (
     PLANS,
     PLANS_LOCAL,
     STATE_BYTES,
+    STATE_USED_HEADROOM,
+    STATE_USED_RECHECK_S,
 )
 
 MAX_BUDGET = 1 << 62
@@ -122,8 +125,10 @@ class StateBudget:
     ``check()`` runs before each exec, plan and apply and refuses (-32031) once the state
     dir holds more than ``max_state_bytes`` or its filesystem has less than
     ``min_free_bytes`` free, so the disk never fills under the kernel. The size is stored
-    blobs (their recorded sizes) plus the database files plus the spool, measured each
-    time: a SUM over an indexed table and a few ``stat`` calls.
+    blobs (their recorded sizes) plus the database files plus the spool: a SUM over an
+    indexed table and a few ``stat`` calls, measured again before each check unless the
+    last measure is recent and far under the budget (``STATE_USED_RECHECK_S``,
+    ``STATE_USED_HEADROOM``). Free space is looked at every time (one ``statvfs``).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class StateBudget:
         self.max_bytes = budgets["max_state_bytes"]
         self.min_free = budgets["min_free_bytes"]
         self._blob_bytes = blob_bytes
+        self._measured: tuple[float, int] | None = None  # (monotonic time, used bytes)
 
     def used(self) -> int:
         total = self._blob_bytes()
@@ -151,8 +157,25 @@ class StateBudget:
             floor = min(MIN_FREE_BYTES, int(st.f_blocks * st.f_frsize * MIN_FREE_FRACTION))
         return st.f_bavail * st.f_frsize, floor
 
-    def check(self) -> None:
+    def _recent_used(self) -> int:
+        """``used()``, or its last measure while that is recent and far under the budget.
+
+        The check gates new work; it never capped a running exec, which may write past
+        the budget anyway. A budget crossed meanwhile is seen at most a second late."""
+        now = time.monotonic()
+        last = self._measured
+        if (
+            last is not None
+            and now - last[0] < STATE_USED_RECHECK_S
+            and last[1] + STATE_USED_HEADROOM <= self.max_bytes
+        ):
+            return last[1]
         used = self.used()
+        self._measured = (now, used)
+        return used
+
+    def check(self) -> None:
+        used = self._recent_used()
         if used > self.max_bytes:
             raise over_budget(
                 "kernel.max_state_bytes",

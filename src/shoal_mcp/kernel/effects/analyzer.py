@@ -48,8 +48,10 @@ and shell state both record into; ``bashargs`` parses argv options and URLs.
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,7 @@ import bracex
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from ...protocol.limits import ANALYSIS_CACHE_ENTRIES, ANALYSIS_CACHE_SRC_MAX
 from .args import Args, wordset
 from .commands import SHELL_BUILTINS, run
 from .state import (
@@ -207,8 +210,44 @@ class Analysis:
         return out
 
 
+_cache: OrderedDict[tuple[str, str, str | None], Analysis] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def analyze(src: str, cwd: str, home: str | None = None) -> Analysis:
-    """Effects and reversibility of ``src`` run in ``cwd`` (see the module docstring)."""
+    """Effects and reversibility of ``src`` run in ``cwd`` (see the module docstring).
+
+    A pure function of its arguments, so the last ``ANALYSIS_CACHE_ENTRIES`` answers
+    (sources up to ``ANALYSIS_CACHE_SRC_MAX`` characters) are kept: agents repeat their
+    commands, and the parse and walk were the largest part of the exec gate."""
+    if len(src) > ANALYSIS_CACHE_SRC_MAX:
+        return _analyze(src, cwd, home)
+    key = (src, cwd, home)
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+    if found is None:
+        found = _analyze(src, cwd, home)
+        with _cache_lock:
+            _cache[key] = found
+            while len(_cache) > ANALYSIS_CACHE_ENTRIES:
+                _cache.popitem(last=False)
+    return _copy(found)
+
+
+def _copy(analysis: Analysis) -> Analysis:
+    """A caller's own copy: plans and journal rows keep (and may extend) these lists."""
+    return Analysis(
+        effects=[dict(e) for e in analysis.effects],
+        reversibility=analysis.reversibility,
+        parse_ok=analysis.parse_ok,
+        error=copy.deepcopy(analysis.error),
+        reasons=list(analysis.reasons),
+    )
+
+
+def _analyze(src: str, cwd: str, home: str | None) -> Analysis:
     data = _encode(src)
     root = _parser().parse(data).root_node
     a = _Analyzer(data, cwd, home)

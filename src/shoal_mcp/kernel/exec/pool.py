@@ -70,6 +70,17 @@ class WarmPool:
         self.misses = 0
         self.ready = ReadyShells() if enabled else None  # bash started, waiting (ready.py)
 
+    def stats(self) -> dict[str, int]:
+        """How often an exec found its warm zygote and its ready shell (``kernel.status``)."""
+        ready = self.ready
+        return {
+            "zygote_hits": self.hits,
+            "zygote_misses": self.misses,
+            "ready_hits": ready.hits if ready is not None else 0,
+            "ready_misses": ready.misses if ready is not None else 0,
+            "ready_waiting": len(ready) if ready is not None else 0,
+        }
+
     def take(self, principal: str, spec_bytes: bytes) -> Supervisor | None:
         """The warm zygote for this key, or None (the caller starts a one-job one).
 

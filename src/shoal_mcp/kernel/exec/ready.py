@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...protocol.limits import READY_SHELLS_MAX, WARM_POOL_IDLE_S
+from ...protocol.limits import READY_SHELL_WAIT_S, READY_SHELLS_MAX, WARM_POOL_IDLE_S
 from ..access.sandbox import SandboxSpec
 from .runner import (
     BASH,
@@ -37,6 +36,7 @@ from .runner import (
     RunningCommand,
     _bytes,
     _prelude,
+    spool_bin,
 )
 from .supervisor import Job, Supervisor
 
@@ -54,7 +54,7 @@ LOADER = (
 """After the EXIT trap, on the same first line: wait, read the source, run it."""
 
 READY_SPOOL_PREFIX = "ready-"
-"""Spools of ready shells (the kernel removes leftovers at start, like ``run-*``)."""
+"""Spools of ready shells up to 0.2.0 (the kernel still removes leftovers at start)."""
 
 ReadyKey = tuple[str, str]  # (principal, session)
 
@@ -139,12 +139,13 @@ def prepare(
     paths: list[Path] = []
     keep: list[int] = []
     try:
+        spools = spool_bin(spool_dir)
         for suffix in (".out", ".err"):
-            # Named apart from the spools of running execs (``run-*``): these wait, unused,
-            # for as long as the shell does (off the exec path, so a new file is fine).
-            fd, name = tempfile.mkstemp(prefix=READY_SPOOL_PREFIX, suffix=suffix, dir=spool_dir)
+            # Reused spools like a cold spawn's: a new file per exec (and its deletion)
+            # costs the file system more than any other step of an exec.
+            fd, path = spools.take(suffix)
             fds.append(fd)
-            paths.append(Path(name))
+            paths.append(path)
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         script_fd = os.memfd_create("shoal-src", os.MFD_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -189,6 +190,7 @@ class ReadyShells:
         self._shells: OrderedDict[ReadyKey, ReadyShell] = OrderedDict()
         self._making: set[ReadyKey] = set()
         self._lock = threading.Lock()
+        self._made = threading.Condition(self._lock)  # a make ended (its shell or none)
         self._closed = False
         self.hits = 0
         self.misses = 0
@@ -196,8 +198,16 @@ class ReadyShells:
     def take(
         self, key: ReadyKey, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int
     ) -> ReadyShell | None:
-        """The key's shell if it was started with exactly this state, else None."""
+        """The key's shell if it was started with exactly this state, else None.
+
+        A shell still starting is waited for, up to ``READY_SHELL_WAIT_S``: its start is
+        well under way, a cold start would begin from nothing (back-to-back execs)."""
+        deadline = time.monotonic() + READY_SHELL_WAIT_S
         with self._lock:
+            while key in self._making and key not in self._shells:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._made.wait(left):
+                    break
             shell = self._shells.pop(key, None)
             stale = self._expired()
         for old in stale:
@@ -236,6 +246,7 @@ class ReadyShells:
             log.debug("ready shell for %s not started: %s", key, exc)
         with self._lock:
             self._making.discard(key)
+            self._made.notify_all()
             if shell is None:
                 return
             if self._closed:

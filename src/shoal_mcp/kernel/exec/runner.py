@@ -145,9 +145,9 @@ class SpoolBin:
     """Empty spool files for the next execs of one spool dir.
 
     A finished exec's spool whose blob was already stored (the same output again, an
-    empty stderr) is truncated and kept here instead of deleted, and the next spawn takes
-    it instead of creating a file: ext4 inode allocation under create/delete churn was
-    the kernel's top CPU cost.  Only spools of a tree its supervisor reported reaped are
+    empty stderr) is kept here instead of deleted, and the next spawn takes it (emptied
+    as it opens it) instead of creating a file: ext4 inode allocation under
+    create/delete churn was the kernel's top CPU cost.  Only spools of a tree its supervisor reported reaped are
     kept (nothing can still write them); at most ``SPOOLS_KEPT``.
     """
 
@@ -165,22 +165,18 @@ class SpoolBin:
                 fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=self.spool_dir)
                 return fd, Path(name)
             try:
-                return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW), path
+                flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+                return os.open(path, flags), path
             except OSError:
                 continue  # removed under us (spool dir cleaned): take another
 
     def give_back(self, path: Path) -> None:
-        """Keep ``path`` (already ingested) for reuse, emptied; or delete it."""
-        try:
-            with self._lock:
-                keep = len(self._free) < SPOOLS_KEPT
-            if keep:
-                os.truncate(path, 0)
-                with self._lock:
-                    self._free.append(path)
+        """Keep ``path`` (already ingested) for reuse, or delete it; it is emptied when
+        taken, not here (off the path of the exec that gives it back)."""
+        with self._lock:
+            if len(self._free) < SPOOLS_KEPT:
+                self._free.append(path)
                 return
-        except OSError:
-            pass
         path.unlink(missing_ok=True)
 
 

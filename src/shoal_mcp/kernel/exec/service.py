@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,6 +50,11 @@ class Caller(Protocol):
 
     def spawned(self, task: Task) -> bool:
         """Record the spawned task; True when a cancel for this call already arrived."""
+        ...
+
+    def after_reply(self, work: Callable[[], None]) -> None:
+        """Run ``work`` once the reply is written (housekeeping the caller need not wait
+        for); it runs even when no reply could be written."""
         ...
 
 
@@ -265,14 +271,18 @@ class ExecService:
         try:
             return self.result(who, task, opts, started)
         finally:
-            # $SHOAL_OUT/<n> for this output: made in the background while the reply
-            # travels, not at the next exec's start (which only waits if it is not done).
-            self.values.outputs.schedule(who.principal, who.session)
-            if task.result is not None:  # not after an output that could not be stored
-                self._refill(who)
-            # A finished foreground exec is never named again (its value is out:N in the
-            # transcript): drop the task record so the kernel's memory stays flat.
-            self.tasks.forget(task)
+            caller.after_reply(lambda: self._after_exec(who, task))
+
+    def _after_exec(self, who: Principal, task: Task) -> None:
+        """A foreground exec's housekeeping, done once its reply is on its way."""
+        # $SHOAL_OUT/<n> for this output: made in the background, not at the next exec's
+        # start (which only waits if it is not done).
+        self.values.outputs.schedule(who.principal, who.session)
+        if task.result is not None:  # not after an output that could not be stored
+            self._refill(who)
+        # A finished foreground exec is never named again (its value is out:N in the
+        # transcript): drop the task record so the kernel's memory stays flat.
+        self.tasks.forget(task)
 
     def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,

@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,7 @@ class Call:
     id: Any
     slot: InflightCall | None = None
     cpu: CpuBudgets | None = None  # the server's, for kernel.status
+    deferred: list[Callable[[], None]] = field(default_factory=list)  # after_reply work
 
     @property
     def who(self) -> Principal:
@@ -154,6 +156,18 @@ class Call:
 
     def spawned(self, task: Any) -> bool:
         return self.slot is not None and self.slot.attach(task)
+
+    def after_reply(self, work: Callable[[], None]) -> None:
+        self.deferred.append(work)
+
+    def run_deferred(self) -> None:
+        """The handler's ``after_reply`` work, once its reply is written (or not)."""
+        for work in self.deferred:
+            try:
+                work()
+            except Exception:  # noqa: BLE001 - housekeeping: logged, the reply is gone
+                log.exception("work after the reply of %s failed", self.id)
+        self.deferred.clear()
 
 
 class KernelServer:
@@ -379,6 +393,7 @@ class KernelServer:
             self._run(conn, spec, msg)
 
     def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
+        call = None
         try:
             params = msg.params if isinstance(msg.params, dict) else None
             if params is None:
@@ -399,6 +414,8 @@ class KernelServer:
         if spec.blocking:
             conn.inflight.pop(msg.id, None)
         conn.send(reply)
+        if call is not None:
+            call.run_deferred()
 
     def _cleanup(self, conn: Connection) -> None:
         _close_conn(conn)
