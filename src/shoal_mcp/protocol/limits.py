@@ -242,6 +242,9 @@ JOURNAL_ERROR_MAX_CHARS = 500
 VERIFIED_BLOBS_REMEMBERED = 16384
 """Blobs whose blake3 hash the kernel remembers having checked (per file identity);
 a blob not remembered is hashed again when next mapped."""
+BLOB_INFOS_REMEMBERED = 1024
+"""Recorded blob metadata (hash, size, lines) the kernel keeps in memory, most recently
+used first: a reply needs the metadata of each blob it shows."""
 VERIFY_REPORT_MAX = 100
 """Most damaged blobs ``store.verify`` lists by hash (the count covers all)."""
 RUN_CLOCK_SLACK_NS = 250_000_000

@@ -181,6 +181,8 @@ class Finalizer:
                 raise
             if new_state is not None:
                 self.sessions.adopt(session, new_state)
+        self.cas.remember_info(out.info)  # the reply shows them next
+        self.cas.remember_info(err.info)
         self._publish(task, row_id, ref, outcome["ok"])
         return {
             "ref": ref,

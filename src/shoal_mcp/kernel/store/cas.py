@@ -8,6 +8,7 @@ Reads go through ``mmap`` so slicers touch only the pages they need.
 from __future__ import annotations
 
 import codecs
+import itertools
 import mmap
 import os
 import sqlite3
@@ -22,7 +23,12 @@ from typing import Protocol
 import blake3
 
 from ...protocol.errors import ErrorCode, RpcError, is_disk_full, state_dir_full
-from ...protocol.limits import VERIFIED_BLOBS_REMEMBERED, VERIFY_REPORT_MAX, MiB
+from ...protocol.limits import (
+    BLOB_INFOS_REMEMBERED,
+    VERIFIED_BLOBS_REMEMBERED,
+    VERIFY_REPORT_MAX,
+    MiB,
+)
 from .db import Database
 
 INGEST_BLOCK = 1 * MiB
@@ -207,6 +213,63 @@ def corrupted(digest: str, reason: str) -> RpcError:
     )
 
 
+def scan_file(path: Path) -> BlobInfo:
+    """Hash, length, lines and characters of the file at ``path``, in one pass."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size < INGEST_BLOCK:  # most outputs: one read of their size (a byte more: EOF)
+            data = os.read(fd, size + 1)
+            if len(data) <= size:
+                return _scan_whole(data)
+            blocks: Iterator[bytes] = itertools.chain((data,), _blocks(fd))  # it grew
+        else:
+            blocks = _blocks(fd)
+        return _scan_blocks(blocks)
+    finally:
+        os.close(fd)
+
+
+def _blocks(fd: int) -> Iterator[bytes]:
+    while block := os.read(fd, INGEST_BLOCK):
+        yield block
+
+
+def _scan_whole(data: bytes) -> BlobInfo:
+    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    try:
+        chars: int | None = len(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        chars = None
+    return BlobInfo(blake3.blake3(data).hexdigest(), len(data), lines, chars, chars is not None)
+
+
+def _scan_blocks(blocks: Iterator[bytes]) -> BlobInfo:
+    hasher = blake3.blake3()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    size = lines = chars = 0
+    utf8 = True
+    last = b""
+    for block in blocks:
+        hasher.update(block)
+        size += len(block)
+        lines += block.count(b"\n")
+        last = block[-1:]
+        if utf8:
+            try:
+                chars += len(decoder.decode(block))
+            except UnicodeDecodeError:
+                utf8 = False
+    if utf8:
+        try:
+            chars += len(decoder.decode(b"", final=True))
+        except UnicodeDecodeError:
+            utf8 = False
+    if size and last != b"\n":
+        lines += 1
+    return BlobInfo(hasher.hexdigest(), size, lines, chars if utf8 else None, utf8)
+
+
 def hash_fd(fd: int) -> str:
     hasher = blake3.blake3()
     pos = 0
@@ -233,6 +296,9 @@ class ContentStore:
         self.db = db
         self._verified: OrderedDict[tuple, None] = OrderedDict()
         self._verified_lock = threading.Lock()
+        # Recorded metadata of recently used blobs: a blob never changes under its hash,
+        # and each reply reads the info of the blobs it shows (a query each, before).
+        self._infos: OrderedDict[str, BlobInfo] = OrderedDict()
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest
@@ -255,36 +321,14 @@ class ContentStore:
 
         A spool whose blob is already stored is removed, or handed to ``recycle`` (the
         exec spools are reused: creating and deleting a file per exec is costly)."""
-        hasher = blake3.blake3()
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        size = lines = chars = 0
-        utf8 = True
-        last = b""
-        with open(spool, "rb") as fh:
-            while True:
-                block = fh.read(INGEST_BLOCK)
-                if not block:
-                    break
-                hasher.update(block)
-                size += len(block)
-                lines += block.count(b"\n")
-                last = block[-1:]
-                if utf8:
-                    try:
-                        chars += len(decoder.decode(block))
-                    except UnicodeDecodeError:
-                        utf8 = False
-        if utf8:
-            try:
-                chars += len(decoder.decode(b"", final=True))
-            except UnicodeDecodeError:
-                utf8 = False
-        if size and last != b"\n":
-            lines += 1
-        info = BlobInfo(hasher.hexdigest(), size, lines, chars if utf8 else None, utf8)
+        info = scan_file(spool)
         target = self.path_of(info.hash)
         try:
-            if target.exists() and os.stat(target).st_size == size:
+            try:
+                stored_size: int | None = os.stat(target).st_size
+            except FileNotFoundError:
+                stored_size = None
+            if stored_size == info.size:
                 if recycle is not None:
                     recycle(spool)
                 else:
@@ -319,11 +363,31 @@ class ContentStore:
             self.path_of(placed.info.hash).unlink(missing_ok=True)
 
     def info(self, digest: str) -> BlobInfo:
+        with self._verified_lock:
+            found = self._infos.get(digest)
+            if found is not None:
+                self._infos.move_to_end(digest)
+                return found
         rows = self.db.query("SELECT * FROM blobs WHERE hash = ?", (digest,))
         if not rows:
             raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
         row = rows[0]
-        return BlobInfo(row["hash"], row["size"], row["lines"], row["chars"], bool(row["utf8"]))
+        info = BlobInfo(row["hash"], row["size"], row["lines"], row["chars"], bool(row["utf8"]))
+        self.remember_info(info)
+        return info
+
+    def remember_info(self, info: BlobInfo) -> None:
+        """``info`` is recorded (its transaction committed): later lookups need no query."""
+        with self._verified_lock:
+            self._infos[info.hash] = info
+            self._infos.move_to_end(info.hash)
+            while len(self._infos) > BLOB_INFOS_REMEMBERED:
+                self._infos.popitem(last=False)
+
+    def forget_info(self, digest: str) -> None:
+        """The blob's row was deleted (``store.gc``)."""
+        with self._verified_lock:
+            self._infos.pop(digest, None)
 
     def source(self, digest: str) -> StoredBlob:
         """A reader over one stored blob (mmap-backed), checked against its record."""

@@ -185,6 +185,7 @@ class GarbageCollector:
                 continue
             with self.db.transaction() as conn:
                 conn.execute("DELETE FROM blobs WHERE hash = ?", (digest,))
+            self.cas.forget_info(digest)
             self.cas.path_of(digest).unlink(missing_ok=True)
         with self.db.transaction() as conn:  # one statement: a journal row and its text
             # are inserted in one transaction, so a text being recorded is never seen alone

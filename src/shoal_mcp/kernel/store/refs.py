@@ -72,6 +72,12 @@ class RefCounter:
             threading.Thread(target=self._flush_ahead, name="refs-ahead", daemon=True).start()
         return n
 
+    def last_allocated(self, session: str) -> int | None:
+        """The last ``out:N`` this kernel handed out for ``session`` (None: none yet)."""
+        with self._lock:
+            n = self._next.get(session)
+        return None if n is None else n - 1
+
     def _max_stored(self, session: str) -> int:
         rows = self.db.query(
             "SELECT COALESCE(MAX(n), 0) FROM transcript WHERE session = ?", (session,)

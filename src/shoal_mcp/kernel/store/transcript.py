@@ -29,6 +29,10 @@ class TranscriptStore:
         """The next ``out:N`` of ``session`` (durably reserved; never handed out twice)."""
         return self.refs.allocate(session)
 
+    def last_allocated(self, session: str) -> int | None:
+        """The last ``out:N`` this kernel allocated for ``session`` (None: none yet)."""
+        return self.refs.last_allocated(session)
+
     def insert_in(
         self, conn: sqlite3.Connection, session: str, n: int, principal: str, value: dict
     ) -> None:

@@ -57,7 +57,9 @@ class ValueService:
         self.resolver = resolver
         self.reads_all = reads_all  # policy journal_read = all: sees others' values
         state = resolver.cas.root.parent
-        self.outputs = SharedOutputs(state / "outputs", resolver.cas, transcript.db)
+        self.outputs = SharedOutputs(
+            state / "outputs", resolver.cas, transcript.db, transcript.last_allocated
+        )
 
     def stored(self, ref: str, base_uri: str, value: Any) -> Selected:
         """A value an exec of this caller just stored, selected whole without reading the
