@@ -260,6 +260,10 @@ WARM_POOL_IDLE_S = 60.0
 """A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
 WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
+REPORTS_REMEMBERED = 16
+REPORT_REMEMBERED_MAX = 64 * KiB
+"""Exec state reports (``export -p``) kept parsed, and the largest one kept: a session's
+report is usually the same exec after exec (exec/exports.py)."""
 READY_SHELL_WAIT_S = 0.05
 """How long an exec waits for its session's ready shell that is still starting (past
 it, the exec starts its own bash)."""

@@ -15,6 +15,10 @@ items are read too, so what a script writes itself is seen, and filtered, as bef
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
+
+from ...protocol.limits import REPORT_REMEMBERED_MAX, REPORTS_REMEMBERED
 
 _ENTRY = re.compile(rb"(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)(=?)")
 _PLAIN = re.compile(rb'(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)="([^"\\]*)"\n')
@@ -159,8 +163,33 @@ def parse_exports(data: bytes) -> dict[str, str]:
     return env
 
 
+_recent: OrderedDict[bytes, tuple[str, dict[str, str]] | None] = OrderedDict()
+_recent_lock = threading.Lock()
+
+
 def parse_report(raw: bytes) -> tuple[str, dict[str, str]] | None:
-    """(cwd, exported env) from a state report, or None if it has no cwd."""
+    """(cwd, exported env) from a state report, or None if it has no cwd.
+
+    Most execs leave their session as they found it, so the same report comes back exec
+    after exec: the last ``REPORTS_REMEMBERED`` (up to ``REPORT_REMEMBERED_MAX`` bytes
+    each) are kept parsed. Each caller gets its own env dict."""
+    if len(raw) > REPORT_REMEMBERED_MAX:
+        return _parse_report(raw)
+    with _recent_lock:
+        known = raw in _recent
+        parsed = _recent.get(raw)
+        if known:
+            _recent.move_to_end(raw)
+    if not known:
+        parsed = _parse_report(raw)
+        with _recent_lock:
+            _recent[raw] = parsed
+            while len(_recent) > REPORTS_REMEMBERED:
+                _recent.popitem(last=False)
+    return None if parsed is None else (parsed[0], dict(parsed[1]))
+
+
+def _parse_report(raw: bytes) -> tuple[str, dict[str, str]] | None:
     parts = raw.split(b"\0")
     if len(parts) < 2 or not parts[0]:
         return None

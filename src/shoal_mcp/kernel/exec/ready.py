@@ -1,10 +1,11 @@
 """Ready shells: a bash already started, per (principal, session), waiting for its source.
 
-Starting bash (fork, exec, the loader, locale) is most of a small exec's time.  After a
-foreground exec ends, the session's next bash is started in the background under the
-principal's warm zygote, with the session's cwd and environment as they are now, its
-own fresh spools and its own supervisor (a job like any other), and blocks reading one
-byte from a pipe.  An exec whose cwd, environment, sandbox spec and output cap are
+Starting bash (fork, exec, the loader, locale) is most of a small exec's time.  Once a
+foreground exec's reply is written, the session's next bash is started (by the thread
+that wrote it) under the principal's warm zygote, with the session's cwd and
+environment as they are now, reused spools and its own supervisor (a job like any
+other), and blocks reading one byte from a pipe; an exec arriving while it starts
+waits for it, up to ``READY_SHELL_WAIT_S``.  An exec whose cwd, environment, sandbox spec and output cap are
 exactly those hands it the source (through a memfd) and the go byte; anything else
 discards it (the pipe closes, bash exits) and starts cold.  Each ready shell runs one
 source, so nothing passes between execs; its source runs through ``eval`` at line 1,
@@ -223,8 +224,9 @@ class ReadyShells:
         return shell
 
     def refill(self, key: ReadyKey, make: object) -> None:
-        """Start the key's next shell in the background with ``make()`` (a callable
-        returning a ReadyShell or None), unless one is ready or being made."""
+        """Start the key's next shell with ``make()`` (a callable returning a ReadyShell
+        or None), unless one is ready or being made; on this thread (the exec service
+        calls it once its reply is written, so no thread is started for it)."""
         with self._lock:
             stale = self._expired()
             busy = self._closed or key in self._making or key in self._shells
@@ -234,9 +236,7 @@ class ReadyShells:
             old.discard()
         if busy:
             return
-        threading.Thread(
-            target=self._make, args=(key, make), name="ready-make", daemon=True
-        ).start()
+        self._make(key, make)
 
     def _make(self, key: ReadyKey, make: object) -> None:
         shell = None
