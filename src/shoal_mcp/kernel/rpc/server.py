@@ -261,22 +261,37 @@ class KernelServer:
 
     def _serve(self, conn: Connection) -> None:
         try:
-            if not self._read_until_attached(conn):
-                return
-            reader = FrameReader(conn.sock.fileno())
+            attached = self._read_until_attached(conn)
+        except OSError:
+            attached = False
+        if not attached:
+            self._cleanup(conn)
+            return
+        self._read_frames(conn, FrameReader(conn.sock.fileno()), [])
+
+    def _read_frames(self, conn: Connection, reader: FrameReader, pending: list) -> None:
+        """Read and handle ``conn``'s frames (``pending`` first: read already).
+
+        A blocking call runs on the thread that read it, which first hands the reading
+        (the reader and the frames after the call's) to another worker: the call starts
+        without a thread hand-off, and this connection is read on meanwhile. Whichever
+        thread reads last cleans the connection up."""
+        handed_off = False
+        try:
             while not conn.closed.is_set():
                 cpu_start = time.thread_time()  # reading the frames is this principal's too
-                events = reader.read_frames()
+                events, pending = pending or reader.read_frames(), []
                 if not events:
                     break
-                for event in events:
+                for i, event in enumerate(events):
                     principal = _principal_of(conn)
                     if principal is not None:
                         self.cpu.admit(principal, conn.closed)
+                    blocking = None
                     if isinstance(event, Oversize):
                         ok = self._oversize(conn, event)
                     else:
-                        self._handle_frame(conn, event)
+                        blocking = self._handle_frame(conn, event)
                         ok = True
                     if principal is not None:
                         now = time.thread_time()
@@ -284,10 +299,19 @@ class KernelServer:
                         cpu_start = now
                     if not ok:
                         return
+                    if blocking is not None:
+                        rest = events[i + 1 :]
+                        self._start_worker(
+                            self._read_frames, (conn, reader, rest), f"conn-{conn.id}"
+                        )
+                        handed_off = True
+                        self._run_metered(conn, *blocking)
+                        return
         except OSError:
             pass
         finally:
-            self._cleanup(conn)
+            if not handed_off:
+                self._cleanup(conn)
 
     def _read_until_attached(self, conn: Connection) -> bool:
         """Serve frames of at most FRAME_BEFORE_ATTACH bytes until the connection
@@ -335,7 +359,9 @@ class KernelServer:
                     frame = frame[:-1]
                 if frame:
                     sock.settimeout(None)  # replies are written in blocking mode
-                    self._handle_frame(conn, frame)
+                    blocking = self._handle_frame(conn, frame)
+                    if blocking is not None:  # before attach: only a call that refuses
+                        self._start_worker(self._run_metered, (conn, *blocking), "call")
         finally:
             if not conn.closed.is_set():
                 sock.settimeout(None)  # the FrameReader reads the fd in blocking mode
@@ -346,21 +372,23 @@ class KernelServer:
         conn.send(oversize_reply(event.head, event.discarded_bytes))
         return conn.oversize < MAX_OVERSIZE_PER_CONNECTION
 
-    def _handle_frame(self, conn: Connection, frame: bytes) -> None:
+    def _handle_frame(self, conn: Connection, frame: bytes) -> tuple[MethodSpec, Request] | None:
+        """Answer ``frame``, or return the blocking call it is (its slot is taken: the
+        caller runs it, on a thread of its own)."""
         msg = parse_message(frame)
         if isinstance(msg, Invalid):
             if msg.reply is not None:
                 conn.send(msg.reply)
-            return
+            return None
         if isinstance(msg, (Response, Notification)):
-            return  # clients send no responses or notifications we act on
+            return None  # clients send no responses or notifications we act on
         assert isinstance(msg, Request)
         spec = REGISTRY.get(msg.method)
         if spec is None:
             conn.send(
                 error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"no method {msg.method!r}")
             )
-            return
+            return None
         if spec.attach and not conn.attached:
             conn.send(
                 error_response(
@@ -370,7 +398,7 @@ class KernelServer:
                     {"method": msg.method},
                 )
             )
-            return
+            return None
         if spec.blocking:
             if len(conn.inflight) >= MAX_BLOCKING_CALLS:  # one thread each: bounded
                 err = over_budget(
@@ -379,12 +407,12 @@ class KernelServer:
                     "blocking calls running on this connection",
                 )
                 conn.send(error_response(msg.id, err.code, err.message, err.data))
-                return
+                return None
             # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
             conn.inflight[msg.id] = InflightCall()
-            self._start_worker(self._run_metered, (conn, spec, msg), f"call-{msg.method}")
-        else:
-            self._run(conn, spec, msg)
+            return spec, msg
+        self._run(conn, spec, msg)
+        return None
 
     def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an

@@ -27,12 +27,15 @@ from ...protocol.limits import (
     BLOB_INFOS_REMEMBERED,
     VERIFIED_BLOBS_REMEMBERED,
     VERIFY_REPORT_MAX,
+    KiB,
     MiB,
 )
 from .db import Database
 
 INGEST_BLOCK = 1 * MiB
 SCAN_BLOCK = 1 * MiB
+SMALL_BLOB_KEPT = 64 * KiB
+"""A stored blob up to this size is read whole, once, by the reader that uses it."""
 """Block size for scans that must not map a whole blob (line lookups, counts)."""
 
 
@@ -172,6 +175,37 @@ class StoredBlob(FileSource):
         super().__init__(store.path_of(info.hash))
         self.store = store
         self.info_ = info
+        self._small: bytes | None = None  # a small blob's bytes, once read and checked
+
+    def _small_bytes(self) -> bytes | None:
+        """The whole blob when it is at most ``SMALL_BLOB_KEPT`` bytes (read and checked
+        once: a reply reads the same small output several times), else None."""
+        if self.info_.size > SMALL_BLOB_KEPT:
+            return None
+        if self._small is None:
+            fd = self._fd()
+            try:
+                self._small = os.pread(fd, self.info_.size, 0)
+            finally:
+                os.close(fd)
+        return self._small
+
+    def read_range(self, start: int, end: int) -> bytes:
+        small = self._small_bytes()
+        if small is None:
+            return super().read_range(start, end)
+        start = max(0, start)
+        return small[start : max(start, end)]
+
+    def blocks(self, start: int, end: int, backward: bool = False) -> Iterator[tuple[int, bytes]]:
+        small = self._small_bytes()
+        if small is None:
+            yield from super().blocks(start, end, backward)
+            return
+        # One block (a small blob is under SCAN_BLOCK), as the file reads would give it.
+        start = max(0, start)
+        if start < end and (backward or start < len(small)):
+            yield start, small[start:end]
 
     def _fd(self) -> int:
         fd = super()._fd()
@@ -193,6 +227,10 @@ class StoredBlob(FileSource):
 
     @contextmanager
     def open(self) -> Iterator[bytes | mmap.mmap]:
+        small = self._small_bytes()
+        if small is not None:
+            yield small
+            return
         fd = self._fd()
         try:
             st = os.fstat(fd)

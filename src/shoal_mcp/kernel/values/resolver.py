@@ -22,9 +22,18 @@ import orjson
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
 from ...protocol.limits import JSON_PARSE_SLOTS, JSON_PARSE_WAIT_S, JSON_SELECTOR_MAX
-from ..store.cas import BlobInfo, BlobSource, ContentStore, FileSource, count_newlines
+from ..store.cas import (
+    BlobInfo,
+    BlobSource,
+    ContentStore,
+    FileSource,
+    StoredBlob,
+    count_newlines,
+)
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
+SOURCES_KEPT = 8
+"""Blob readers one call's resolver keeps (an outcome names two)."""
 NEAR_LINES = 4096
 """Line lookups this close to either end of a blob walk the mmap instead of counting."""
 
@@ -295,6 +304,9 @@ class Resolver:
     def __init__(self, cas: ContentStore, blob_ok: Callable[[str], bool] | None = None) -> None:
         self.cas = cas
         self.blob_ok = blob_ok
+        # A call's encode and render read the same few blobs: their readers are kept
+        # (a small blob's bytes are read once), a handful per call.
+        self._sources: dict[str, StoredBlob] = {}
 
     def for_caller(self, blob_ok: Callable[[str], bool]) -> Resolver:
         return Resolver(self.cas, blob_ok)
@@ -305,7 +317,12 @@ class Resolver:
             digest = node["hash"]
             if self.blob_ok is None or not self.blob_ok(digest):
                 raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
-            return TextBlob(self.cas.source(digest), self.cas.info(digest))
+            stored = self._sources.get(digest)
+            if stored is None:
+                stored = self.cas.source(digest)
+                if len(self._sources) < SOURCES_KEPT:
+                    self._sources[digest] = stored
+            return TextBlob(stored, stored.info_)
         if is_node(node, "spool"):
             source = FileSource(node["path"])
             return TextBlob(source, source.info())
