@@ -133,9 +133,8 @@ class Kernel:
         return int(self.db.query("SELECT COALESCE(SUM(size), 0) FROM blobs")[0][0])
 
     def _clean_spool(self) -> None:
-        for pattern in ("run-*", "ready-*"):  # exec spools, ready shells' (exec/ready.py)
-            for leftover in self.spool_dir.glob(pattern):
-                leftover.unlink(missing_ok=True)
+        for leftover in self.spool_dir.glob("run-*"):  # exec and ready shells' spools
+            leftover.unlink(missing_ok=True)
 
     def verify_store(self) -> dict[str, Any]:
         """``store.verify``: every blob's length and hash, the database's integrity."""

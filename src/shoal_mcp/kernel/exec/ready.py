@@ -54,8 +54,6 @@ LOADER = (
 )
 """After the EXIT trap, on the same first line: wait, read the source, run it."""
 
-READY_SPOOL_PREFIX = "ready-"
-"""Spools of ready shells up to 0.2.0 (the kernel still removes leftovers at start)."""
 
 ReadyKey = tuple[str, str]  # (principal, session)
 
