@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.loadgen import run_load
 from shoal_mcp.protocol.framing import BACKEND
-from tests.support.kernel import running_kernel
+from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import fd_count, kernel_commands, threads
 
@@ -74,6 +74,11 @@ def test_load_many_facades(benchmark, request, tmp_path):
         benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         wait_until(lambda: not kernel_commands(pid), timeout=60, interval=0.2)
         after = {"fds": fd_count(pid), "threads": threads(pid)}
+        status = kernel.client("load-status")
+        try:  # how often an exec found its session's ready shell (kernel/exec/ready.py)
+            figures["warm"] = status.call("kernel.status", timeout=30)["warm"]
+        finally:
+            close_client(status)
         figures["kernel_cpu_ms_per_call"] = round(
             (cpu_seconds(pid) - cpu0) / (FACADES * CALLS) * 1e3, 3
         )
@@ -109,7 +114,8 @@ def test_load_many_facades(benchmark, request, tmp_path):
             f"{FACADES} facades x {CALLS} calls: lost {figures['lost']}, "
             f"{figures['calls_per_s']} calls/s, p50 {figures['p50_ms']} ms, "
             f"p99 {figures['p99_ms']} ms (target: 0 lost, p99 <= 150 ms); "
-            f"kernel CPU {figures['kernel_cpu_ms_per_call']} ms per call",
+            f"kernel CPU {figures['kernel_cpu_ms_per_call']} ms per call; ready shells "
+            f"{figures['warm']['ready_hits']} hits, {figures['warm']['ready_misses']} misses",
             baseline_line(baseline, figures),
             line,
         ],
