@@ -5,12 +5,13 @@ foreground exec's reply is written, the session's next bash is started (by the t
 that wrote it) under the principal's warm zygote, with the session's cwd and
 environment as they are now, reused spools and its own supervisor (a job like any
 other), and blocks reading one byte from a pipe; an exec arriving while it starts
-waits for it, up to ``READY_SHELL_WAIT_S``.  An exec whose cwd, environment, sandbox spec and output cap are
-exactly those hands it the source (through a memfd) and the go byte; anything else
-discards it (the pipe closes, bash exits) and starts cold.  Each ready shell runs one
-source, so nothing passes between execs; its source runs through ``eval`` at line 1,
-which differs from ``bash -c`` only in the word ``eval`` instead of ``-c`` in syntax
-error messages.  See docs/decisions.md, "Exec round trip, second pass".
+waits for it, up to ``READY_SHELL_WAIT_S``.  An exec whose cwd, environment, sandbox
+spec and output cap are exactly those hands it the source (through a memfd) and the
+go byte; anything else discards it (the pipe closes, bash exits) and starts cold.  Each
+ready shell runs one source, so nothing passes between execs; its source runs through
+``eval`` at line 1, which differs from ``bash -c`` only in the word ``eval`` instead of
+``-c`` in syntax error messages.  See docs/decisions.md, "Exec round trip", second and
+third pass.
 
 Bounds: one per (principal, session), at most ``READY_SHELLS_MAX`` (least recently
 made goes first), none older than ``WARM_POOL_IDLE_S``, none without a warm zygote

@@ -145,10 +145,11 @@ class SpoolBin:
     """Empty spool files for the next execs of one spool dir.
 
     A finished exec's spool whose blob was already stored (the same output again, an
-    empty stderr) is kept here instead of deleted, and the next spawn takes it (emptied
-    as it opens it) instead of creating a file: ext4 inode allocation under
-    create/delete churn was the kernel's top CPU cost.  Only spools of a tree its supervisor reported reaped are
-    kept (nothing can still write them); at most ``SPOOLS_KEPT``.
+    empty stderr) is kept here instead of deleted, and the next spawn or ready shell takes
+    it (emptied as it opens it) instead of creating a file: ext4 inode allocation under
+    create/delete churn was the kernel's top CPU cost.  Only spools of a tree its
+    supervisor reported reaped are kept (nothing can still write them); at most
+    ``SPOOLS_KEPT``.
     """
 
     def __init__(self, spool_dir: Path) -> None:

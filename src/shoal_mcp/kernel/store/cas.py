@@ -34,9 +34,9 @@ from .db import Database
 
 INGEST_BLOCK = 1 * MiB
 SCAN_BLOCK = 1 * MiB
+"""Block size for scans that must not map a whole blob (line lookups, counts)."""
 SMALL_BLOB_KEPT = 64 * KiB
 """A stored blob up to this size is read whole, once, by the reader that uses it."""
-"""Block size for scans that must not map a whole blob (line lookups, counts)."""
 
 
 @dataclass(frozen=True, slots=True)
