@@ -32,7 +32,7 @@ import pytest
 
 from shoal_mcp.protocol.framing import BACKEND
 from tests.support.facade import facade_env
-from tests.support.kernel import running_kernel
+from tests.support.kernel import close_client, running_kernel
 
 from .mcp_pipe import PipeClient
 from .summary import cpu_seconds, load_baseline, percentile, register_summary
@@ -155,6 +155,11 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
 
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     figures = summarize(samples)
+    status = kernel.client("rt-status")
+    try:  # did each exec find its ready shell (kernel/exec/ready.py)?
+        figures["warm"] = status.call("kernel.status", timeout=30)["warm"]
+    finally:
+        close_client(status)
     calls = BLOCKS * ROUNDS_PER_BLOCK + 0.0
     figures["server_cpu_ms_per_call"] = {
         n: sum(cpu_seconds(p) - c for p, c in zip(pids, cpu_before[n], strict=True)) / calls * 1e3
@@ -183,6 +188,8 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
         f"server CPU per call, bash excluded: shoal (kernel + facade) {cpu['shoal']:.3f} ms, "
         f"fastmcp {cpu['fastmcp']:.3f} ms"
     )
+    warm = figures["warm"]
+    lines.append(f"ready shells: {warm['ready_hits']} hits, {warm['ready_misses']} misses")
     baseline = load_baseline("roundtrip", QUICK)
     if baseline:
         lines.append(
