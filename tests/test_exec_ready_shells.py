@@ -24,12 +24,19 @@ def ready_shells() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and is_waiting_ready_shell(p)]
 
 
+def new_ready_shells(kernel, before: set[int]) -> set[int]:
+    """``kernel``'s waiting ready shells not in ``before`` (other kernels on the machine,
+    and this kernel's other sessions, have theirs too)."""
+    return (set(ready_shells()) & descendants_of(kernel.pid)) - before
+
+
 def test_the_next_exec_runs_in_a_started_shell_as_if_fresh(kernel, tmp_path):
     c = kernel.client("ready-fresh")
     try:
+        before = new_ready_shells(kernel, set())
         first_pid, cold_zero = out(c, 'echo "$$ $0"').split()  # the first exec starts cold
-        wait_until(ready_shells, timeout=30, what="a ready shell")
-        waiting = set(ready_shells())
+        wait_until(lambda: new_ready_shells(kernel, before), timeout=30, what="a ready shell")
+        waiting = new_ready_shells(kernel, before)
         time.sleep(1.2)  # the shell waits; its clock must not count that
         second = out(c, 'echo "$$ $SECONDS $? ${#BASH_SOURCE[@]} $0"; echo "$LINENO"')
         pid, seconds, status, sources, zero = second.split("\n")[0].split()
@@ -67,11 +74,13 @@ def test_back_to_back_execs_run_in_ready_shells(kernel):
 def test_status_stderr_and_syntax_errors(kernel):
     c = kernel.client("ready-status")
     try:
+        others = new_ready_shells(kernel, set())  # other sessions'
         out(c, "true")
-        wait_until(ready_shells, timeout=30, what="a ready shell")
+        wait_until(lambda: new_ready_shells(kernel, others), timeout=30, what="a ready shell")
         reply = c.call("exec", {"src": "echo e >&2; exit 7", "position": "value"}, timeout=60)
         assert reply["value"]["status"] == 7 and reply["value"]["err"]["v"] == "e\n"
-        wait_until(ready_shells, timeout=30, what="a ready shell")
+        # the shell it ran in waits no more; the next one is made after the reply
+        wait_until(lambda: new_ready_shells(kernel, others), timeout=30, what="a ready shell")
         reply = c.call("exec", {"src": "echo a\nif then", "position": "value"}, timeout=60)
         assert reply["value"]["status"] == 2 and reply["value"]["out"]["v"] == "a\n"
         assert "line 2: syntax error" in reply["value"]["err"]["v"]

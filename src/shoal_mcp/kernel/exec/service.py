@@ -52,6 +52,10 @@ class Caller(Protocol):
         """Record the spawned task; True when a cancel for this call already arrived."""
         ...
 
+    def cancelled(self) -> bool:
+        """True when a cancel for this call arrived (before anything was spawned)."""
+        ...
+
     def after_reply(self, work: Callable[[], None]) -> None:
         """Run ``work`` once the reply is written (housekeeping the caller need not wait
         for); it runs even when no reply could be written."""
@@ -187,8 +191,8 @@ class ExecService:
         try:
             return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
         except RpcError as exc:
-            if exc.code == ErrorCode.QUOTA:
-                self.plans.unclaim(plan, previous)  # refused before anything started
+            if exc.code == ErrorCode.QUOTA or isinstance(exc, CancelledBeforeStart):
+                self.plans.unclaim(plan, previous)  # refused or cancelled before it started
             raise
 
     def _check_applicable(self, who: Principal, plan: Plan) -> None:
@@ -248,7 +252,7 @@ class ExecService:
         caller: Caller,
         started: float,
     ) -> dict:
-        task = self._start(who, src, effects, opts.background)
+        task = self._start(who, src, effects, opts.background, caller)
         if opts.background:
             return task_handle(task)
         # A foreground exec is watched (and finalized) on this thread, which then writes
@@ -284,9 +288,15 @@ class ExecService:
         # transcript): drop the task record so the kernel's memory stays flat.
         self.tasks.forget(task)
 
-    def _start(self, who: Principal, src: str, effects: list[dict], background: bool) -> Task:
+    def _start(
+        self, who: Principal, src: str, effects: list[dict], background: bool, caller: Caller
+    ) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,
-        start the task; the task remembers that state (its delta is computed from it)."""
+        start the task; the task remembers that state (its delta is computed from it).
+
+        A call cancelled before its spawn spawns nothing (-32020): one that waited (for
+        its ready shell, behind a slow kernel) would otherwise start late, to be killed
+        at once. A cancel arriving during the spawn is applied right after it."""
         session = self.sessions.get_or_create(who.session)
         cwd, env = self._usable_state(session)
         # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
@@ -302,6 +312,8 @@ class ExecService:
             self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
         try:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
+            if caller.cancelled():
+                raise CancelledBeforeStart()
             run, start_env = self._launch(who, src, cwd, env, outputs)
             try:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
@@ -479,6 +491,17 @@ class ExecService:
                 "render": result["render"],
                 **({"output_capped": True} if task.result.get("output_capped") else {}),
             },
+        )
+
+
+class CancelledBeforeStart(RpcError):
+    """-32020 for a call cancelled before its command was spawned: nothing ran."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.TASK_CONTROL,
+            "cancelled before it started: nothing ran",
+            {"cancelled": True, "started": False},
         )
 
 

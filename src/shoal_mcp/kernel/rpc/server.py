@@ -157,6 +157,9 @@ class Call:
     def spawned(self, task: Any) -> bool:
         return self.slot is not None and self.slot.attach(task)
 
+    def cancelled(self) -> bool:
+        return self.slot is not None and self.slot.cancel_requested
+
     def after_reply(self, work: Callable[[], None]) -> None:
         self.deferred.append(work)
 

@@ -1,0 +1,77 @@
+"""A call cancelled before its command was spawned spawns nothing (exec/service.py).
+
+The kernel is real (in-process, on a temporary state dir); the caller is the exec
+service's ``Caller`` as the RPC layer would pass it, with its cancel already in. The
+live path (a cancel in the same write as the call, through ``shoal-mcp``) is
+``test_mcp_stdio::test_cancel_that_overtakes_the_spawn_still_ends_the_task``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal_mcp.kernel.access.identity import Principal
+from shoal_mcp.kernel.app import Kernel, KernelConfig
+from shoal_mcp.kernel.exec.service import CancelledBeforeStart, RunOptions
+from shoal_mcp.protocol.errors import ErrorCode
+
+
+class CancelledCaller:
+    """A caller whose cancel arrived before the spawn (``task.cancel {call}``)."""
+
+    def __init__(self) -> None:
+        self.spawned_tasks: list = []
+        self.deferred: list = []
+
+    def gone(self) -> bool:
+        return False
+
+    def spawned(self, task) -> bool:
+        self.spawned_tasks.append(task)
+        return True
+
+    def cancelled(self) -> bool:
+        return True
+
+    def after_reply(self, work) -> None:
+        self.deferred.append(work)
+
+
+class PlainCaller(CancelledCaller):
+    """A caller nobody cancelled."""
+
+    def spawned(self, task) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Iterator[Kernel]:
+    k = Kernel(KernelConfig(socket=tmp_path / "run" / "k.sock", state_dir=tmp_path / "state"))
+    yield k
+    k.stop_work(drain_s=1.0)
+    k.close()
+
+
+def test_nothing_runs_and_the_reply_says_so(kernel: Kernel, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    who = Principal("cancelled-early", f"uid:{os.geteuid()}")
+    caller = CancelledCaller()
+    with pytest.raises(CancelledBeforeStart) as raised:
+        kernel.exec.run(who, f"touch {marker}", RunOptions(), caller)
+    err = raised.value.to_error()
+    assert err["code"] == ErrorCode.TASK_CONTROL and err["data"] == {
+        "cancelled": True,
+        "started": False,
+    }
+    assert caller.spawned_tasks == [] and not marker.exists()
+    assert kernel.tasks.running_total() == 0
+    # The principal's max_tasks slot taken for the start is given back.
+    reply = kernel.exec.run(who, "echo after", RunOptions(), PlainCaller())
+    assert reply["value"]["out"]["v"] == "after\n"
