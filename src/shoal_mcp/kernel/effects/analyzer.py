@@ -51,7 +51,6 @@ from __future__ import annotations
 import copy
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +60,7 @@ import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
 from ...protocol.limits import ANALYSIS_CACHE_ENTRIES, ANALYSIS_CACHE_SRC_MAX
+from ...protocol.lru import Lru
 from .args import Args, wordset
 from .commands import SHELL_BUILTINS, run
 from .state import (
@@ -210,8 +210,7 @@ class Analysis:
         return out
 
 
-_cache: OrderedDict[tuple[str, str, str | None], Analysis] = OrderedDict()
-_cache_lock = threading.Lock()
+_recent: Lru[tuple[str, str, str | None], Analysis] = Lru(ANALYSIS_CACHE_ENTRIES)
 
 
 def analyze(src: str, cwd: str, home: str | None = None) -> Analysis:
@@ -223,16 +222,10 @@ def analyze(src: str, cwd: str, home: str | None = None) -> Analysis:
     if len(src) > ANALYSIS_CACHE_SRC_MAX:
         return _analyze(src, cwd, home)
     key = (src, cwd, home)
-    with _cache_lock:
-        found = _cache.get(key)
-        if found is not None:
-            _cache.move_to_end(key)
+    found = _recent.get(key)
     if found is None:
         found = _analyze(src, cwd, home)
-        with _cache_lock:
-            _cache[key] = found
-            while len(_cache) > ANALYSIS_CACHE_ENTRIES:
-                _cache.popitem(last=False)
+        _recent.put(key, found)
     return _copy(found)
 
 

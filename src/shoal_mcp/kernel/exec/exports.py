@@ -15,10 +15,9 @@ items are read too, so what a script writes itself is seen, and filtered, as bef
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 
 from ...protocol.limits import REPORT_REMEMBERED_MAX, REPORTS_REMEMBERED
+from ...protocol.lru import Lru
 
 _ENTRY = re.compile(rb"(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)(=?)")
 _PLAIN = re.compile(rb'(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)="([^"\\]*)"\n')
@@ -163,8 +162,7 @@ def parse_exports(data: bytes) -> dict[str, str]:
     return env
 
 
-_recent: OrderedDict[bytes, tuple[str, dict[str, str]] | None] = OrderedDict()
-_recent_lock = threading.Lock()
+_recent: Lru[bytes, tuple[str, dict[str, str]] | None] = Lru(REPORTS_REMEMBERED)
 
 
 def parse_report(raw: bytes) -> tuple[str, dict[str, str]] | None:
@@ -175,17 +173,10 @@ def parse_report(raw: bytes) -> tuple[str, dict[str, str]] | None:
     each) are kept parsed. Each caller gets its own env dict."""
     if len(raw) > REPORT_REMEMBERED_MAX:
         return _parse_report(raw)
-    with _recent_lock:
-        known = raw in _recent
-        parsed = _recent.get(raw)
-        if known:
-            _recent.move_to_end(raw)
+    known, parsed = _recent.lookup(raw)
     if not known:
         parsed = _parse_report(raw)
-        with _recent_lock:
-            _recent[raw] = parsed
-            while len(_recent) > REPORTS_REMEMBERED:
-                _recent.popitem(last=False)
+        _recent.put(raw, parsed)
     return None if parsed is None else (parsed[0], dict(parsed[1]))
 
 

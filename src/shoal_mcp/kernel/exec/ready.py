@@ -38,7 +38,7 @@ from .runner import (
     RunningCommand,
     _bytes,
     _prelude,
-    spool_bin,
+    take_spools,
 )
 from .supervisor import Job, Supervisor
 
@@ -139,13 +139,7 @@ def prepare(
     paths: list[Path] = []
     keep: list[int] = []
     try:
-        spools = spool_bin(spool_dir)
-        for suffix in (".out", ".err"):
-            # Reused spools like a cold spawn's: a new file per exec (and its deletion)
-            # costs the file system more than any other step of an exec.
-            fd, path = spools.take(suffix)
-            fds.append(fd)
-            paths.append(path)
+        take_spools(spool_dir, fds, paths)  # reused, like a cold spawn's
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         script_fd = os.memfd_create("shoal-src", os.MFD_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)

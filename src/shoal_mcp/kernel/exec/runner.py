@@ -193,6 +193,16 @@ def _emptied(path: Path) -> int:
     return os.open(path, flags)
 
 
+def take_spools(spool_dir: Path, fds: list[int], paths: list[Path]) -> None:
+    """A job's stdout and stderr spools from ``spool_dir``'s bin, appended to ``fds`` and
+    ``paths`` as each is taken (a caller's cleanup then sees a pair taken halfway)."""
+    spools = spool_bin(spool_dir)
+    for suffix in (".out", ".err"):
+        fd, path = spools.take(suffix)
+        fds.append(fd)
+        paths.append(path)
+
+
 _BINS: dict[Path, SpoolBin] = {}
 _BINS_LOCK = threading.Lock()
 
@@ -239,15 +249,11 @@ def spawn(
             f"session cwd {cwd!r} no longer exists",
             {"cwd": cwd, "hint": "exec 'cd /some/dir' in a new session or recreate the directory"},
         )
-    fds = []
-    paths = []
+    fds: list[int] = []
+    paths: list[Path] = []
     state_fd = -1
     try:
-        spools = spool_bin(spool_dir)
-        for suffix in (".out", ".err"):
-            fd, path = spools.take(suffix)
-            fds.append(fd)
-            paths.append(path)
+        take_spools(spool_dir, fds, paths)
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         fds.append(state_fd)
         script = _prelude(STATE_FD) + src

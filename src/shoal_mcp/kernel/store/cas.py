@@ -12,8 +12,6 @@ import itertools
 import mmap
 import os
 import sqlite3
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from ...protocol.limits import (
     KiB,
     MiB,
 )
+from ...protocol.lru import Lru
 from .db import Database
 
 INGEST_BLOCK = 1 * MiB
@@ -332,11 +331,11 @@ class ContentStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.db = db
-        self._verified: OrderedDict[tuple, None] = OrderedDict()
-        self._verified_lock = threading.Lock()
+        # Files whose hash was checked, by identity (hash, inode, mtime, size).
+        self._verified: Lru[tuple, None] = Lru(VERIFIED_BLOBS_REMEMBERED)
         # Recorded metadata of recently used blobs: a blob never changes under its hash,
         # and each reply reads the info of the blobs it shows (a query each, before).
-        self._infos: OrderedDict[str, BlobInfo] = OrderedDict()
+        self._infos: Lru[str, BlobInfo] = Lru(BLOB_INFOS_REMEMBERED)
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest
@@ -401,11 +400,9 @@ class ContentStore:
             self.path_of(placed.info.hash).unlink(missing_ok=True)
 
     def info(self, digest: str) -> BlobInfo:
-        with self._verified_lock:
-            found = self._infos.get(digest)
-            if found is not None:
-                self._infos.move_to_end(digest)
-                return found
+        found = self._infos.get(digest)
+        if found is not None:
+            return found
         rows = self.db.query("SELECT * FROM blobs WHERE hash = ?", (digest,))
         if not rows:
             raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
@@ -416,16 +413,11 @@ class ContentStore:
 
     def remember_info(self, info: BlobInfo) -> None:
         """``info`` is recorded (its transaction committed): later lookups need no query."""
-        with self._verified_lock:
-            self._infos[info.hash] = info
-            self._infos.move_to_end(info.hash)
-            while len(self._infos) > BLOB_INFOS_REMEMBERED:
-                self._infos.popitem(last=False)
+        self._infos.put(info.hash, info)
 
     def forget_info(self, digest: str) -> None:
         """The blob's row was deleted (``store.gc``)."""
-        with self._verified_lock:
-            self._infos.pop(digest, None)
+        self._infos.discard(digest)
 
     def source(self, digest: str) -> StoredBlob:
         """A reader over one stored blob (mmap-backed), checked against its record."""
@@ -440,22 +432,15 @@ class ContentStore:
     def verify_hash(self, fd: int, st: os.stat_result, info: BlobInfo) -> None:
         """Hash the open blob unless this very file (inode, mtime, size) was checked."""
         key = (info.hash, st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._verified_lock:
-            if key in self._verified:
-                self._verified.move_to_end(key)
-                return
+        if key in self._verified:
+            return
         actual = hash_fd(fd)
         if actual != info.hash:
             raise corrupted(info.hash, f"content hashes to {actual[:16]}…")
         self._remember(info.hash, st)
 
     def _remember(self, digest: str, st: os.stat_result) -> None:
-        key = (digest, st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._verified_lock:
-            self._verified[key] = None
-            self._verified.move_to_end(key)
-            while len(self._verified) > VERIFIED_BLOBS_REMEMBERED:
-                self._verified.popitem(last=False)
+        self._verified.put((digest, st.st_ino, st.st_mtime_ns, st.st_size), None)
 
     def verify_all(self) -> dict:
         """Every recorded blob checked (length and hash): ``shoal doctor --verify``."""
