@@ -1,4 +1,5 @@
-"""A call cancelled before its command was spawned spawns nothing (exec/service.py).
+"""A call cancelled before its command was spawned spawns nothing, and one cancelled
+while it was being spawned is SIGKILLed at once (exec/service.py).
 
 The kernel is real (in-process, on a temporary state dir); the caller is the exec
 service's ``Caller`` as the RPC layer would pass it, with its cancel already in. The
@@ -17,7 +18,7 @@ import pytest
 from shoal_mcp.kernel.access.identity import Principal
 from shoal_mcp.kernel.app import Kernel, KernelConfig
 from shoal_mcp.kernel.exec.service import CancelledBeforeStart, RunOptions
-from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
 
 
 class CancelledCaller:
@@ -75,3 +76,29 @@ def test_nothing_runs_and_the_reply_says_so(kernel: Kernel, tmp_path: Path) -> N
     # The principal's max_tasks slot taken for the start is given back.
     reply = kernel.exec.run(who, "echo after", RunOptions(), PlainCaller())
     assert reply["value"]["out"]["v"] == "after\n"
+
+
+class CancelledDuringSpawnCaller(PlainCaller):
+    """A caller whose cancel arrived while the command was being spawned."""
+
+    def spawned(self, task) -> bool:
+        self.spawned_tasks.append(task)
+        return True
+
+
+def test_a_cancel_during_the_spawn_kills_at_once(kernel: Kernel, tmp_path: Path) -> None:
+    # A SIGTERM would reach the trap (once set) and exit 3, or kill bash before it: 143.
+    # Nothing has seen the command, so there is no grace: SIGKILL only, status 137.
+    marker = tmp_path / "got-term"
+    who = Principal("cancelled-mid-spawn", f"uid:{os.geteuid()}")
+    caller = CancelledDuringSpawnCaller()
+    with pytest.raises(RpcError) as raised:
+        kernel.exec.run(
+            who, f"trap 'touch {marker}; exit 3' TERM; sleep 30 & wait", RunOptions(), caller
+        )
+    err = raised.value.to_error()
+    assert err["code"] == ErrorCode.RAISED and err["data"]["status"] == 137, err
+    assert "(cancelled)" in err["message"]
+    assert [t.state for t in caller.spawned_tasks] == ["cancelled"]
+    assert not marker.exists()
+    assert kernel.tasks.running_total() == 0

@@ -97,13 +97,16 @@ class RunningCommand:
 
     def terminate(self, grace: float = CANCEL_GRACE_S) -> None:
         """SIGTERM bash's group, and after ``grace`` (or once bash is gone) SIGKILL the
-        whole tree, setsid'd and nohup'd descendants included; leaves no zombie."""
+        whole tree, setsid'd and nohup'd descendants included; leaves no zombie.
+        ``grace`` 0: the SIGKILL at once, without a SIGTERM."""
         self.cancelled = True
-        self.signal_group(signal.SIGCONT)  # a stopped group cannot act on TERM
-        self.signal_group(signal.SIGTERM)
-        if self.wait(grace) is None:
-            self.job.kill()
-            self.wait()
+        if grace > 0:
+            self.signal_group(signal.SIGCONT)  # a stopped group cannot act on TERM
+            self.signal_group(signal.SIGTERM)
+            if self.wait(grace) is not None:
+                return
+        self.job.kill()
+        self.wait()
 
     def read_state(self) -> tuple[str, dict[str, str]] | None:
         """The (cwd, exported env) the EXIT trap wrote, or None if it never ran."""

@@ -260,7 +260,7 @@ class ExecService:
         # before the end, the task gets a waiter thread of its own.
         try:
             if caller.spawned(task):
-                self.tasks.cancel(task)  # a cancel overtook the spawn
+                self.tasks.cancel(task, at_once=True)  # a cancel overtook the spawn
             waited = self._wait(task, opts.timeout_ms, caller)
         except BaseException:
             self.tasks.watch_in_background(task)

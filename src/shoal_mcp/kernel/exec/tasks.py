@@ -255,7 +255,10 @@ class TaskManager:
         with task.lock:
             task.listed = True
 
-    def cancel(self, task: Task) -> None:
+    def cancel(self, task: Task, *, at_once: bool = False) -> None:
+        """Cancel a running task: SIGTERM its group, SIGKILL after ``CANCEL_GRACE_S``.
+        ``at_once``: SIGKILL now, for a cancel that overtook the spawn (nothing has seen
+        the command, and bash can hold a SIGTERM that lands while it forks)."""
         with task.lock:
             if task.done.is_set():
                 raise RpcError(
@@ -264,7 +267,12 @@ class TaskManager:
                     {"state": task.state},
                 )
             task.state = "cancelled"
-        threading.Thread(target=task.run.terminate, name=f"cancel-{task.id}", daemon=True).start()
+        threading.Thread(
+            target=task.run.terminate,
+            args=(0.0,) if at_once else (),
+            name=f"cancel-{task.id}",
+            daemon=True,
+        ).start()
 
     def suspend(self, task: Task) -> None:
         self._signal(task, signal.SIGSTOP, "running", "suspended")
