@@ -39,7 +39,9 @@ def test_cancel_reaches_cancelled_and_group_is_gone(tc):
     assert rec["state"] == "running"
     pid = rec["pid"]
     assert os.getpgid(pid) == pid
-    wait_until(lambda: len(pgid_members(pid)) >= 1)
+    # bash and its sleep: a SIGTERM that lands while bash forks is held by bash until
+    # the SIGKILL 2 s later (docs/decisions.md), past this test's await.
+    wait_until(lambda: len(pgid_members(pid)) >= 2)
     members = pgid_members(pid)
     t0 = time.monotonic()
     reply = tc.call("task.cancel", {"task": h["task"]}, timeout=10)
