@@ -116,8 +116,12 @@ def test_output_larger_than_the_state_dir(full_kernel):
         assert (
             ("no space left" in reason) if k.mechanism == "tmpfs" else ("file size limit" in reason)
         )
-        # The kernel dropped the partial spool itself and keeps serving.
-        assert list((k.state / "spool").glob("run-*")) == []
+        # The kernel dropped the partial spool itself and keeps serving. A ready shell
+        # made after "echo before" may hold an empty pair (under load BIG may not wait for
+        # it and start cold); no spool holds output.
+        spools = list((k.state / "spool").glob("run-*"))
+        assert [p for p in spools if p.stat().st_size] == [], spools
+        assert len(spools) <= 2, spools
         again = c.call("exec", {"src": "echo after"}, timeout=30)
         assert again["value"]["out"]["v"] == "after\n"
         assert (
