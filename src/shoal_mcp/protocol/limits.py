@@ -245,6 +245,11 @@ a blob not remembered is hashed again when next mapped."""
 BLOB_INFOS_REMEMBERED = 1024
 """Recorded blob metadata (hash, size, lines) the kernel keeps in memory, most recently
 used first: a reply needs the metadata of each blob it shows."""
+SMALL_BLOB_KEPT = 64 * KiB
+"""A stored blob up to this size is read whole, once, by the reader that uses it (a
+reply's encoder and renderer read the same small output several times)."""
+BLOB_READERS_PER_CALL = 8
+"""Blob readers one call's resolver keeps for reuse (an outcome names two)."""
 VERIFY_REPORT_MAX = 100
 """Most damaged blobs ``store.verify`` lists by hash (the count covers all)."""
 RUN_CLOCK_SLACK_NS = 250_000_000

@@ -296,7 +296,7 @@ class ExecService:
 
         A call cancelled before its spawn spawns nothing (-32020): one that waited (for
         its ready shell, behind a slow kernel) would otherwise start late, to be killed
-        at once. A cancel arriving during the spawn is applied right after it."""
+        at once. One arriving during the spawn SIGKILLs it right after (no grace)."""
         session = self.sessions.get_or_create(who.session)
         cwd, env = self._usable_state(session)
         # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);

@@ -23,9 +23,9 @@ import blake3
 from ...protocol.errors import ErrorCode, RpcError, is_disk_full, state_dir_full
 from ...protocol.limits import (
     BLOB_INFOS_REMEMBERED,
+    SMALL_BLOB_KEPT,
     VERIFIED_BLOBS_REMEMBERED,
     VERIFY_REPORT_MAX,
-    KiB,
     MiB,
 )
 from ...protocol.lru import Lru
@@ -34,8 +34,6 @@ from .db import Database
 INGEST_BLOCK = 1 * MiB
 SCAN_BLOCK = 1 * MiB
 """Block size for scans that must not map a whole blob (line lookups, counts)."""
-SMALL_BLOB_KEPT = 64 * KiB
-"""A stored blob up to this size is read whole, once, by the reader that uses it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,12 @@ import orjson
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
-from ...protocol.limits import JSON_PARSE_SLOTS, JSON_PARSE_WAIT_S, JSON_SELECTOR_MAX
+from ...protocol.limits import (
+    BLOB_READERS_PER_CALL,
+    JSON_PARSE_SLOTS,
+    JSON_PARSE_WAIT_S,
+    JSON_SELECTOR_MAX,
+)
 from ..store.cas import (
     BlobInfo,
     BlobSource,
@@ -32,8 +37,6 @@ from ..store.cas import (
 )
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
-SOURCES_KEPT = 8
-"""Blob readers one call's resolver keeps (an outcome names two)."""
 NEAR_LINES = 4096
 """Line lookups this close to either end of a blob walk the mmap instead of counting."""
 
@@ -320,7 +323,7 @@ class Resolver:
             stored = self._sources.get(digest)
             if stored is None:
                 stored = self.cas.source(digest)
-                if len(self._sources) < SOURCES_KEPT:
+                if len(self._sources) < BLOB_READERS_PER_CALL:
                     self._sources[digest] = stored
             return TextBlob(stored, stored.info_)
         if is_node(node, "spool"):
