@@ -20,7 +20,13 @@ from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
-from tests.support.procfs import alive_with_marks, pids_with_arg, proc_ids, sleep_marker
+from tests.support.procfs import (
+    alive_with_marks,
+    pids_with_arg,
+    proc_ids,
+    sleep_marker,
+    sleeping_with_marks,
+)
 from tests.support.tmp import short_tmp
 
 WAIT_S = 60.0  # a budget for a loaded machine, not a speed check
@@ -39,7 +45,7 @@ def escapes(marks: list[str]) -> str:
 def open_escaping(c: KernelClient, marks: list[str]) -> dict:
     opened = c.call("pty.open", {"cmd": "bash", "args": ["-c", escapes(marks)]}, timeout=WAIT_S)
     wait_until(
-        lambda: len(alive_with_marks(marks)) == 3, WAIT_S, what="the three children to start"
+        lambda: len(sleeping_with_marks(marks)) == 3, WAIT_S, what="the three children to start"
     )
     return opened
 
@@ -85,7 +91,9 @@ def test_close_of_a_hup_ignoring_program_kills_its_tree(kernel, marks) -> None:
         a, b, _ = marks
         src = f"trap '' HUP; setsid sleep {a} & sleep {b} & echo started; read line"
         pty = c.call("pty.open", {"cmd": "bash", "args": ["-c", src]}, timeout=WAIT_S)["pty_id"]
-        wait_until(lambda: len(alive_with_marks(marks)) == 2, WAIT_S, what="both children to start")
+        wait_until(
+            lambda: len(sleeping_with_marks(marks)) == 2, WAIT_S, what="both children to start"
+        )
         closed = c.call("pty.close", {"pty_id": pty}, timeout=WAIT_S)
         assert closed["exit"] == {"signal": signal.SIGKILL}
         wait_until(

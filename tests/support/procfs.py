@@ -73,12 +73,16 @@ program): their processes sit between the kernel and the commands it runs
 (docs/architecture.md, Processes)."""
 
 
-def is_exec_supervisor(pid: int) -> bool:
+def argv_of(pid: int | str) -> list[bytes]:
+    """``pid``'s argv; empty once it is gone."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return any(arg.endswith(SUPERVISOR_SCRIPT.encode()) for arg in argv)
+        return []
+
+
+def is_exec_supervisor(pid: int) -> bool:
+    return any(arg.endswith(SUPERVISOR_SCRIPT.encode()) for arg in argv_of(pid))
 
 
 def is_waiting_ready_shell(pid: int | str) -> bool:
@@ -144,15 +148,7 @@ def kill_group(pgid: int) -> None:
 def pids_with_arg(arg: str) -> list[int]:
     """Pids whose argv contains ``arg`` as one exact argument (a per-test marker)."""
     needle = arg.encode()
-    found = []
-    for pid in _pids():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in argv:
-            found.append(pid)
-    return found
+    return [pid for pid in _pids() if needle in argv_of(pid)]
 
 
 def kill_pids(pids: list[int]) -> None:
@@ -198,8 +194,20 @@ def sleep_marker() -> str:
 
 
 def alive_with_marks(marks: list[str]) -> list[int]:
-    """Pids of the ``sleep`` processes started with any of ``marks``."""
+    """Pids of the processes started with any of ``marks``: the ``sleep`` processes, and
+    a ``setsid`` or ``nohup`` that has not exec'd its ``sleep`` yet."""
     return [p for m in marks for p in pids_with_arg(m)]
+
+
+def sleeping_with_marks(marks: list[str]) -> list[int]:
+    """Pids of the processes with any of ``marks`` that are ``sleep`` already: a
+    ``setsid sleep`` found by its mark before the exec may not have left its session."""
+    return [p for p in alive_with_marks(marks) if _program(argv_of(p)) == b"sleep"]
+
+
+def _program(argv: list[bytes]) -> bytes:
+    """The file name of argv[0] (empty for a process that is gone)."""
+    return argv[0].rsplit(b"/", 1)[-1] if argv else b""
 
 
 def descendants_of(root: int) -> set[int]:
