@@ -520,6 +520,27 @@ def test_channel_cap_evicts_idle_rings_but_keeps_numbering():
         bus.close()
 
 
+def test_eviction_passes_over_subscribed_channels_at_the_old_end():
+    bus = EventBus(max_channels=4)
+    try:
+        subs = [bus.subscribe(f"task.{n}", None, Collector()) for n in range(3)]
+        for n in range(3, 40):  # each new channel evicts the one before it, never task.0-2
+            bus.publish(f"task.{n}", {"n": n})
+            assert len(bus.channels()) == 4
+        assert bus.channels() == ["task.0", "task.1", "task.2", "task.39"]
+        for n in range(3):  # the subscribed ones never lost their place
+            assert bus.publish(f"task.{n}", {})["seq"] == 0
+        subs.append(bus.subscribe("task.40", None, Collector()))
+        # Every channel now has a subscriber: the table may pass the cap, nothing breaks.
+        assert sorted(bus.channels()) == ["task.0", "task.1", "task.2", "task.40"]
+        subs.append(bus.subscribe("task.41", None, Collector()))
+        assert len(bus.channels()) == 5
+        for sub in subs:
+            sub.close()
+    finally:
+        bus.close()
+
+
 # --- validation ---------------------------------------------------------------------------
 
 

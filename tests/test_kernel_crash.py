@@ -93,6 +93,31 @@ def test_a_swapped_blob_of_the_same_length_is_corrupted(kernel_factory):
         close_client(c)
 
 
+def test_the_empty_blob_is_served_from_its_record_not_its_file(kernel_factory):
+    """An empty output's bytes are known without reading its file (store/cas.py
+    ``StoredBlob``): a damaged file never changes what is served; verify still finds it."""
+    k = kernel_factory()
+    c = k.client("empty")
+    try:
+        r = run(c, "echo only-stdout")
+        digest = blob_of(c, r["ref"], "err")
+        blob_path(k, digest).write_bytes(b"damage")
+        for params in (
+            {"ref": r["ref"], "path": ".err", "format": "raw"},
+            {"ref": r["ref"], "path": ".err"},
+        ):
+            got = c.call("value.get", params, timeout=10)
+            assert got.get("raw", got.get("value", {}).get("v")) == "", got
+        report = c.call("store.verify", {}, timeout=60)
+        assert report["corrupted"] == 1 and report["bad"][0]["hash"] == digest
+        # The next empty output stores the same blob: its good copy replaces the file.
+        assert out_text(run(c, "echo again")) == "again\n"
+        assert c.call("store.verify", {}, timeout=60)["corrupted"] == 0
+        assert blob_path(k, digest).stat().st_size == 0
+    finally:
+        close_client(c)
+
+
 def test_doctor_verify_reports_corruption(kernel_factory):
     k = kernel_factory()
     c = k.client("doc")

@@ -22,7 +22,7 @@ import pytest
 from shoal_mcp.kernel.access.identity import Principal
 from shoal_mcp.kernel.app import Kernel, KernelConfig
 from shoal_mcp.kernel.store.journal import JournalEntry
-from shoal_mcp.kernel.store.sessions import VOLATILE_ENV
+from shoal_mcp.kernel.store.sessions import VOLATILE_ENV, env_digest
 from shoal_mcp.kernel.values.elision import ElideOptions
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.protocol.limits import VALUE_HARD_CAP
@@ -309,6 +309,21 @@ def test_sessions_keep_cwd_and_env_across_a_restart(services: Services, tmp_path
     back = sessions.get_or_create("s1")
     assert (back.cwd, back.env["SHOAL_T"], back.env_hash()) == ("/", "kept", hashed)
     assert sessions.names() == ["s1"]
+
+
+def test_a_sessions_env_hash_follows_every_new_env(services: Services) -> None:
+    """The digest is kept between calls (every exec's gate asks), never past a change."""
+    sessions = services.kernel.sessions
+    session = sessions.get_or_create("s-hash", "/")
+    before = session.env_hash()
+    assert session.state() == ("/", session.env, before)
+    assert before == env_digest(session.env)
+    sessions.apply(session, "/", {**session.env, "SHOAL_T": "1"})
+    after = session.env_hash()
+    assert after != before and after == env_digest(session.env)
+    assert session.state()[2] == after
+    sessions.apply(session, "/", {k: v for k, v in session.env.items() if k != "SHOAL_T"})
+    assert session.env_hash() == before  # the same variables hash the same again
 
 
 def test_sessions_start_in_home_when_the_cwd_is_missing(services: Services) -> None:

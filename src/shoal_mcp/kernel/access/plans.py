@@ -35,7 +35,6 @@ from ...protocol.display import escape_controls
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 from ...protocol.wiretext import to_wire
-from ..store.sessions import env_digest as session_env_digest
 from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
@@ -121,12 +120,6 @@ def plan_ref(
     # to_wire: a non-UTF-8 cwd or effect target (a path) hashes by its exact bytes.
     material = orjson.dumps(to_wire([session, principal, src, effects, cwd, env_hash, generation]))
     return "plan:" + hashlib.blake2b(material, digest_size=PLAN_REF_HEX // 2).hexdigest()
-
-
-def env_digest(env: dict[str, str]) -> str:
-    """The session env hash a plan is bound to: the same digest as ``Session.env_hash``
-    (what ``session.attach``/``session.env`` report), so an approver can compare them."""
-    return session_env_digest(env)  # bytes-clean: a non-UTF-8 value hashes by its bytes
 
 
 def _ref_of(plan: Plan, generation: int) -> str:

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import STDERR_TAIL_BYTES
 from ..access.guard import Guard
 from ..access.identity import Principal
-from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, env_digest, plan_ref
+from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
 from ..access.sandbox import SandboxSpec
 from ..effects import analyzer
 from ..store.sessions import Session, SessionTable
@@ -60,6 +60,15 @@ class Caller(Protocol):
         """Run ``work`` once the reply is written (housekeeping the caller need not wait
         for); it runs even when no reply could be written."""
         ...
+
+
+class Judgement(NamedTuple):
+    """What the gate decides on: ``src``'s effects where the session is, and the verdict."""
+
+    analysis: analyzer.Analysis
+    cwd: str
+    env_hash: str
+    verdict: Any
 
 
 @dataclass(frozen=True)
@@ -108,14 +117,21 @@ class ExecService:
 
     def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str, str]:
         """Effects of ``src`` in the caller's session as it is now, that cwd and env hash."""
-        session = self.sessions.get_or_create(who.session)
-        cwd, env = session.snapshot()
-        return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_digest(env)
+        cwd, env, env_hash = self.sessions.get_or_create(who.session).state()
+        return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_hash
+
+    def _judge(self, who: Principal, src: str) -> Judgement:
+        """``analyze``, and the policy's verdict on those effects."""
+        analysis, cwd, env_hash = self.analyze(who, src)
+        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        return Judgement(analysis, cwd, env_hash, verdict)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
         """The plan ``src`` would be for the caller, and the policy's verdict on it."""
-        analysis, cwd, env_now = self.analyze(who, src)
-        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        return self._plan_of(who, src, self._judge(who, src))
+
+    def _plan_of(self, who: Principal, src: str, judged: Judgement) -> tuple[Plan, Any]:
+        analysis, cwd, env_now, verdict = judged
         ref = plan_ref(who.session, who.principal, src, analysis.effects, cwd, env_now)
         plan = Plan(
             ref,
@@ -152,9 +168,10 @@ class ExecService:
 
     def gate(self, who: Principal, src: str) -> list[dict]:
         """allow → the effects; ask → -32011 with a stored plan; deny → -32010."""
-        plan, verdict = self.evaluate(who, src)
-        if verdict.verdict == "allow":
-            return plan.effects
+        judged = self._judge(who, src)
+        if judged.verdict.verdict == "allow":  # the common case needs no plan (nor its ref)
+            return judged.analysis.effects
+        plan, verdict = self._plan_of(who, src, judged)
         if verdict.verdict == "deny":
             self.finalizer.journal_plan(who, plan, "denied", None, ok=False)
             raise RpcError(

@@ -179,6 +179,9 @@ class StoredBlob(FileSource):
         once: a reply reads the same small output several times), else None."""
         if self.info_.size > SMALL_BLOB_KEPT:
             return None
+        if self.info_.size == 0:
+            # The empty blob's bytes are known without its file (most execs' stderr).
+            return b""
         if self._small is None:
             fd = self._fd()
             try:

@@ -69,14 +69,28 @@ class Session:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     warnings: list[str] = field(default_factory=list, repr=False)
     """Said once, in the next exec's outcome (e.g. the cwd vanished)."""
+    _hashed: tuple[dict[str, str], str] | None = field(default=None, repr=False)
+    """``env`` and its digest: every exec's gate asks for it, and ``env`` is only ever
+    replaced whole (``SessionTable.adopt``), never changed in place."""
 
     def env_hash(self) -> str:
         with self.lock:
-            return env_digest(self.env)
+            return self._env_hash_locked()
+
+    def _env_hash_locked(self) -> str:
+        # Holding the dict itself (not its id) means a new env can never pass for it.
+        if self._hashed is None or self._hashed[0] is not self.env:
+            self._hashed = (self.env, env_digest(self.env))
+        return self._hashed[1]
 
     def snapshot(self) -> tuple[str, dict[str, str]]:
         with self.lock:
             return self.cwd, dict(self.env)
+
+    def state(self) -> tuple[str, dict[str, str], str]:
+        """``snapshot`` and the env's digest, as of one moment."""
+        with self.lock:
+            return self.cwd, dict(self.env), self._env_hash_locked()
 
     def take_warnings(self) -> list[str]:
         with self.lock:
