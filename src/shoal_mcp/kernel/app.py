@@ -74,7 +74,7 @@ class Kernel:
         self.refs = RefCounter(state / "refs.json", self.db)
         self.transcript = TranscriptStore(self.db, self.refs)
         self.journal = Journal(self.db)
-        self.event_store = EventStore(str(state / "journal.sqlite3"))
+        self.event_store = EventStore(str(db_path), writers=self.db.writers)
         self.local_principal = local_principal()
         self.confinement = Confinement(
             config.sandbox,

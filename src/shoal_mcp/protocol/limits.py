@@ -237,6 +237,11 @@ PROTECTED_ENV_PREFIXES = ("BASH_FUNC_", "LD_")
 REF_RESERVE_BLOCK = 64
 """``out:N`` numbers reserved per durable write (fsync) of the ref counter file: one
 fsync per 64 execs of a session (ahead of need), at most 127 numbers skipped after a crash."""
+DB_WRITE_WAIT_S = 30.0
+"""How long a write to the kernel's database waits for the writer before it, in the
+kernel's write queue and (for another process) SQLite's busy handler."""
+EVENTS_WRITE_WAIT_S = 5.0
+"""The same for a durable event's insert (a publish is never held up longer)."""
 JOURNAL_ERROR_MAX_CHARS = 500
 """Longest reason a journal row's ``error`` keeps (a failed finalize, a lost exec)."""
 VERIFIED_BLOBS_REMEMBERED = 16384

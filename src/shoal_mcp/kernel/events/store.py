@@ -12,12 +12,14 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import invalid_params
+from ...protocol.limits import EVENTS_WRITE_WAIT_S
+from ..store.db import WriteQueue
 
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
 
-STORE_BUSY_TIMEOUT_MS = 5000
+STORE_BUSY_TIMEOUT_MS = int(EVENTS_WRITE_WAIT_S * 1000)
 """SQLite busy_timeout: the db file is shared with the journal's connections."""
 
 
@@ -38,8 +40,10 @@ class EventStore:
     ``busy_timeout`` = ``STORE_BUSY_TIMEOUT_MS``, ``synchronous=NORMAL``.
     """
 
-    def __init__(self, db_path: str) -> None:
+    def __init__(self, db_path: str, writers: WriteQueue | None = None) -> None:
         self._lock = threading.Lock()
+        # The kernel's database writers, when the file is shared (store/db.py WriteQueue).
+        self._writers = writers if writers is not None else WriteQueue()
         self._closed = False
         self._conn = sqlite3.connect(
             db_path,
@@ -65,7 +69,7 @@ class EventStore:
         self._insert(event["channel"], event["seq"], event["ts"], dumps_payload(event["payload"]))
 
     def _insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
-        with self._lock:
+        with self._lock, self._writers.turn(EVENTS_WRITE_WAIT_S):
             self._conn.execute(
                 "INSERT INTO events (channel, seq, ts, payload) VALUES (?, ?, ?, ?)",
                 (channel, seq, ts, payload_json),
