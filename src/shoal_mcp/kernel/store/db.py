@@ -93,9 +93,9 @@ class WriteQueue:
     100 ms, and keeps sleeping after the lock is free.  Under load (32 facades) that was
     most of the kernel's tail: a transaction's BEGIN waited 12 ms at p90, 82 ms at p99,
     up to 456 ms, for locks held about 0.1 ms.  Here a writer wakes as soon as the one
-    before it is done.  Re-entrant, as SQLite's lock never was across connections: a
-    thread already writing meets SQLite's own answer, as before.  Other processes (the
-    CLI's doctor) still meet the busy handler.
+    before it is done.  Re-entrant: a thread that writes again through another
+    connection while it holds the turn gets SQLite's own busy answer, as before, instead
+    of waiting on itself.  Other processes (the CLI's doctor) still meet the busy handler.
     """
 
     def __init__(self) -> None:
