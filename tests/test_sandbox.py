@@ -255,12 +255,17 @@ def test_spec_round_trips_and_rejects_bad_input(tree: dict[str, Path]) -> None:
     for bad in (
         b"",
         b"[1]",
-        b'{"version": 2}',
-        b'{"version": 1, "read": ["relative"]}',
-        b'{"version": 1, "tcp_connect": [true]}',
-        b'{"version": 1, "tcp_connect": [70000]}',
-        b'{"version": 1, "private_net": "yes"}',
-        b'{"version": 1, "raed": []}',
+        b'{"version": 1}',
+        b'{"version": 3}',
+        b'{"version": 2, "read": ["relative"]}',
+        b'{"version": 2, "tcp_connect": [true]}',
+        b'{"version": 2, "tcp_connect": [70000]}',
+        b'{"version": 2, "private_net": "yes"}',
+        b'{"version": 2, "raed": []}',
+        b'{"version": 2, "view": {"write": []}}',
+        b'{"version": 2, "view": "ro"}',
+        b'{"version": 2, "max_procs": -1}',
+        b'{"version": 2, "max_procs": true}',
     ):
         with pytest.raises(SandboxError):
             SandboxSpec.from_bytes(bad)
@@ -562,11 +567,18 @@ def test_probe_runs_in_a_child(abi: int) -> None:
     support = sandbox.probe(refresh=True)
     assert support.abi == abi and support.fs and support.unix, support.reason
     enforced = support.enforced()
-    assert isinstance(enforced, dict) and enforced["fs"] == f"landlock-v{abi}"
-    expected_net = "+".join(
-        p for p, ok in (("landlock-tcp", abi >= 4), ("netns", support.netns)) if ok
-    )
-    assert enforced["net"] == (expected_net or False)
+    # This machine makes user namespaces (CI's kind too): every layer is there.
+    assert support.ns == ["user", "mnt", "pid", "ipc", "uts", "net"], support.reason
+    assert enforced == {
+        "fs": f"ro-root+landlock-v{abi}",
+        "ns": ["user", "mnt", "pid", "ipc", "uts", "net"],
+        "net": "none",
+        "seccomp": sandbox.SECCOMP_LEVEL,
+    }
+    # A principal with a network grant keeps the host's network, TCP by port.
+    granted = support.enforced(private_net=False)
+    assert granted["net"] == ("landlock-tcp" if abi >= 4 else False)
+    assert "net" not in granted["ns"]  # type: ignore[index]
     assert support.netns in ("netns", "userns+netns")
     assert sandbox.probe() is support  # once per kernel
     status = Path("/proc/self/status").read_text()
@@ -580,7 +592,7 @@ def _copy_package(dest: Path) -> str:
     (pkg / "kernel" / "access").mkdir(parents=True)
     for init in ("__init__.py", "kernel/__init__.py", "kernel/access/__init__.py"):
         shutil.copy(src.parent.parent / init, pkg / init)
-    for mod in ("landlock.py", "seccomp.py", "sandbox.py", "sandbox_run.py"):
+    for mod in ("landlock.py", "namespaces.py", "seccomp.py", "sandbox.py", "sandbox_run.py"):
         shutil.copy(src / mod, pkg / "kernel" / "access" / mod)
     return str(pkg / "kernel" / "access" / "sandbox_run.py")
 

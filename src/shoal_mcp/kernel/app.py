@@ -23,7 +23,7 @@ from ..protocol.framing import BACKEND
 from ..protocol.limits import DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
 from .access.budgets import StateBudget, over_budget
-from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root
+from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root, trusted_base
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
@@ -79,7 +79,8 @@ class Kernel:
         self.confinement = Confinement(
             config.sandbox,
             forbidden=kernel_forbidden(state, config.socket),
-            tmp_root=sandbox_tmp_root(state, config.socket),
+            tmp_root=sandbox_tmp_root(state),
+            protect=trusted_base(config.policy_path),
         )  # --sandbox required without enforcement raises SandboxUnavailable: no start
         self.guard = Guard(
             state,

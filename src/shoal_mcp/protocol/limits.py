@@ -183,6 +183,10 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+SANDBOX_MAX_PROCS = 4096
+"""Processes one sandboxed tree may have at once (RLIMIT_NPROC inside its own user
+namespace, so the uid's other processes do not count): a fork bomb stops there instead
+of at the uid's limit, which the kernel and the human share."""
 SANDBOX_SPEC_TTL_S = 2.0
 """How long a principal's built sandbox spec is reused (building one walks the grants
 and /etc, ~3-10 ms). Safe to reuse: the supervisor re-checks every rule path and leaves

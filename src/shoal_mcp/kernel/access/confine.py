@@ -10,18 +10,21 @@ The kernel holds one :class:`Confinement`, built at start from ``--sandbox``:
 A principal is confined when its policy says ``sandbox`` (token principals by default,
 the local human only with ``sandbox = true``) and the sandbox enforces.  Its spec is
 built from its grants (``sandbox_build``), so a grant's directory created after start
-is covered; the kernel's state dir and socket dir are always cut out.  A built spec is
+is covered; the kernel's state dir and socket dir are always cut out.  Where the probe
+saw namespaces work, the spec carries a view: the tree runs in namespaces of its own
+on a read-only view of the system (``namespaces.py``), the trusted base
+(:func:`trusted_base`) read-only whatever the grants say.  A built spec is
 reused for ``SANDBOX_SPEC_TTL_S`` (building walks the grants and ``/etc``); the
 supervisor re-checks each rule path when applying it, so a reused spec can be narrower
 than a fresh one, never wider.  Each confined principal gets a private temp dir
 (``TMPDIR``), made on first use under the kernel's temp root (:func:`sandbox_tmp_root`,
-emptied at start: a killed kernel's leftovers go with its successor) and removed when
-the kernel closes.
+``<state>/tmp``: it counts against the state dir's budget, no /tmp cleaner removes it,
+and it is outside every other principal's view; emptied at start: a killed kernel's
+leftovers go with its successor) and removed when the kernel closes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import SANDBOX_SPEC_TTL_S
+from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
 from . import sandbox
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec, SandboxSupport
@@ -54,6 +57,7 @@ class Confinement:
         forbidden: tuple[str, ...],
         support: SandboxSupport | None = None,
         tmp_root: str | None = None,
+        protect: tuple[str, ...] = (),
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {' | '.join(MODES)}, got {mode!r}")
@@ -69,13 +73,23 @@ class Confinement:
                 + (support.reason or "Landlock or the unix-socket filter did not enforce")
             )
         self._tmp_root = _fresh_private_dir(tmp_root) if tmp_root else None
+        self.protect = tuple(protect)
+        self._scratch: str | None = None
+        if self.enforcing and support.view and self._tmp_root:
+            self._scratch = os.path.join(self._tmp_root, ".view")
+            os.mkdir(self._scratch, 0o700)
         self._tmpdirs: dict[str, str] = {}
         self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
         self._lock = threading.Lock()
 
-    def enforced(self) -> dict[str, object] | bool:
-        """``caps.enforced`` for a confined principal: what the OS enforces here."""
-        return self.support.enforced() if self.enforcing else False
+    def enforced(self, policy: PrincipalPolicy | None = None) -> dict[str, object] | bool:
+        """``caps.enforced``: what the OS enforces here for ``policy``'s principal (False
+        when it runs unconfined); without a policy, for a principal with no network."""
+        if policy is None:
+            return self.support.enforced() if self.enforcing else False
+        if not self.applies_to(policy):
+            return False
+        return self.support.enforced(private_net=not policy.net_grants)
 
     def applies_to(self, policy: PrincipalPolicy) -> bool:
         """Whether this principal's processes run confined."""
@@ -125,6 +139,9 @@ class Confinement:
                 forbidden=self.forbidden,
                 ttys=ttys,
                 also_read=also_read,
+                view_scratch=self._scratch,
+                protect=self.protect,
+                max_procs=SANDBOX_MAX_PROCS,
             )
         except (SandboxError, OSError) as e:
             raise RpcError(
@@ -138,7 +155,7 @@ class Confinement:
         disabled, as on some distributions), ask for none: Landlock's TCP rules still
         deny every connect and bind (ABI 4+); below that the network stays open.  Either
         way ``caps.enforced.net`` says what holds.  Without this every exec would fail."""
-        if not spec.private_net or self.support.netns:
+        if not spec.private_net or self.support.netns or spec.view is not None:
             return spec
         data = spec.to_dict()
         data["private_net"] = False
@@ -167,12 +184,28 @@ class Confinement:
             shutil.rmtree(self._tmp_root, ignore_errors=True)
 
 
-def sandbox_tmp_root(state_dir: Path, socket: Path) -> str:
-    """Where this kernel's private temp dirs go: one directory per (state dir, socket)
-    in the system temp dir, so a kernel that was killed leaves nothing its successor
-    does not remove at start."""
-    tag = hashlib.blake2b(f"{state_dir}\0{socket}".encode(), digest_size=6).hexdigest()
-    return os.path.join(tempfile.gettempdir(), f"{TMPDIR_PREFIX}{os.geteuid()}-{tag}")
+def sandbox_tmp_root(state_dir: Path) -> str:
+    """Where this kernel's private temp dirs go: ``<state>/tmp``, so a kernel that was
+    killed leaves nothing its successor does not remove at start, and no /tmp cleaner
+    can pull them from under a running sandbox."""
+    return str(state_dir / "tmp")
+
+
+def trusted_base(policy_path: Path | None) -> tuple[str, ...]:
+    """What no sandboxed process may change, whatever its grants: the package (the
+    kernel restarts from it), the interpreter's prefix (a venv's ``site-packages`` and
+    ``.pth`` files run at the next start), the policy and the kernel's config dir."""
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [package, sys.prefix, os.path.join(paths_config_home(), "shoal")]
+    if policy_path is not None:
+        paths.append(str(policy_path))
+    return tuple(os.path.realpath(p) for p in paths)
+
+
+def paths_config_home() -> str:
+    return os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
 
 
 def _fresh_private_dir(path: str) -> str | None:

@@ -72,7 +72,7 @@ class Guard:
         return {
             # The OS sandbox's level for this principal's processes, or false when they
             # run unconfined (the local human by default, or no Landlock here).
-            "enforced": self.confinement.enforced() if self.confinement.applies_to(pol) else False,
+            "enforced": self.confinement.enforced(pol),
             "sandbox": self.confinement.mode,
             "approver": pol.approver,
             "journal_read": pol.journal_read,

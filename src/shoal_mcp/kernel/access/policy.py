@@ -341,8 +341,10 @@ class PrincipalPolicy:
         also_write: Iterable[str] = (),
         also_read: Iterable[str] = (),
         ttys: Iterable[str] = (),
+        **kernel_facts: object,
     ) -> SandboxSpec:
-        """The OS sandbox for this principal's processes (see ``sandbox_build.build_spec``)."""
+        """The OS sandbox for this principal's processes (see ``sandbox_build.build_spec``;
+        ``kernel_facts``: its view's scratch dir, the trusted base, the process cap)."""
         return build_spec(
             fs_read=self.fs_grants("read"),
             fs_write=self.fs_grants("write"),
@@ -354,6 +356,7 @@ class PrincipalPolicy:
             also_write=tuple(also_write),
             also_read=tuple(also_read),
             ttys=tuple(ttys),
+            **kernel_facts,  # type: ignore[arg-type]
         )
 
     def env_readable(self, name: str) -> bool:

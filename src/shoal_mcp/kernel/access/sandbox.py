@@ -30,9 +30,9 @@ import errno
 import marshal
 import os
 
-from . import landlock, seccomp
+from . import landlock, namespaces, seccomp
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 READ = landlock.FS_EXECUTE | landlock.FS_READ_FILE | landlock.FS_READ_DIR
 WRITE = (
@@ -51,6 +51,9 @@ DEVICE = (
     landlock.FS_READ_FILE | landlock.FS_WRITE_FILE | landlock.FS_TRUNCATE | landlock.FS_IOCTL_DEV
 )
 ACCESS = {"read": READ, "write": WRITE, "delete": DELETE, "devices": DEVICE}
+
+SECCOMP_LEVEL = "allowlist" if hasattr(seccomp, "install_filter") else "unix-sockets"
+"""What the seccomp layer is, for ``caps.enforced``."""
 
 _MAX_SPEC_BYTES = 4 << 20
 _WIRE_MAGIC = b"shoal-sandbox-spec marshal\n"
@@ -72,7 +75,10 @@ class SandboxSpec:
     ``*``), else the allowed ports; TCP bind is always denied.  ``private_net`` puts the
     tree in its own network namespace (no interfaces up: UDP and everything else cut).
     ``notes`` say which grants were narrowed or refused, for humans; :func:`apply`
-    ignores them.
+    ignores them.  ``view`` (a :class:`~.namespaces.View` as a dict) puts the tree in
+    namespaces of its own on a read-only view of the system (``None``: Landlock alone,
+    where namespaces cannot be made); ``max_procs`` caps its processes (RLIMIT_NPROC,
+    counted per user namespace: the uid's other processes do not count).
     """
 
     __slots__ = (
@@ -84,6 +90,8 @@ class SandboxSpec:
         "tcp_connect",
         "private_net",
         "deny_unix_sockets",
+        "view",
+        "max_procs",
         "notes",
     )
 
@@ -98,6 +106,8 @@ class SandboxSpec:
         tcp_connect: tuple[int, ...] | None = (),
         private_net: bool = True,
         deny_unix_sockets: bool = True,
+        view: dict | None = None,
+        max_procs: int = 0,
         notes: tuple[str, ...] = (),
     ) -> None:
         self.read = tuple(read)
@@ -108,6 +118,8 @@ class SandboxSpec:
         self.tcp_connect = None if tcp_connect is None else tuple(tcp_connect)
         self.private_net = private_net
         self.deny_unix_sockets = deny_unix_sockets
+        self.view = view
+        self.max_procs = max_procs
         self.notes = tuple(notes)
 
     def __eq__(self, other: object) -> bool:
@@ -128,6 +140,8 @@ class SandboxSpec:
             "tcp_connect": None if self.tcp_connect is None else list(self.tcp_connect),
             "private_net": self.private_net,
             "deny_unix_sockets": self.deny_unix_sockets,
+            "view": self.view,
+            "max_procs": self.max_procs,
             "notes": list(self.notes),
         }
 
@@ -157,8 +171,19 @@ class SandboxSpec:
         flags = {k: data.get(k, True) for k in ("private_net", "deny_unix_sockets")}
         if not all(isinstance(v, bool) for v in flags.values()):
             raise SandboxError(errno.EINVAL, "sandbox spec: private_net/deny_unix_sockets: bool")
+        view = data.get("view")
+        if view is not None:
+            try:
+                view = namespaces.View.from_dict(view).to_dict()
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise SandboxError(errno.EINVAL, f"sandbox spec: bad view: {e}") from e
+        max_procs = data.get("max_procs", 0)
+        if type(max_procs) is not int or max_procs < 0:  # noqa: E721 (not bool)
+            raise SandboxError(errno.EINVAL, "sandbox spec: max_procs must be an int >= 0")
         return cls(
             tmpdir=tmpdir,
+            view=view,
+            max_procs=max_procs,
             tcp_connect=None if tcp is None else tuple(tcp),
             **flags,  # type: ignore[arg-type]
             **kw,  # type: ignore[arg-type]
@@ -205,6 +230,10 @@ def apply(spec: SandboxSpec) -> dict[str, object]:
     """Confine this process (and everything it starts) to ``spec``.  Call it once, from
     a single-threaded process, before starting the sandboxed program.
 
+    With a ``view`` the process first moves into namespaces of its own
+    (:func:`namespaces.enter`): it returns in a new process there (pid 2, below the
+    namespace's init), the calling process staying behind as a relay that ends like it.
+
     Order: no_new_privs; the private network namespace (needs its privileges first);
     drop capabilities; the Landlock ruleset (rule paths are opened with the powers the
     sandbox keeps); the seccomp filter.  Fails closed: whatever the spec asks for that
@@ -212,11 +241,56 @@ def apply(spec: SandboxSpec) -> dict[str, object]:
     Rule paths that vanished, cannot be opened or now resolve elsewhere are left out,
     never widened.  Returns ``{"abi": N, "netns": mode or None, "skipped": [paths]}``.
     """
+    if spec.view is not None:
+        enter_namespaces(spec, init=True)
+        return confine_tree(spec)
     abi, netns = confine_process(spec, seccomp_filter=False)
     skipped = restrict_files(spec, abi)
     if spec.deny_unix_sockets:
         seccomp.deny_unix_sockets()
     return {"abi": abi, "netns": netns, "skipped": skipped}
+
+
+def enter_namespaces(spec: SandboxSpec, *, init: bool) -> None:
+    """Into the namespaces and the view of ``spec`` (see :func:`apply`; ``init`` False:
+    the exec zygote, which becomes the pid namespace's init itself).  Fails closed."""
+    assert spec.view is not None
+    _check_enforceable(spec)
+    landlock.set_no_new_privs()  # first, so the relay left behind has it too
+    namespaces.enter(
+        namespaces.supported_flags(spec.private_net),
+        namespaces.View.from_dict(spec.view),
+        init=init,
+    )
+
+
+def confine_job(spec: SandboxSpec) -> dict[str, object]:
+    """In a job's own supervisor, forked by a zygote inside the namespaces: a SysV IPC
+    namespace of its own (its objects die with the job), then :func:`confine_tree`."""
+    namespaces.unshare(namespaces.CLONE_NEWIPC)
+    return confine_tree(spec)
+
+
+def confine_tree(spec: SandboxSpec) -> dict[str, object]:
+    """Inside the namespaces: no_new_privs, the process cap, no capabilities, the
+    Landlock rules (the second layer), the seccomp filter.  Nothing can undo it."""
+    abi = landlock.abi_version()
+    libc = ctypes.CDLL(None, use_errno=True)
+    landlock.set_no_new_privs()
+    if spec.max_procs:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_procs, spec.max_procs))
+    _drop_capabilities(libc)
+    skipped = restrict_files(spec, abi)
+    if spec.deny_unix_sockets:
+        seccomp.deny_unix_sockets()
+    return {"abi": abi, "netns": "netns" if spec.private_net else None, "skipped": skipped}
+
+
+def _check_enforceable(spec: SandboxSpec) -> None:
+    if spec.deny_unix_sockets and not seccomp.supported():
+        raise SandboxError(errno.EOPNOTSUPP, "no seccomp filter for this architecture")
 
 
 def confine_process(spec: SandboxSpec, *, seccomp_filter: bool = True) -> tuple[int, str | None]:
@@ -350,9 +424,12 @@ def runner_argv(
 
 
 class SandboxSupport:
-    """What :func:`probe` found: Landlock ABI, and which parts were seen to enforce."""
+    """What :func:`probe` found: Landlock ABI, and which parts were seen to enforce.
 
-    __slots__ = ("abi", "fs", "tcp", "netns", "unix", "reason")
+    ``ns``: the namespaces a sandboxed tree was seen to get with its read-only view
+    (empty where they cannot be made: Landlock alone then)."""
+
+    __slots__ = ("abi", "fs", "tcp", "netns", "unix", "ns", "reason")
 
     def __init__(
         self,
@@ -361,32 +438,96 @@ class SandboxSupport:
         tcp: bool = False,
         netns: str | None = None,
         unix: bool = False,
+        ns: list[str] | tuple[str, ...] = (),
         reason: str = "",
     ) -> None:
         self.abi, self.fs, self.tcp, self.netns, self.unix = abi, fs, tcp, netns, unix
+        self.ns = list(ns)
         self.reason = reason
 
     def to_dict(self) -> dict[str, object]:
         return {s: getattr(self, s) for s in self.__slots__}
 
-    def enforced(self) -> dict[str, object] | bool:
-        """``caps.enforced``: ``{"fs": "landlock-vN", "net": "landlock-tcp+netns"}``, the
-        net part naming what works (or ``False``), or ``False`` when processes cannot be
-        confined (no Landlock, or no unix-socket filter: the kernel socket would be open).
-        """
+    @property
+    def view(self) -> bool:
+        """Sandboxed trees get namespaces and the read-only view."""
+        return "mnt" in self.ns and "user" in self.ns and "pid" in self.ns
+
+    def enforced(self, *, private_net: bool = True) -> dict[str, object] | bool:
+        """``caps.enforced`` for a tree with (``private_net``) or without a network of its
+        own: per layer, what holds, or ``False`` when processes cannot be confined (no
+        Landlock, or no unix-socket filter: the kernel socket would be open)::
+
+            {"fs": "ro-root+landlock-v7", "ns": ["user", "mnt", "pid", "ipc", "uts", "net"],
+             "net": "none", "seccomp": "allowlist"}
+
+        ``net``: ``"none"`` (a network namespace with only loopback), ``"landlock-tcp"``
+        (the host's network, TCP by granted port), or ``False`` (not confined).
+        Without namespaces ``fs`` is ``"landlock-vN"`` and ``ns`` is absent."""
         if not (self.fs and self.unix):
             return False
-        net = "+".join(
-            name for name, ok in (("landlock-tcp", self.tcp), ("netns", self.netns)) if ok
-        )
-        return {"fs": f"landlock-v{self.abi}", "net": net or False}
+        own_net = private_net and (self.view and "net" in self.ns or bool(self.netns))
+        net: str | bool = "none" if own_net else ("landlock-tcp" if self.tcp else False)
+        out: dict[str, object] = {"fs": f"landlock-v{self.abi}", "net": net}
+        if self.view:
+            out["fs"] = f"ro-root+landlock-v{self.abi}"
+            out["ns"] = [n for n in self.ns if n != "net" or private_net]
+        out["seccomp"] = SECCOMP_LEVEL
+        return out
+
+
+def probe_namespaces() -> tuple[list[str], str]:
+    """Whether a tree can get its namespaces and read-only view here: tried in a child
+    (which enters them and checks it is pid 1 on a read-only root).  Returns (the
+    namespaces made, or [], and why not)."""
+    import json
+    import tempfile
+
+    flags = namespaces.supported_flags(True)
+    scratch = tempfile.mkdtemp(prefix="shoal-probe-")
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                namespaces.enter(flags, namespaces.View(scratch), init=False)
+                pid1 = os.getpid() == 1 and os.readlink("/proc/self") == "1"
+                try:
+                    os.close(os.open("/.shoal-probe", os.O_CREAT | os.O_WRONLY, 0o600))
+                    ro = False
+                except OSError as e:
+                    ro = e.errno == errno.EROFS
+                result = {"ok": pid1 and ro, "why": "" if pid1 and ro else f"pid1={pid1} ro={ro}"}
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                result = {"ok": False, "why": str(e)}
+            os.write(w, json.dumps(result).encode())
+            os._exit(0)
+        os.close(w)
+        w = -1
+        data = b""
+        while chunk := os.read(r, 4096):
+            data += chunk
+        os.waitpid(pid, 0)
+        try:
+            result = json.loads(data)
+        except ValueError:
+            result = {"ok": False, "why": data.decode(errors="replace") or "no answer"}
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+        os.rmdir(scratch)
+    if result.get("ok"):
+        return namespaces.names(flags), ""
+    return [], f"no namespaces for the sandbox: {result.get('why')}"
 
 
 def probe_self() -> dict[str, object]:
     """Apply an empty sandbox to *this* process and test each part by trying it.
 
     Only for a throwaway child (``sandbox_run.py --probe``): afterwards this process
-    can open no file at all.
+    can open no file at all.  The namespaces are tried first, in a child of their own.
     """
     import socket
 
@@ -397,6 +538,12 @@ def probe_self() -> dict[str, object]:
         out.reason = str(e)
         return out.to_dict()
     problems: list[str] = []
+    try:
+        out.ns, why = probe_namespaces()
+    except OSError as e:
+        why = f"no namespaces for the sandbox: {e}"
+    if why:
+        problems.append(why)
     libc = ctypes.CDLL(None, use_errno=True)
     before = os.readlink("/proc/self/ns/net")
     try:

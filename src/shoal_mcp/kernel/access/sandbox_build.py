@@ -41,6 +41,49 @@ SYSTEM_READ = (
 # Read in $HOME by default: git dies ("unknown error occurred while reading the
 # configuration files") when ~/.gitconfig exists but cannot be read.
 HOME_READ = (".gitconfig", ".config/git")
+HOME_SECRETS = (
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".docker/config.json",
+    ".netrc",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".config/gh",
+    ".config/hub",
+    ".pypirc",
+    ".npmrc",
+    ".yarnrc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".vault-token",
+    ".terraform.d/credentials.tfrc.json",
+    ".password-store",
+    ".local/share/keyrings",
+    ".config/op",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".node_repl_history",
+    ".psql_history",
+    ".mysql_history",
+    ".sqlite_history",
+    ".local/share/fish/fish_history",
+)
+"""Below ``$HOME``: what a sandboxed tree never sees, whatever it may read otherwise:
+keys, credentials and tokens, keyrings, browser profiles, shell histories.  In the
+namespaced view each one that exists is replaced by an empty read-only directory or
+file (docs/security.md has the list and why)."""
+GIT_PROTECTED = (".git/hooks", ".git/config")
+"""Below each writable tree that is a git work tree: code the human's git runs later."""
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx")
 # Cut out of the system trees when the kernel runs as root: root keeps uid 0 in the
 # sandbox (without capabilities), and these root-owned files are readable by their owner.
@@ -167,6 +210,10 @@ def build_spec(
     home_read: tuple[str, ...] = HOME_READ,
     system_devices: tuple[str, ...] = SYSTEM_DEVICES,
     system_secrets: tuple[str, ...] | None = None,
+    view_scratch: str | None = None,
+    protect: tuple[str, ...] | list[str] = (),
+    home_secrets: tuple[str, ...] = HOME_SECRETS,
+    max_procs: int = 0,
 ) -> SandboxSpec:
     """A spec from a principal's grants (policy globs) and the kernel's facts.
 
@@ -179,6 +226,9 @@ def build_spec(
     ``net_connect``: ``host:port`` grants; hosts are advisory, ports are enforced.
     ``system_secrets``: paths (``*`` allowed in the last part) cut out of the system
     trees; default :data:`SYSTEM_SECRETS` when running as root, else none.
+    ``view_scratch``: where the namespaced view is assembled (an empty directory of the
+    kernel's); None: no namespaces (Landlock alone).  ``protect``: the trusted base
+    (package, interpreter, policy), read-only in the view whatever the grants say.
     """
     notes: list[str] = []
     banned = sorted({os.path.realpath(f) for f in forbidden})
@@ -245,6 +295,19 @@ def build_spec(
         ports = [entry.rpartition(":")[2] for entry in net_connect]
         tcp = None if "*" in ports else tuple(sorted({int(p) for p in ports}))
         notes.append("net_connect: hosts are advisory; the sandbox enforces TCP ports only")
+    view = None
+    if view_scratch is not None:
+        # The view's private /dev/shm is the tree's own (a tmpfs per sandbox).
+        for cls in ("read", "write", "delete"):
+            out[cls].append("/dev/shm")
+        hidden = [*banned, *secrets, *_existing(tuple(posixpath.join(home, h) for h in home_secrets))]
+        view = build_view(
+            scratch=view_scratch,
+            write=[p for p in _dedupe(out["write"] + out["delete"]) if p != "/dev/shm"],
+            hide=hidden,
+            protect=[*protect, *_git_protected(roots["write"])],
+            reveal=[tmp, *(os.path.realpath(p) for p in also_read)],
+        )
     return SandboxSpec(
         read=_dedupe(out["read"]),
         write=_dedupe(out["write"]),
@@ -253,8 +316,36 @@ def build_spec(
         tmpdir=tmp,
         tcp_connect=tcp,
         private_net=not net_connect,
+        view=view,
+        max_procs=max_procs,
         notes=tuple(notes),
     )
+
+
+def build_view(
+    *, scratch: str, write: list[str], hide: list[str], protect: list[str], reveal: list[str]
+) -> dict:
+    """The mount plan (``namespaces.View`` as a dict).  Only paths that exist; a protected
+    path matters only inside a writable tree (elsewhere the view is read-only anyway)."""
+    writable = sorted(set(write))
+    kept = sorted({p for p in protect if os.path.exists(p) and any(_under(p, w) for w in writable)})
+    return {
+        "scratch": scratch,
+        "write": writable,
+        "hide": sorted({p for p in hide if os.path.lexists(p)}),
+        "protect": kept,
+        "reveal": sorted({p for p in reveal if os.path.exists(p)}),
+    }
+
+
+def _git_protected(write_roots: list[str]) -> list[str]:
+    """``.git/hooks`` and ``.git/config`` of every writable tree that is a work tree."""
+    return [
+        posixpath.join(os.path.realpath(root), rel)
+        for root in write_roots
+        if os.path.isdir(posixpath.join(root, ".git"))
+        for rel in GIT_PROTECTED
+    ]
 
 
 def _existing(patterns: tuple[str, ...]) -> list[str]:

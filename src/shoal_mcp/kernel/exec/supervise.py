@@ -37,6 +37,7 @@ is reported like ``sandbox_run.py``: the message on the job's stderr, status 125
 
 import _signal
 import _socket
+import fcntl
 import marshal
 import os
 import select
@@ -50,6 +51,10 @@ _CAP_POLL_MIN_S = 0.005
 _CAP_POLL_MAX_S = 0.2
 """Output-cap checks: every 5 ms while the spools grow, backing off to 200 ms when idle."""
 _MAX_FDS = 8
+_F_SETPIPE_SZ = 1031
+_SPLICE_F_NONBLOCK = 2
+_PIPE_BYTES = 1 << 20
+"""Piped output (jobs in namespaces): pipe size asked for, and bytes per splice."""
 _STOP_SIGNALS = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 _SANDBOX_ENV: dict = {}
 
@@ -184,13 +189,65 @@ def _cut(out: int, err: int, cap: int) -> bool:
     return True
 
 
+class _Pipes:
+    """The job's stdout and stderr as pipes (see :func:`_piped`): the command gets the
+    write ends, this supervisor splices what arrives into the spools."""
+
+    def __init__(self) -> None:
+        self.out_r, self.out_w = os.pipe2(os.O_CLOEXEC)
+        self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC)
+        for fd in (self.out_r, self.err_r):
+            try:
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+            except OSError:
+                pass  # over pipe-max-size: the default size works, with more wakeups
+        self.open = {self.out_r: -1, self.err_r: -1}  # read end -> spool, once started
+        self.copied = 0
+
+    def start(self, out: int, err: int) -> None:
+        """The command holds the write ends now; this process only reads."""
+        self.open = {self.out_r: out, self.err_r: err}
+        os.close(self.out_w)
+        os.close(self.err_w)
+
+    def copy(self, fd: int, *, block: bool = True) -> bool:
+        """Splice what is in pipe ``fd`` into its spool; False at EOF (or, not blocking,
+        when it is empty)."""
+        flags = 0 if block else _SPLICE_F_NONBLOCK
+        try:
+            n = os.splice(fd, self.open[fd], _PIPE_BYTES, flags=flags)
+        except BlockingIOError:
+            return False
+        self.copied += n
+        return n > 0
+
+    def close_eof(self, fd: int) -> None:
+        os.close(fd)
+        del self.open[fd]
+
+    def finish(self) -> None:
+        """After the tree is dead: what is left in the pipes, then close them.  Never
+        waits: a writer that escaped the tree cannot hold the job open."""
+        for fd in list(self.open):
+            while self.copy(fd, block=False):
+                pass
+            self.close_eof(fd)
+
+
 def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, extra: list) -> tuple:
     """Run one job to the end of its whole tree: (wait status, capped, alive).
 
     ``alive`` is False once the kernel closed the socket: this supervisor exits then.
+    Bytes the kernel sends on the socket are signals for the command's process group
+    (a job in a pid namespace: the kernel cannot name its pids itself).
     """
+    pipes = _Pipes() if _piped() else None
     try:
-        pid = _start(job, out, err, extra)
+        if pipes is not None:
+            pid = _start(job, pipes.out_w, pipes.err_w, extra)
+            pipes.start(out, err)
+        else:
+            pid = _start(job, out, err, extra)
     except OSError as e:
         os.write(
             err, b"shoal: cannot start the command: " + str(e).encode(errors="replace") + b"\n"
@@ -203,22 +260,38 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     tree = Tree(pid)
     sock.sendall(b"pid %d\n" % pid)
     cap = job.get("cap") or 0
+    poll = bool(cap) and pipes is None  # piped output is counted as it is copied
     step = _CAP_POLL_MIN_S
     last = -1
     capped = False
     alive = True
     ctrl = sock.fileno()
     while True:
-        ready, _, _ = select.select([ctrl, wake_r], [], [], step if cap else None)
+        watched = [ctrl, wake_r, *(pipes.open if pipes is not None else ())]
+        ready, _, _ = select.select(watched, [], [], step if poll else None)
         if wake_r in ready:
             _drain(wake_r)
             tree.reap()
             if tree.status is not None:
                 break
-        if ctrl in ready and not sock.recv(64):
-            alive = False  # the kernel cancelled, exited or died: nothing may outlive it
-            break
-        if cap:
+        if ctrl in ready:
+            signals = sock.recv(64)
+            if not signals:
+                alive = False  # the kernel cancelled, exited or died: nothing may outlive it
+                break
+            for sig in signals:
+                try:
+                    os.killpg(pid, sig)
+                except OSError:
+                    pass
+        if pipes is not None:
+            for fd in ready:
+                if fd in pipes.open and not pipes.copy(fd):
+                    pipes.close_eof(fd)
+            if cap and pipes.copied > cap:
+                capped = True
+                break
+        if poll:
             size = os.fstat(out).st_size + os.fstat(err).st_size
             if size > cap:
                 capped = True
@@ -226,6 +299,8 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
             step = _CAP_POLL_MIN_S if size != last else min(step * 2, _CAP_POLL_MAX_S)
             last = size
     tree.kill_all()
+    if pipes is not None:
+        pipes.finish()
     if cap:
         capped = _cut(out, err, cap) or capped
     return (tree.status if tree.status is not None else 9), capped, alive
@@ -235,15 +310,26 @@ _SANDBOX: dict = {}  # the zygote's spec and Landlock ABI, once confined
 
 
 def _confine(spec_bytes: bytes) -> "str | None":
-    """Confine this zygote to the spec but its file rules (those come per job, with the
-    job's spool paths); the reason it failed, or None."""
+    """Confine this zygote to the spec; the reason it failed, or None.
+
+    With a view (namespaces), the zygote moves into the namespaces and becomes their
+    init (``sandbox.enter_namespaces``; the process that started stays behind as a relay)
+    and keeps the user namespace's capabilities, not dumpable, to give each job a SysV
+    IPC namespace of its own; each job's supervisor then drops them and confines itself
+    (``sandbox.confine_job``).  Without one: everything but the file rules now, those
+    per job with the job's spool paths (``sandbox.confine_process``)."""
     try:
         here = os.path.abspath(__file__)
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here)))))
-        from shoal_mcp.kernel.access import sandbox
+        from shoal_mcp.kernel.access import namespaces, sandbox
 
         spec = sandbox.SandboxSpec.from_bytes(spec_bytes)
-        abi, _netns = sandbox.confine_process(spec)
+        if spec.view is not None:
+            sandbox.enter_namespaces(spec, init=False)
+            namespaces.set_dumpable(False)
+            abi = 0
+        else:
+            abi, _netns = sandbox.confine_process(spec)
         _SANDBOX.update(module=sandbox, spec=spec, abi=abi)
         _SANDBOX_ENV.update({k.encode(): v.encode() for k, v in spec.environ().items()})
     except OSError as e:
@@ -252,12 +338,24 @@ def _confine(spec_bytes: bytes) -> "str | None":
 
 
 def _restrict_files(job: dict) -> None:
-    """In a job's supervisor: the spec's Landlock rules plus this job's own spools
-    (``> /dev/stdout`` reopens the spool by path)."""
+    """In a job's supervisor: in namespaces, the whole confinement of the job's tree;
+    else the spec's Landlock rules plus this job's own spools (``> /dev/stdout``
+    reopens the spool by path)."""
     sandbox = _SANDBOX["module"]
-    data = _SANDBOX["spec"].to_dict()
+    spec = _SANDBOX["spec"]
+    if spec.view is not None:
+        sandbox.confine_job(spec)
+        return
+    data = spec.to_dict()
     data["write"] = [*data["write"], *(p.decode("utf-8", "surrogateescape") for p in job["write"])]
     sandbox.restrict_files(sandbox.SandboxSpec.from_dict(data), _SANDBOX["abi"])
+
+
+def _piped() -> bool:
+    """A job of a zygote in namespaces writes its output through pipes this supervisor
+    copies into the spools: no sandboxed process ever holds a spool's descriptor (one
+    passed to a process that outlives the job could rewrite a stored output later)."""
+    return bool(_SANDBOX) and _SANDBOX["spec"].view is not None
 
 
 def _wakeup_pipe() -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...protocol.limits import SUPERVISOR_START_TIMEOUT_S
+from ..access.sandbox import SandboxSpec
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
 
@@ -59,6 +60,9 @@ class Supervisor:
 
     def __init__(self, spec_bytes: bytes = b"") -> None:
         self.spec_bytes = spec_bytes
+        # Its jobs run in a pid namespace of their own: their pids mean nothing here, so
+        # signals go through each job's socket (supervise.py) instead of kill(2).
+        self.own_pids = bool(spec_bytes) and SandboxSpec.from_bytes(spec_bytes).view is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         try:
@@ -124,7 +128,7 @@ class Supervisor:
             }
         )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        job = Job(ours, owner)
+        job = Job(ours, owner, own_pids=self.own_pids)
         try:
             with self._send:
                 self.jobs += 1
@@ -176,9 +180,12 @@ class Job:
     """One command under its own forked supervisor: its pid, and its end once the tree
     is gone.  ``lock`` orders ``exit`` against kill/signal calls."""
 
-    def __init__(self, sock: socket.socket, owner: Supervisor | None = None) -> None:
+    def __init__(
+        self, sock: socket.socket, owner: Supervisor | None = None, *, own_pids: bool = False
+    ) -> None:
         self.sock = sock
         self.owner = owner  # a one-job zygote to reap once the job ended
+        self.own_pids = own_pids  # pid is in the job's own pid namespace (a sandbox's)
         self.pid: int | None = None
         self.exit: Exit | None = None
         self.reported = False  # the supervisor itself reported the end (tree reaped)
@@ -240,11 +247,12 @@ class Job:
         """The supervisor died without its report (only SIGKILL does that): the command's
         group goes too; descendants that left it may survive (docs/decisions.md)."""
         with self.lock:
-            if self.pid is not None:
+            if self.pid is not None and not self.own_pids:
                 try:
                     os.killpg(self.pid, 9)
                 except OSError:
                     pass
+            # (in a pid namespace its init, the zygote, kills what the job left)
             self.exit = Exit(9)
         self.close()
 
@@ -263,7 +271,12 @@ class Job:
             if self.exit is not None or self.pid is None:
                 return False
             try:
-                os.killpg(self.pid, sig)
+                if self.own_pids:
+                    self.sock.send(bytes((sig,)))  # supervise.py signals the group
+                else:
+                    os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
+                return False
+            except OSError:  # the job's socket is closed: it is ending
                 return False
             return True

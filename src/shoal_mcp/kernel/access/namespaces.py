@@ -1,0 +1,374 @@
+"""Namespaces and the read-only view of the system for one sandboxed process tree.
+
+Landlock filters paths; it does not stop what is checked by uid rather than by path
+(chmod, utime, xattrs, signals, ``prlimit``, ``/proc/PID``, SysV IPC, inotify).  So a
+sandboxed tree also gets namespaces of its own (docs/security.md, "Isolation"):
+
+* **user**: our own uid and gid mapped to themselves (one id each, setgroups denied).
+  The capabilities a new user namespace gives are used only to build the view below
+  and are dropped before any caller code runs.
+* **mount**: a recursive copy of ``/`` made read-only, nosuid and nodev in one
+  ``mount_setattr``; the write grants bound back read-write on top; the kernel's own
+  directories and the secrets replaced by empty read-only tmpfs (directories) or an
+  empty read-only file (files); the trusted base (the package, the kernel's Python, the
+  policy) bound read-only again over any grant; paths the kernel lets the tree read
+  inside a hidden directory (``$SHOAL_OUT``, the private temp dir) bound back; a fresh
+  ``/dev`` with a few device nodes and a private ``/dev/shm``; a ``/proc`` of the new
+  pid namespace.  Then ``pivot_root`` into it and the old root detached.
+* **pid**: the tree sees only its own processes; nothing outside can be signalled,
+  ``prlimit``-ed or read in ``/proc``.  The first process in it is an init that reaps.
+* **ipc**, **uts**, and **net** when the spec asks for a private network (loopback up,
+  nothing else).
+
+:func:`enter` does all of it from a single-threaded process: it forks, and the parent
+stays behind as a *relay* that waits for the namespace's init and exits like it, so the
+caller's parent (the kernel, a PTY supervisor) still has one child to wait for and kill.
+
+Standard library and ctypes only: imported by ``python -I -S`` supervisors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import socket
+import struct
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+NAMES = {
+    CLONE_NEWUSER: "user",
+    CLONE_NEWNS: "mnt",
+    CLONE_NEWPID: "pid",
+    CLONE_NEWIPC: "ipc",
+    CLONE_NEWUTS: "uts",
+    CLONE_NEWCGROUP: "cgroup",
+    CLONE_NEWNET: "net",
+}
+
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_SYS_MOUNT_SETATTR = 442  # generic number: the same on x86_64 and aarch64
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_SIGKILL = 9
+
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx")
+"""Device nodes the view's ``/dev`` has (bound from the host's); plus ``pts``, ``shm``."""
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}  # fmt: skip
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+
+
+class NamespaceError(OSError):
+    """A namespace or a mount of the view could not be made; the message says which."""
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _fail(what: str) -> NamespaceError:
+    err = ctypes.get_errno()
+    return NamespaceError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    if (
+        _libc.mount(
+            None if src is None else _b(src),
+            _b(target),
+            None if fstype is None else fstype.encode(),
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
+        raise _fail(f"mount {src or fstype} on {target}")
+
+
+def _setattr(path: str, attr_set: int, attr_clr: int = 0, *, recursive: bool) -> None:
+    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+    flags = _AT_RECURSIVE if recursive else 0
+    rc = _libc.syscall(
+        _SYS_MOUNT_SETATTR, _AT_FDCWD, _b(path), flags, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
+    if rc != 0:
+        raise _fail(f"mount_setattr {path}")
+
+
+def unshare(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        raise _fail("unshare(" + "+".join(n for f, n in NAMES.items() if flags & f) + ")")
+
+
+def _write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def map_own_ids(uid: int, gid: int) -> None:
+    """Map ``uid``/``gid`` to themselves in the user namespace just entered."""
+    _write_file("/proc/self/setgroups", "deny")
+    _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def set_dumpable(on: bool) -> None:
+    """Not dumpable: processes of the same uid cannot ptrace it or open its ``/proc/PID``
+    files (``fd/``, ``mem``, ``environ``); execve resets it for the program started."""
+    _libc.prctl(_PR_SET_DUMPABLE, 1 if on else 0, 0, 0, 0)
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in a new network namespace (it starts down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, _SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
+class View:
+    """The mount plan of one sandbox: plain data, built by the kernel (``sandbox_build``).
+
+    ``scratch``: an existing empty directory of ours where the view is assembled (a
+    mount point only: nothing is written there on disk).  ``write``: paths bound back
+    read-write.  ``hide``: directories and files replaced by empty read-only ones.
+    ``protect``: paths bound read-only again over any write grant.  ``reveal``: paths
+    inside hidden directories bound back as they are (read-write where they are in
+    ``write`` too, else read-only).
+    """
+
+    __slots__ = ("scratch", "write", "hide", "protect", "reveal")
+
+    def __init__(
+        self,
+        scratch: str,
+        write: tuple[str, ...] = (),
+        hide: tuple[str, ...] = (),
+        protect: tuple[str, ...] = (),
+        reveal: tuple[str, ...] = (),
+    ) -> None:
+        self.scratch = scratch
+        self.write, self.hide = tuple(write), tuple(hide)
+        self.protect, self.reveal = tuple(protect), tuple(reveal)
+
+    def to_dict(self) -> dict[str, object]:
+        return {s: list(getattr(self, s)) if s != "scratch" else self.scratch for s in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> View:
+        return cls(
+            str(data["scratch"]), *(tuple(data.get(k, ())) for k in cls.__slots__[1:])
+        )  # fmt: skip
+
+
+def build_view(view: View) -> None:
+    """Assemble the view and ``pivot_root`` into it (in a new user + mount namespace)."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    base = view.scratch
+    _mount("tmpfs", base, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64k")
+    root = base + "/root"
+    os.mkdir(root, 0o755)
+    empty = base + "/empty"
+    os.close(os.open(empty, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+    empty_dir = base + "/empty.d"
+    os.mkdir(empty_dir, 0o555)
+
+    _mount("/", root, None, _MS_BIND | _MS_REC)
+    _setattr(root, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True)
+    for path in view.write:
+        if os.path.lexists(path):
+            _bind(path, root + path, writable=True)
+    for path in view.hide:
+        _hide(root + path, path, empty, view)
+    for path in view.protect:
+        if os.path.exists(path) and os.path.exists(root + path):
+            _bind(path, root + path, writable=False)
+    for path in view.reveal:
+        if os.path.exists(path):
+            _bind(path, root + path, writable=path in view.write)
+    _make_dev(root)
+    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+    os.chdir(root)
+    if _libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:
+        raise _fail("pivot_root")
+    if _libc.umount2(b".", _MNT_DETACH) != 0:
+        raise _fail("detach the old root")
+    os.chdir("/")
+
+
+def _bind(src: str, target: str, *, writable: bool) -> None:
+    _mount(src, target, None, _MS_BIND | _MS_REC)
+    if writable:
+        _setattr(target, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, _MOUNT_ATTR_RDONLY, recursive=True)
+    else:
+        _setattr(
+            target, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True
+        )
+
+
+def _hide(target: str, path: str, empty: str, view: View) -> None:
+    """``target`` replaced by an empty read-only directory or file; mount points made
+    inside for the ``reveal`` paths below it (a tmpfs, then made read-only)."""
+    if not os.path.lexists(target) or os.path.islink(target):
+        return
+    if not os.path.isdir(target):
+        _bind(empty, target, writable=False)
+        return
+    _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0755,size=64k")
+    for inner in view.reveal:
+        if inner.startswith(path + "/") and os.path.exists(inner):
+            point = target + inner[len(path) :]
+            if os.path.isdir(inner):
+                os.makedirs(point, 0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(point), 0o755, exist_ok=True)
+                os.close(os.open(point, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+    _setattr(target, _MOUNT_ATTR_RDONLY, recursive=False)
+
+
+def _make_dev(root: str) -> None:
+    dev = root + "/dev"
+    _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEVICES:
+        host = "/dev/" + name
+        if os.path.exists(host):
+            os.close(os.open(f"{dev}/{name}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
+            _mount(host, f"{dev}/{name}", None, _MS_BIND)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(dev + "/pts", 0o755)
+    if os.path.isdir("/dev/pts"):
+        _mount("/dev/pts", dev + "/pts", None, _MS_BIND | _MS_REC)
+    os.mkdir(dev + "/shm", 0o1777)
+    _mount("tmpfs", dev + "/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+    _setattr(dev, _MOUNT_ATTR_RDONLY, recursive=False)
+
+
+# --- entering: the relay, the namespace's init ---------------------------------------
+
+
+def enter(flags: int, view: View | None, *, init: bool) -> None:
+    """Move the calling (single-threaded) process's future into new namespaces.
+
+    Returns in a new process inside them, with the view built when given; the calling
+    process stays behind as the relay (:func:`_relay`, never returns).  ``init``: the
+    process returned in is pid 2, below an init (pid 1) that reaps and ends like it;
+    else the returned process is pid 1 itself (the exec zygote, which reaps its jobs).
+    Raises :class:`NamespaceError` (in the caller, nothing forked) when the namespaces
+    cannot be made; a view that cannot be built ends the child with status 125 and the
+    reason on stderr.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    unshare(flags)
+    if flags & CLONE_NEWUSER:
+        map_own_ids(uid, gid)
+    pid = os.fork()
+    if pid:
+        _relay(pid)  # never returns
+    try:
+        # The relay gone (killed), this init goes too, and the namespace with it.  (Its
+        # parent is outside the pid namespace: getppid() says 0, so no race check here;
+        # the relay only exits after this process.)
+        _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        if flags & CLONE_NEWNET:
+            loopback_up()
+        if view is not None:
+            build_view(view)
+    except BaseException as e:  # noqa: BLE001 - a forked child must never return here
+        os.write(2, f"shoal sandbox: {e}\n".encode(errors="replace"))
+        os._exit(125)
+    if init:
+        child = os.fork()
+        if child:
+            _relay(child)
+
+
+def _relay(child: int) -> None:
+    """Wait for ``child`` (reaping any other child on the way) and end like it: its exit
+    code, or death by its signal.  Never returns."""
+    import _signal
+
+    # Only the child's ends of pipes and sockets count: a relay holding a copy would keep
+    # an EOF (a spawn error pipe, the kernel's control socket) from ever arriving.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    for sig in (_signal.SIGINT, _signal.SIGQUIT, _signal.SIGTSTP, _signal.SIGHUP):
+        _signal.signal(sig, _signal.SIG_IGN)  # a terminal's signals are the program's
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(125)
+        except InterruptedError:
+            continue
+        if pid == child:
+            break
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        os._exit(code)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _signal.signal(-code, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [-code])
+    os.kill(os.getpid(), -code)
+    os._exit(128 - code)
+
+
+def supported_flags(private_net: bool) -> int:
+    """The namespaces a sandboxed tree gets."""
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    return flags | (CLONE_NEWNET if private_net else 0)
+
+
+def names(flags: int) -> list[str]:
+    return [n for f, n in NAMES.items() if flags & f]
+
+
+def errno_of(exc: BaseException) -> int:
+    return getattr(exc, "errno", None) or errno.EPERM
