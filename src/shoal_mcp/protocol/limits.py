@@ -183,6 +183,8 @@ PTY_MAX_INPUT_ITEMS = 4096
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
 PLAN_REF_HEX = 32
+REEF_VERSIONS_REMEMBERED = 1024
+"""``session.reef`` tool versions kept (per tool, mtime and sandbox: per principal)."""
 SANDBOX_MAX_PROCS = 4096
 """Processes one sandboxed tree may have at once (RLIMIT_NPROC inside its own user
 namespace, so the uid's other processes do not count): a fork bomb stops there instead
@@ -233,11 +235,28 @@ STATE_REPORT_MAX_BYTES = 4 * MiB
 (Linux's own argv+env limit is far below this)."""
 ENV_REFUSED_MAX = 64
 """Most refused variable names an outcome's ``env_refused`` lists."""
-PROTECTED_ENV = ("BASH_ENV", "ENV", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS", "PS4")
+PROTECTED_ENV = (
+    # bash itself
+    "BASH_ENV", "ENV", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS", "PS4", "PS0", "INPUTRC",
+    # where programs are found, and where they read their configuration
+    "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "ZDOTDIR", "CDPATH",
+    # interpreters and runtimes loading code or options
+    "CLASSPATH", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS",
+    "RUBYOPT", "RUBYLIB", "GEM_HOME", "GEM_PATH", "TCLLIBPATH", "R_PROFILE", "R_PROFILE_USER",
+    "GCONV_PATH", "LOCPATH", "GNUPGHOME", "DOCKER_CONFIG",
+    # programs other programs start
+    "EDITOR", "VISUAL", "PAGER", "MANPAGER", "LESSOPEN", "LESSCLOSE", "BROWSER",
+    "SSH_ASKPASS", "SUDO_ASKPASS", "TERMINAL",
+)  # fmt: skip
 """Variables a sandboxed principal's exec may set only with an ``env_write`` grant of
-that exact name (globs do not count): each makes bash run code."""
-PROTECTED_ENV_PREFIXES = ("BASH_FUNC_", "LD_")
-"""Prefixes with the same rule (exported functions; the dynamic loader)."""
+that exact name (globs do not count): each makes bash, the loader or a program the
+human runs later run code or read configuration from elsewhere."""
+PROTECTED_ENV_PREFIXES = (
+    "BASH_FUNC_", "LD_", "GIT_", "PYTHON", "PERL", "NODE_", "NPM_CONFIG_", "npm_config_",
+    "LUA_", "CARGO_", "RUSTC", "GOFLAGS", "PIP_",
+)  # fmt: skip
+"""Prefixes with the same rule (exported functions, the dynamic loader, git, language
+runtimes and package managers)."""
 REF_RESERVE_BLOCK = 64
 """``out:N`` numbers reserved per durable write (fsync) of the ref counter file: one
 fsync per 64 execs of a session (ahead of need), at most 127 numbers skipped after a crash."""

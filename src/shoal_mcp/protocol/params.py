@@ -254,6 +254,18 @@ STORE_GC = closed(
     }
 )
 
+SESSION_ADOPT = closed(
+    {
+        "principal": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 256,
+            "description": "whose own cwd/env changes in this session to apply for everyone",
+        }
+    },
+    ("principal",),
+)
+
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
     "store.verify": NONE,
@@ -262,6 +274,7 @@ PARAMS: dict[str, dict] = {
     "session.cwd": NONE,
     "session.env": NONE,
     "session.reef": NONE,
+    "session.adopt": SESSION_ADOPT,
     "parse": PARSE,
     "exec": EXEC,
     "explain": EXPLAIN,

@@ -53,6 +53,11 @@ class Guard:
             self.for_principal(principal), ttys=ttys, also_read=also_read
         )
 
+    def isolated(self, principal: str) -> bool:
+        """Its processes run confined, so its session changes (cwd, env) are its own:
+        nothing it runs may steer what another principal runs next."""
+        return self.confinement.applies_to(self.for_principal(principal))
+
     def authenticate(self, token: str | None) -> str:
         if token is None:
             if self.require_token:

@@ -197,7 +197,9 @@ class View:
         self.protect, self.reveal = tuple(protect), tuple(reveal)
 
     def to_dict(self) -> dict[str, object]:
-        return {s: list(getattr(self, s)) if s != "scratch" else self.scratch for s in self.__slots__}
+        return {
+            s: list(getattr(self, s)) if s != "scratch" else self.scratch for s in self.__slots__
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> View:

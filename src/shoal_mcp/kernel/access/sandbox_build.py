@@ -300,7 +300,11 @@ def build_spec(
         # The view's private /dev/shm is the tree's own (a tmpfs per sandbox).
         for cls in ("read", "write", "delete"):
             out[cls].append("/dev/shm")
-        hidden = [*banned, *secrets, *_existing(tuple(posixpath.join(home, h) for h in home_secrets))]
+        hidden = [
+            *banned,
+            *secrets,
+            *_existing(tuple(posixpath.join(home, h) for h in home_secrets)),
+        ]
         view = build_view(
             scratch=view_scratch,
             write=[p for p in _dedupe(out["write"] + out["delete"]) if p != "/dev/shm"],

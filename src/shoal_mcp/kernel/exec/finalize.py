@@ -110,7 +110,7 @@ class Finalizer:
             for p in placed:
                 self.cas.unplace(p)
             raise
-        spools = spool_bin(self.spool_dir)
+        spools = spool_bin(self.spool_dir, task.principal)
         for path in spare:
             spools.give_back(path)
         return stored
@@ -170,10 +170,12 @@ class Finalizer:
                     self.cas.record_in(conn, out.info)
                     self.cas.record_in(conn, err.info)
                     self.transcript.insert_in(conn, task.session, n, task.principal, outcome)
+                    # A sandboxed principal's cd/export stay its own (store/sessions.py).
+                    own = task.principal if self.guard.isolated(task.principal) else None
                     new_state = (
                         None
                         if filtered.delta.empty
-                        else self.sessions.stage(conn, session, filtered.delta)
+                        else self.sessions.stage(conn, session, filtered.delta, own)
                     )
                     row_id = self.journal.finish_in(conn, task.journal_id, entry)
             except BaseException:

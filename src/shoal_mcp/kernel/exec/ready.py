@@ -133,13 +133,14 @@ def prepare(
     *,
     sandbox: SandboxSpec | None,
     max_output_bytes: int,
+    owner: str = "",
 ) -> ReadyShell:
     """Start a bash under ``supervisor`` that waits for its source (OSError if not)."""
     fds: list[int] = []
     paths: list[Path] = []
     keep: list[int] = []
     try:
-        take_spools(spool_dir, fds, paths)  # reused, like a cold spawn's
+        take_spools(spool_dir, fds, paths, owner)  # reused, like a cold spawn's
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         script_fd = os.memfd_create("shoal-src", os.MFD_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)

@@ -10,12 +10,14 @@ own exec would run.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
+from ...protocol.limits import REEF_VERSIONS_REMEMBERED
+from ...protocol.lru import Lru
 from ..access.sandbox import SandboxSpec, runner_argv
 
 # Marker file → tools that kind of project usually needs.
@@ -32,8 +34,7 @@ PROJECT_MARKERS: dict[str, tuple[str, ...]] = {
 ALWAYS = ("bash",)
 VERSION_TIMEOUT_S = 2.0
 
-_cache: dict[tuple[str, int, bool], str | None] = {}
-_cache_lock = threading.Lock()
+_cache: Lru[tuple[str, int, bytes], str | None] = Lru(REEF_VERSIONS_REMEMBERED)
 
 
 def find_project(cwd: str) -> tuple[str | None, list[str]]:
@@ -47,23 +48,25 @@ def find_project(cwd: str) -> tuple[str | None, list[str]]:
 
 
 def tool_version(path: str, sandbox: SandboxSpec | None = None) -> str | None:
-    """First line of ``TOOL --version``, cached by (path, mtime, confined); never
-    networked.  With ``sandbox`` the probe runs confined by it."""
+    """First line of ``TOOL --version``, cached by (path, mtime, sandbox); never
+    networked.  With ``sandbox`` the probe runs confined by it, and its answer is kept
+    for that sandbox alone: a line probed inside one principal's sandbox (where its own
+    files may shadow the tool's) is never handed to another."""
     try:
-        key = (path, os.stat(path).st_mtime_ns, sandbox is not None)
+        box = hashlib.blake2b(sandbox.to_bytes(), digest_size=16).digest() if sandbox else b""
+        key = (path, os.stat(path).st_mtime_ns, box)
     except OSError:
         return None
-    with _cache_lock:
-        if key in _cache:
-            return _cache[key]
+    found, cached = _cache.lookup(key)
+    if found:
+        return cached
     try:
         proc = _run_version(path, sandbox)
         text = (proc.stdout or proc.stderr).decode("utf-8", "replace").strip().splitlines()
         version = text[0][:200] if text else None
     except (OSError, subprocess.TimeoutExpired):
         version = None
-    with _cache_lock:
-        _cache[key] = version
+    _cache.put(key, version)
     return version
 
 

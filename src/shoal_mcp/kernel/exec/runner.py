@@ -196,26 +196,29 @@ def _emptied(path: Path) -> int:
     return os.open(path, flags)
 
 
-def take_spools(spool_dir: Path, fds: list[int], paths: list[Path]) -> None:
-    """A job's stdout and stderr spools from ``spool_dir``'s bin, appended to ``fds`` and
-    ``paths`` as each is taken (a caller's cleanup then sees a pair taken halfway)."""
-    spools = spool_bin(spool_dir)
+def take_spools(spool_dir: Path, fds: list[int], paths: list[Path], owner: str) -> None:
+    """A job's stdout and stderr spools from ``owner``'s bin of ``spool_dir``, appended to
+    ``fds`` and ``paths`` as each is taken (a caller's cleanup then sees a pair taken
+    halfway)."""
+    spools = spool_bin(spool_dir, owner)
     for suffix in (".out", ".err"):
         fd, path = spools.take(suffix)
         fds.append(fd)
         paths.append(path)
 
 
-_BINS: dict[Path, SpoolBin] = {}
+_BINS: dict[tuple[Path, str], SpoolBin] = {}
 _BINS_LOCK = threading.Lock()
 
 
-def spool_bin(spool_dir: Path) -> SpoolBin:
-    """The bin of ``spool_dir`` (one per kernel: spawn takes, finalize gives back)."""
+def spool_bin(spool_dir: Path, owner: str) -> SpoolBin:
+    """``owner``'s bin of ``spool_dir`` (spawn takes, finalize gives back).  One per
+    principal: a spool is never reused for another principal's output, so whatever one
+    principal could still do to a file it once wrote never reaches another's."""
     with _BINS_LOCK:
-        found = _BINS.get(spool_dir)
+        found = _BINS.get((spool_dir, owner))
         if found is None:
-            found = _BINS[spool_dir] = SpoolBin(spool_dir)
+            found = _BINS[(spool_dir, owner)] = SpoolBin(spool_dir)
         return found
 
 
@@ -239,12 +242,13 @@ def spawn(
     sandbox: SandboxSpec | None = None,
     max_output_bytes: int = 0,
     supervisor: Supervisor | None = None,
+    owner: str = "",
 ) -> RunningCommand:
     """Start ``bash -c src`` under a supervisor, stdout/stderr going to fresh spools.
 
     ``supervisor`` is the pool's warm zygote for this principal and ``sandbox``;
     without it one is started here for this job alone (cold).  ``max_output_bytes``
-    (0: none) caps stdout + stderr.
+    (0: none) caps stdout + stderr.  ``owner``: the principal, whose spool bin is used.
     """
     if not os.path.isdir(cwd):
         raise RpcError(
@@ -256,7 +260,7 @@ def spawn(
     paths: list[Path] = []
     state_fd = -1
     try:
-        take_spools(spool_dir, fds, paths)
+        take_spools(spool_dir, fds, paths, owner)
         state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
         fds.append(state_fd)
         script = _prelude(STATE_FD) + src

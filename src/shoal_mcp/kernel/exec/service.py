@@ -117,7 +117,7 @@ class ExecService:
 
     def analyze(self, who: Principal, src: str) -> tuple[analyzer.Analysis, str, str]:
         """Effects of ``src`` in the caller's session as it is now, that cwd and env hash."""
-        cwd, env, env_hash = self.sessions.get_or_create(who.session).state()
+        cwd, env, env_hash = self.sessions.get_or_create(who.session).state(who.principal)
         return analyzer.analyze(src, cwd, env.get("HOME")), cwd, env_hash
 
     def _judge(self, who: Principal, src: str) -> Judgement:
@@ -315,7 +315,7 @@ class ExecService:
         its ready shell, behind a slow kernel) would otherwise start late, to be killed
         at once. One arriving during the spawn SIGKILLs it right after (no grace)."""
         session = self.sessions.get_or_create(who.session)
-        cwd, env = self._usable_state(session)
+        cwd, env = self._usable_state(session, who.principal)
         # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
         # readable inside the sandbox too.
         outputs = str(self.values.outputs.sync(who.principal, who.session))
@@ -354,19 +354,24 @@ class ExecService:
                 if left:
                     self._starting[who.principal] = left
 
-    def _usable_state(self, session: Session) -> tuple[str, dict[str, str]]:
-        """The session's (cwd, env); a cwd that vanished falls back to ``$HOME`` (the
-        session's, else the kernel's), persisted, with a warning in the next outcome."""
-        cwd, env = session.snapshot()
+    def _usable_state(self, session: Session, principal: str) -> tuple[str, dict[str, str]]:
+        """The session's (cwd, env) as ``principal`` sees it; a cwd that vanished falls
+        back to ``$HOME`` (the session's, else the kernel's), persisted (in the overlay
+        whose cwd it was), with a warning in the next outcome."""
+        cwd, env = session.snapshot(principal)
         if os.path.isdir(cwd):
             return cwd, env
         home = env.get("HOME") or os.path.expanduser("~")
         if not os.path.isdir(home):
             home = "/"
+        own = principal if principal in session.overlays else None
         self.sessions.set_cwd(
-            session, home, f"session cwd {cwd!r} no longer exists; this exec ran in {home!r}"
+            session,
+            home,
+            f"session cwd {cwd!r} no longer exists; this exec ran in {home!r}",
+            principal=own,
         )
-        return session.snapshot()
+        return session.snapshot(principal)
 
     def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
         """The OS sandbox spec ``who``'s processes run in (None: not confined), with
@@ -409,6 +414,7 @@ class ExecService:
             sandbox=sandbox,
             max_output_bytes=cap,
             supervisor=warm,
+            owner=who.principal,
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
 
@@ -421,7 +427,7 @@ class ExecService:
 
         def make() -> ReadyShell | None:
             assert self.pool is not None
-            cwd, env = self.sessions.get_or_create(who.session).snapshot()
+            cwd, env = self.sessions.get_or_create(who.session).snapshot(who.principal)
             if not os.path.isdir(cwd):
                 return None
             outputs = str(self.values.outputs.session_dir(who.principal, who.session))
@@ -435,7 +441,15 @@ class ExecService:
             if zygote is None:
                 return None
             cap = self.guard.for_principal(who.principal).max_output_bytes
-            return prepare(cwd, env, self.spool_dir, zygote, sandbox=sandbox, max_output_bytes=cap)
+            return prepare(
+                cwd,
+                env,
+                self.spool_dir,
+                zygote,
+                sandbox=sandbox,
+                max_output_bytes=cap,
+                owner=who.principal,
+            )
 
         ready.refill((who.principal, who.session), make)
 

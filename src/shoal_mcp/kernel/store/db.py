@@ -62,6 +62,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     env TEXT NOT NULL         -- BLOB of NUL-separated NAME=value (JSON TEXT in shoal 0.1)
 );
 CREATE INDEX IF NOT EXISTS journal_running ON journal(state) WHERE state = 'running';
+CREATE TABLE IF NOT EXISTS session_overlays (  -- a sandboxed principal's own changes
+    session TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    cwd BLOB,                 -- NULL: the session's cwd
+    sets BLOB NOT NULL,       -- NUL-separated NAME=value set on top of the session's env
+    unsets BLOB NOT NULL,     -- NUL-separated names removed from it
+    PRIMARY KEY (session, principal)
+);
 """
 
 MIGRATIONS = {

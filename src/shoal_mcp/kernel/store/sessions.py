@@ -4,6 +4,12 @@ A session changes only by a *delta* (``StateDelta``: what one exec changed relat
 the state it started from), applied under the session's lock, so concurrent execs never
 undo each other (docs/decisions.md, Session state). Paths and values are bytes-clean:
 in memory they are ``surrogateescape`` strings, on disk a BLOB of the exact bytes.
+
+A sandboxed principal's deltas do not change the session for the others: they go to
+its own *overlay* (one ``StateDelta`` per principal, composed with each new delta), and
+that principal sees the session through it.  So an agent's ``cd`` into its temp dir or
+``export GIT_CONFIG_…`` never reaches the human's next command in the same session; the
+human sees overlays (``kernel.status``) and takes one over with ``session.adopt``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,26 @@ class StateDelta:
         new_env.update(self.set)
         return (self.cwd if self.cwd is not None else cwd), new_env
 
+    def then(self, later: StateDelta) -> StateDelta:
+        """This delta followed by ``later``, as one delta."""
+        sets = {k: v for k, v in self.set.items() if k not in later.unset}
+        sets.update(later.set)
+        unset = frozenset((self.unset | later.unset) - set(later.set))
+        return StateDelta(later.cwd if later.cwd is not None else self.cwd, sets, unset)
+
+    def to_row(self) -> tuple[bytes | None, bytes, bytes]:
+        """(cwd, set, unset) as stored: exact bytes, NUL-separated."""
+        return (
+            None if self.cwd is None else to_bytes(self.cwd),
+            encode_env(self.set),
+            b"".join(to_bytes(k) + b"\0" for k in sorted(self.unset)),
+        )
+
+    @classmethod
+    def from_row(cls, cwd: bytes | None, sets: bytes, unset: bytes) -> StateDelta:
+        names = frozenset(from_bytes(k) for k in unset.split(b"\0") if k)
+        return cls(None if cwd is None else decode_cwd(cwd), decode_env(sets), names)
+
 
 def diff(
     start_cwd: str, start_env: Mapping[str, str], end_cwd: str, end_env: Mapping[str, str]
@@ -61,6 +87,16 @@ def diff(
     return StateDelta(end_cwd if end_cwd != start_cwd else None, changed, gone)
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A session change written in a transaction, applied in memory by ``adopt`` once it
+    committed: the session's new (cwd, env), or a principal's new overlay."""
+
+    state: tuple[str, dict[str, str]] | None = None
+    principal: str | None = None
+    overlay: StateDelta | None = None
+
+
 @dataclass
 class Session:
     name: str
@@ -72,10 +108,21 @@ class Session:
     _hashed: tuple[dict[str, str], str] | None = field(default=None, repr=False)
     """``env`` and its digest: every exec's gate asks for it, and ``env`` is only ever
     replaced whole (``SessionTable.adopt``), never changed in place."""
+    overlays: dict[str, StateDelta] = field(default_factory=dict, repr=False)
+    """Sandboxed principals' own changes (the module docstring), by principal."""
 
-    def env_hash(self) -> str:
+    def env_hash(self, principal: str | None = None) -> str:
         with self.lock:
+            if principal in self.overlays:
+                return env_digest(self._view(principal)[1])
             return self._env_hash_locked()
+
+    def _view(self, principal: str | None) -> tuple[str, dict[str, str]]:
+        """The state ``principal`` sees (caller holds the lock)."""
+        overlay = self.overlays.get(principal) if principal is not None else None
+        if overlay is None:
+            return self.cwd, dict(self.env)
+        return overlay.applied_to(self.cwd, self.env)
 
     def _env_hash_locked(self) -> str:
         # Holding the dict itself (not its id) means a new env can never pass for it.
@@ -83,14 +130,31 @@ class Session:
             self._hashed = (self.env, env_digest(self.env))
         return self._hashed[1]
 
-    def snapshot(self) -> tuple[str, dict[str, str]]:
+    def snapshot(self, principal: str | None = None) -> tuple[str, dict[str, str]]:
+        """(cwd, env) as ``principal`` sees them (through its overlay, if it has one)."""
         with self.lock:
-            return self.cwd, dict(self.env)
+            return self._view(principal)
 
-    def state(self) -> tuple[str, dict[str, str], str]:
+    def state(self, principal: str | None = None) -> tuple[str, dict[str, str], str]:
         """``snapshot`` and the env's digest, as of one moment."""
         with self.lock:
+            if principal in self.overlays:
+                cwd, env = self._view(principal)
+                return cwd, env, env_digest(env)
             return self.cwd, dict(self.env), self._env_hash_locked()
+
+    def overlay_summary(self) -> list[dict[str, object]]:
+        """What each sandboxed principal changed for itself only (``kernel.status``)."""
+        with self.lock:
+            return [
+                {
+                    "principal": p,
+                    "cwd": o.cwd,
+                    "set": sorted(o.set),
+                    "unset": sorted(o.unset),
+                }
+                for p, o in sorted(self.overlays.items())
+            ]
 
     def take_warnings(self) -> list[str]:
         with self.lock:
@@ -142,6 +206,13 @@ class SessionTable:
             rows = self.db.query("SELECT cwd, env FROM sessions WHERE name = ?", (name,))
             if rows:
                 session = Session(name, decode_cwd(rows[0]["cwd"]), decode_env(rows[0]["env"]))
+                for row in self.db.query(
+                    "SELECT principal, cwd, sets, unsets FROM session_overlays WHERE session = ?",
+                    (name,),
+                ):
+                    session.overlays[row["principal"]] = StateDelta.from_row(
+                        row["cwd"], row["sets"], row["unsets"]
+                    )
             else:
                 start = cwd if cwd and os.path.isdir(cwd) else os.path.expanduser("~")
                 session = Session(name, start, dict(self._base_env))
@@ -158,6 +229,12 @@ class SessionTable:
         with self._lock:
             return sorted(self._sessions)
 
+    def overlays(self) -> dict[str, list[dict[str, object]]]:
+        """Each loaded session's overlays (``Session.overlay_summary``), where it has any."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        return {s.name: o for s in sessions if (o := s.overlay_summary())}
+
     def apply(self, session: Session, cwd: str, env: dict[str, str]) -> None:
         """Adopt ``cwd`` and ``env`` whole (volatile names excepted): the delta from now."""
         with session.lock:
@@ -167,25 +244,65 @@ class SessionTable:
             self.adopt(session, new)
 
     def stage(
-        self, conn: sqlite3.Connection, session: Session, delta: StateDelta
-    ) -> tuple[str, dict[str, str]]:
+        self,
+        conn: sqlite3.Connection,
+        session: Session,
+        delta: StateDelta,
+        principal: str | None = None,
+    ) -> Staged:
         """Write ``session`` with ``delta`` applied inside the caller's transaction; the
         new state, for ``adopt`` once that transaction committed. Hold ``session.lock``
-        from here to ``adopt``: that is what serialises deltas per session."""
+        from here to ``adopt``: that is what serialises deltas per session.
+
+        ``principal``: a sandboxed principal's delta, which goes to its overlay only."""
+        if principal is not None:
+            overlay = session.overlays.get(principal, StateDelta()).then(delta)
+            conn.execute(
+                "INSERT OR REPLACE INTO session_overlays(session, principal, cwd, sets, unsets)"
+                " VALUES (?,?,?,?,?)",
+                (session.name, principal, *overlay.to_row()),
+            )
+            return Staged(principal=principal, overlay=overlay)
         new_cwd, new_env = delta.applied_to(session.cwd, session.env)
         self.save_in(conn, session.name, new_cwd, new_env)
-        return new_cwd, new_env
+        return Staged(state=(new_cwd, new_env))
 
     @staticmethod
-    def adopt(session: Session, state: tuple[str, dict[str, str]]) -> None:
+    def adopt(session: Session, staged: Staged | tuple[str, dict[str, str]]) -> None:
         with session.lock:
-            session.cwd, session.env = state[0], state[1]
+            if isinstance(staged, tuple):
+                staged = Staged(state=staged)
+            if staged.principal is not None:
+                assert staged.overlay is not None
+                session.overlays[staged.principal] = staged.overlay
+            elif staged.state is not None:
+                session.cwd, session.env = staged.state
 
-    def set_cwd(self, session: Session, cwd: str, warning: str) -> None:
-        """Move ``session`` to ``cwd`` (its own vanished), warning in the next outcome."""
+    def take_over(self, session: Session, principal: str) -> StateDelta | None:
+        """Apply ``principal``'s overlay to the session for everyone, and drop it
+        (``session.adopt``: a human's explicit choice); the overlay, or None."""
+        with session.lock:
+            overlay = session.overlays.get(principal)
+            if overlay is None:
+                return None
+            with self.db.transaction() as conn:
+                staged = self.stage(conn, session, overlay)
+                conn.execute(
+                    "DELETE FROM session_overlays WHERE session = ? AND principal = ?",
+                    (session.name, principal),
+                )
+            self.adopt(session, staged)
+            del session.overlays[principal]
+            return overlay
+
+    def set_cwd(
+        self, session: Session, cwd: str, warning: str, principal: str | None = None
+    ) -> None:
+        """Move ``session`` (or ``principal``'s overlay) to ``cwd`` (its own vanished),
+        warning in the next outcome."""
         with session.lock:
             with self.db.transaction() as conn:
-                new = self.stage(conn, session, StateDelta(cwd=cwd))
+                new = self.stage(conn, session, StateDelta(cwd=cwd), principal)
             self.adopt(session, new)
             session.warnings.append(warning)
 

@@ -27,6 +27,8 @@ def kernel_status(call: Call, params: dict) -> dict:
         **status,
         "state_dir": str(kernel.config.state_dir),
         "sessions": kernel.sessions.names(),
+        # Sandboxed principals' own cwd/env changes, which only they see (session.adopt).
+        "overlays": kernel.sessions.overlays(),
         "tasks_running": kernel.tasks.running_total(),
         "ptys": len(kernel.ptys.list(None)),
         "connections": kernel.connection_count(),

@@ -36,7 +36,7 @@ def pty_open(call: Call, params: dict) -> dict:
     with kernel.guard.quota_lock(who.principal, "max_ptys"):  # check and open as one step
         kernel.guard.check_quota(who.principal, "max_ptys", kernel.pty_count(who.principal))
         session = kernel.sessions.get_or_create(who.session)
-        cwd, env = session.snapshot()
+        cwd, env = session.snapshot(call.who.principal)
         env.update(variables)
         return kernel.ptys.open(
             cmd=params["cmd"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ....protocol.discovery import project_session
+from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.limits import DEFAULT_SESSION
-from ....protocol.params import PARSE, SESSION_ATTACH
+from ....protocol.params import PARSE, SESSION_ADOPT, SESSION_ATTACH
 from ...access.identity import Principal
 from ...effects import analyzer
 from ...exec.reef import reef
@@ -40,13 +41,13 @@ def attach(call: Call, params: dict) -> dict:
     call.conn.client = params.get("client", {})
     kernel.attached.add(call.conn)
     kernel.exec.warm_up(call.conn.who)  # the first exec finds its supervisor started
-    cwd, _ = session.snapshot()
+    cwd, _ = session.snapshot(principal)
     return {
         "session": name,
         "principal": principal,
         "caps": kernel.guard.caps(principal),
         "cwd": cwd,
-        "env_hash": session.env_hash(),
+        "env_hash": session.env_hash(principal),
         "elide_defaults": ElideOptions().as_dict(),
         "channels": ["journal", "session.transcript", "approval", "task.N", "pty.N", "user.*"],
         "kernel": kernel.info(),
@@ -56,33 +57,55 @@ def attach(call: Call, params: dict) -> dict:
 @method("session.cwd")
 def cwd(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
-    return {"session": session.name, "cwd": session.snapshot()[0]}
+    return {"session": session.name, "cwd": session.snapshot(call.who.principal)[0]}
 
 
 @method("session.env")
 def env(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
-    _, env_vars = session.snapshot()
+    _, env_vars = session.snapshot(call.who.principal)
     readable = call.kernel.guard.for_principal(call.who.principal).env_readable
     values = {k: v for k, v in env_vars.items() if readable(k)}
     return {
         "session": session.name,
         "names": sorted(env_vars),
         "values": values,
-        "env_hash": session.env_hash(),
+        "env_hash": session.env_hash(call.who.principal),
     }
 
 
 @method("session.reef", blocking=True)
 def session_reef(call: Call, params: dict) -> dict:
     session = call.kernel.sessions.get_or_create(call.who.session)
-    cwd_now, env_vars = session.snapshot()
+    cwd_now, env_vars = session.snapshot(call.who.principal)
     guard = call.kernel.guard
     # Version probes run programs from the session's PATH: confined like the principal's
     # exec, or not at all when its policy wants a sandbox this kernel cannot give.
     spec = guard.sandbox_spec(call.who.principal)
     wants_box = guard.for_principal(call.who.principal).sandboxed
     return reef(cwd_now, env_vars, sandbox=spec, probe=spec is not None or not wants_box)
+
+
+@method("session.adopt", SESSION_ADOPT)
+def adopt(call: Call, params: dict) -> dict:
+    """Apply a sandboxed principal's own cwd/env changes in this session for everyone
+    (``shoal session adopt``); approvers only: it is the human taking them over."""
+    kernel = call.kernel
+    if not kernel.guard.for_principal(call.who.principal).approver:
+        raise RpcError(ErrorCode.DENIED, "session.adopt is for approvers")
+    session = kernel.sessions.get_or_create(call.who.session)
+    taken = kernel.sessions.take_over(session, params["principal"])
+    if taken is None:
+        raise invalid_params("principal", "has no changes of its own in this session")
+    cwd, env = session.snapshot()
+    return {
+        "session": session.name,
+        "principal": params["principal"],
+        "cwd": cwd,
+        "set": sorted(taken.set),
+        "unset": sorted(taken.unset),
+        "env_hash": session.env_hash(),
+    }
 
 
 @method("parse", PARSE)
