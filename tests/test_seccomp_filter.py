@@ -19,7 +19,9 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ ROOT = Path(SRC).parent
 ARCHES = sorted(seccomp.AUDIT_ARCH)
 TABLES = {"x86_64": syscall_table.X86_64, "aarch64": syscall_table.AARCH64}
 ALLOW = seccomp.RET_ALLOW
+NOBODY = 65534
 
 
 def errno_ret(code: int) -> int:
@@ -262,6 +265,13 @@ def test_the_program_is_deterministic() -> None:
     assert ast.literal_eval(outs[0])[0] == seccomp._program("x86_64")
 
 
+def test_compiled_is_the_program_as_sock_filter_records() -> None:
+    raw = seccomp.compiled(allow_listen=True)
+    prog = seccomp._program(allow_listen=True)
+    assert len(raw) == 8 * len(prog)
+    assert list(struct.iter_unpack("=HBBI", raw)) == prog
+
+
 def test_generated_table_matches_the_headers() -> None:
     if not (Path("/usr/include/asm-generic/unistd.h").exists() and shutil.which("cpp")):
         pytest.skip("no UAPI headers or cpp here to regenerate from")
@@ -290,11 +300,17 @@ import ctypes, errno, os, sys
 sys.path.insert(0, {src!r})
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
-assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
 from shoal_mcp.kernel.access import seccomp, syscall_table
+import fcntl, resource, socket, stat, subprocess, termios, threading  # before a uid drop
+UID = {uid!r}
+if UID is not None:  # an unprivileged caller: only no_new_privs lets it install
+    os.setgroups([])
+    os.setgid(UID)
+    os.setuid(UID)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
 seccomp.install_filter(allow_listen={allow_listen})
 NR = getattr(syscall_table, os.uname().machine.upper())
-OUT = {{}}
+OUT = {{"euid": os.geteuid()}}
 
 def sc(nr, *args):
     conv = [ctypes.c_char_p(a) if isinstance(a, bytes) else ctypes.c_long(a) for a in args]
@@ -310,10 +326,10 @@ def probe(key, fn):
 """
 
 
-def run_filtered(body: str, *args: str, allow_listen: bool = False) -> dict:
+def run_filtered(body: str, *args: str, allow_listen: bool = False, uid: int | None = None) -> dict:
     if not seccomp.supported():
         pytest.skip(f"no seccomp filter for {os.uname().machine}")
-    code = PRELUDE.format(src=SRC, allow_listen=allow_listen) + textwrap.dedent(body)
+    code = PRELUDE.format(src=SRC, allow_listen=allow_listen, uid=uid) + textwrap.dedent(body)
     code += "\nprint(repr(OUT))\n"
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", code, *args],
@@ -367,13 +383,32 @@ def test_real_programs_work_under_the_filter(tmp_path: Path) -> None:
     assert out["python"] == "42"
 
 
-def test_every_denied_syscall_fails_with_eperm() -> None:
+@pytest.fixture(params=["caller", "nobody"])
+def as_uid(request: pytest.FixtureRequest) -> int | None:
+    """Run the child as the caller, and as nobody (when the caller is root; otherwise
+    the caller already is unprivileged and both runs are the same)."""
+    return NOBODY if request.param == "nobody" and os.geteuid() == 0 else None
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A directory both the caller and nobody can write (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="shoal-seccomp-"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_every_denied_syscall_fails_with_eperm(as_uid: int | None) -> None:
     body = """
         for name in sorted(seccomp.DENIED | seccomp.MISSING):
             if name in NR:
                 OUT[name] = sc(NR[name], -1, -1, -1, -1, -1, -1)
     """
-    out = run_filtered(body)
+    out = run_filtered(body, uid=as_uid)
+    assert out.pop("euid") == (os.geteuid() if as_uid is None else as_uid)
     table = TABLES[os.uname().machine]
     assert set(out) == {n for n in seccomp.DENIED | seccomp.MISSING if n in table}
     wrong = {
@@ -384,7 +419,7 @@ def test_every_denied_syscall_fails_with_eperm() -> None:
     assert not wrong
 
 
-def test_argument_filters_both_ways(tmp_path: Path) -> None:
+def test_argument_filters_both_ways(workdir: Path, as_uid: int | None) -> None:
     body = """
         import fcntl, resource, socket, stat, termios, threading
         d = sys.argv[1]
@@ -442,7 +477,8 @@ def test_argument_filters_both_ways(tmp_path: Path) -> None:
         OUT["x32 getpid"] = sc(0x40000000 | 39) if "x86_64" == os.uname().machine else errno.ENOSYS
         OUT["unknown 1000"] = sc(1000)
     """
-    out = run_filtered(body, str(tmp_path))
+    out = run_filtered(body, str(workdir), uid=as_uid)
+    assert out.pop("euid") == (os.geteuid() if as_uid is None else as_uid)
     assert out == {
         "chmod 0755": 0,
         "chmod 04755": errno.EPERM,
@@ -495,7 +531,8 @@ def test_listen_only_when_allowed() -> None:
             probe("listen", lambda: s.listen(1))
         probe("socket unix", lambda: socket.socket(socket.AF_UNIX))
     """
-    assert run_filtered(body, allow_listen=True) == {"listen": 0, "socket unix": errno.EACCES}
+    out = run_filtered(body, allow_listen=True)
+    assert out == {"euid": os.geteuid(), "listen": 0, "socket unix": errno.EACCES}
 
 
 def test_deny_unix_sockets_is_the_default_filter() -> None:

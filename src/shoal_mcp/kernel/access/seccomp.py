@@ -49,7 +49,9 @@ check of the few syscalls that have one.  Allowed syscalls never read an argumen
 the kernel's per-filter action cache (Linux 5.11+) marks them allowed once and skips
 the program for them; only the checked ones (``openat``, ``ioctl``, ``socket``, ...) and
 the denied ones run it.  Jumps too long for classic BPF's 8-bit offsets go through
-``JA`` trampolines, inserted by the assembler.
+``JA`` trampolines, inserted by the assembler.  :func:`compiled` hands the same program
+out as raw ``sock_filter`` records, for a loader that installs it itself (bubblewrap's
+``--seccomp FD``).
 
 Standard library only (ctypes); the table is a generated module, no headers at runtime.
 """
@@ -59,8 +61,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Sequence
-from typing import TypeAlias
+import struct
 
 from . import syscall_table
 
@@ -122,8 +123,8 @@ RET_ERRNO = 0x00050000
 
 # An instruction before assembly: (code, jt, jf, k); jt/jf are a label or None (the next
 # instruction), k of JA is a label.  A bare str is a label.
-_Insn: TypeAlias = tuple[int, str | None, str | None, int | str]
-_Item: TypeAlias = _Insn | str
+_Insn = tuple[int, str | None, str | None, int | str]
+_Item = _Insn | str
 
 # Verdicts a range can end in: a return, or a jump to an argument check.
 _RETURNS = {
@@ -230,7 +231,7 @@ def _ranges(verdict: dict[int, str]) -> list[tuple[int, str]]:
     return runs
 
 
-def _search(runs: Sequence[tuple[int, str]], labels: list[int]) -> list[_Item]:
+def _search(runs: list[tuple[int, str]], labels: list[int]) -> list[_Item]:
     """A JGE tree over ``runs`` (the accumulator holds the number)."""
     if len(runs) == 1:
         verdict = runs[0][1]
@@ -262,7 +263,7 @@ def _source(arch: str, allow_listen: bool) -> list[_Item]:
     return items
 
 
-def assemble(items: Sequence[_Item]) -> list[tuple[int, int, int, int]]:
+def assemble(items: list[_Item]) -> list[tuple[int, int, int, int]]:
     """Resolve labels to relative jumps.  A conditional jump farther than 255
     instructions is rewritten to jump to an adjacent ``JA`` (32-bit offset) trampoline;
     the pass repeats until every jump fits, since each insertion lengthens others."""
@@ -313,7 +314,7 @@ def assemble(items: Sequence[_Item]) -> list[tuple[int, int, int, int]]:
     return _resolve(work)
 
 
-def _resolve(work: Sequence[_Item]) -> list[tuple[int, int, int, int]]:
+def _resolve(work: list[_Item]) -> list[tuple[int, int, int, int]]:
     at: dict[str, int] = {}
     insns: list[_Insn] = []
     for item in work:
@@ -363,6 +364,12 @@ def _program(
     return _BUILT[key]
 
 
+def compiled(*, allow_listen: bool = False) -> bytes:
+    """The running arch's program as raw ``struct sock_filter`` records (native byte
+    order), for a loader that installs it itself (``bwrap --seccomp FD``)."""
+    return b"".join(struct.pack("=HBBI", *insn) for insn in _program(allow_listen=allow_listen))
+
+
 def supported() -> bool:
     """Whether this module knows the running architecture."""
     return os.uname().machine in AUDIT_ARCH
@@ -396,7 +403,7 @@ def install_filter(*, allow_listen: bool = False) -> None:
     _install(_program(allow_listen=allow_listen))
 
 
-def _install(insns: Sequence[tuple[int, int, int, int]]) -> None:
+def _install(insns: list[tuple[int, int, int, int]]) -> None:
     array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
     fprog = _SockFprog(len(insns), array)
     libc = ctypes.CDLL(None, use_errno=True)
