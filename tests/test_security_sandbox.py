@@ -62,7 +62,7 @@ write = ["{proj}/**"]
 
 [principal."agent:all"]
 proc_spawn = ["*"]
-env_write = ["*"]
+env_write = ["*", "PATH"]  # PATH is protected: a glob does not grant it
 env_read = ["*"]
 ungranted = "ask"
 opaque = "allow"
