@@ -264,30 +264,53 @@ def enter_namespaces(spec: SandboxSpec, *, init: bool) -> None:
     )
 
 
-def confine_job(spec: SandboxSpec) -> dict[str, object]:
-    """In a job's own supervisor, forked by a zygote inside the namespaces: a SysV IPC
-    namespace of its own (its objects die with the job), then :func:`confine_tree`."""
-    namespaces.unshare(namespaces.CLONE_NEWIPC)
-    return confine_tree(spec)
+class JobConfinement:
+    """A zygote's confinement of its jobs, prepared once inside its namespaces so that
+    each job's own part is a few system calls (``supervise.py``):
+
+    built here: the Landlock ruleset (its rule paths opened and resolved in the view),
+    the seccomp program, the capability bounding set emptied (the zygote keeps its
+    effective capabilities, for each job's IPC namespace).  :meth:`apply` in a job: a
+    SysV IPC namespace of its own (its objects die with the job), no_new_privs, the
+    process cap, no capabilities, the ruleset, the filter.  Nothing can undo it."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.abi = landlock.abi_version()
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.ruleset, self.skipped = build_ruleset(spec, self.abi)
+        if spec.deny_unix_sockets:
+            seccomp.prepare_filter(allow_listen=spec.private_net)
+        _drop_bounding_set(self._libc)
+
+    def apply(self) -> None:
+        namespaces.unshare(namespaces.CLONE_NEWIPC)
+        _confine_now(self.spec, self._libc, self.ruleset)
 
 
 def confine_tree(spec: SandboxSpec) -> dict[str, object]:
-    """Inside the namespaces: no_new_privs, the process cap, no capabilities, the
-    Landlock rules (the second layer), the seccomp filter.  Nothing can undo it."""
+    """Inside the namespaces, for one program (``apply``): no_new_privs, the process cap,
+    no capabilities, the Landlock rules (the second layer), the seccomp filter."""
     abi = landlock.abi_version()
     libc = ctypes.CDLL(None, use_errno=True)
+    _drop_bounding_set(libc)
+    ruleset, skipped = build_ruleset(spec, abi)
+    _confine_now(spec, libc, ruleset)
+    return {"abi": abi, "netns": "netns" if spec.private_net else None, "skipped": skipped}
+
+
+def _confine_now(spec: SandboxSpec, libc: object, ruleset: landlock.Ruleset) -> None:
     landlock.set_no_new_privs()
     if spec.max_procs:
         import resource
 
         resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_procs, spec.max_procs))
-    _drop_capabilities(libc)
-    skipped = restrict_files(spec, abi)
+    _clear_capabilities(libc)
+    ruleset.restrict_self()
     if spec.deny_unix_sockets:
         # Listening is harmless in a network namespace of the tree's own (only its own
         # processes can connect: a test server on loopback works); on the host's, never.
         seccomp.install_filter(allow_listen=spec.private_net)
-    return {"abi": abi, "netns": "netns" if spec.private_net else None, "skipped": skipped}
 
 
 def _check_enforceable(spec: SandboxSpec) -> None:
@@ -320,6 +343,14 @@ def confine_process(spec: SandboxSpec, *, seccomp_filter: bool = True) -> tuple[
 def restrict_files(spec: SandboxSpec, abi: int) -> list[str]:
     """The Landlock ruleset of ``spec`` (files, TCP ports, scopes), on this process;
     the rule paths left out (gone, or resolving elsewhere now)."""
+    ruleset, skipped = build_ruleset(spec, abi)
+    ruleset.restrict_self()
+    return skipped
+
+
+def build_ruleset(spec: SandboxSpec, abi: int) -> tuple[landlock.Ruleset, list[str]]:
+    """The Landlock ruleset of ``spec`` (files, TCP ports, scopes), not yet enforced;
+    and the rule paths left out (gone, or resolving elsewhere now)."""
     handled_net = landlock.net_rights(abi)
     if spec.tcp_connect is None:
         handled_net &= ~landlock.NET_CONNECT_TCP
@@ -328,7 +359,8 @@ def restrict_files(spec: SandboxSpec, abi: int) -> list[str]:
         for path in getattr(spec, cls):
             rights[path] = rights.get(path, 0) | access
     skipped: list[str] = []
-    with landlock.Ruleset(landlock.fs_rights(abi), handled_net, landlock.scopes(abi)) as rs:
+    rs = landlock.Ruleset(landlock.fs_rights(abi), handled_net, landlock.scopes(abi))
+    try:
         for path, access in rights.items():
             try:
                 rs.add_path(path, access, expect=path)
@@ -340,8 +372,10 @@ def restrict_files(spec: SandboxSpec, abi: int) -> list[str]:
                 skipped.append(path)
         for port in spec.tcp_connect or ():
             rs.add_port(port, landlock.NET_CONNECT_TCP)
-        rs.restrict_self()
-    return skipped
+    except BaseException:
+        rs.close()
+        raise
+    return rs, skipped
 
 
 def _private_network(libc: object) -> str:
@@ -378,6 +412,17 @@ def _drop_capabilities(libc: object) -> None:
     eff = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), "0")
     if int(eff, 16) == 0:
         return  # nothing to drop; exec cannot gain any (no_new_privs blocks file caps)
+    _drop_bounding_set(libc)
+    _clear_capabilities(libc)
+
+
+def _drop_bounding_set(libc: object) -> None:
+    """Empty the bounding and ambient sets: nothing can be gained at an exec any more
+    (the effective set is untouched: :func:`_clear_capabilities`)."""
+    status = _read_text("/proc/self/status")
+    bnd = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("CapBnd:")), "0")
+    if int(bnd, 16) == 0:
+        return
     last = int(_read_text("/proc/sys/kernel/cap_last_cap") or "40")
     for cap in range(last + 1):
         if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # type: ignore[attr-defined]
@@ -386,6 +431,9 @@ def _drop_capabilities(libc: object) -> None:
                 raise SandboxError(err, f"cannot drop capability {cap}: {os.strerror(err)}")
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # type: ignore[attr-defined]
 
+
+def _clear_capabilities(libc: object) -> None:
+    """Effective, permitted and inheritable sets all empty."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this pid
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all zero
     if libc.capset(header, data) != 0:  # type: ignore[attr-defined]

@@ -316,7 +316,7 @@ def _confine(spec_bytes: bytes) -> "str | None":
     init (``sandbox.enter_namespaces``; the process that started stays behind as a relay)
     and keeps the user namespace's capabilities, not dumpable, to give each job a SysV
     IPC namespace of its own; each job's supervisor then drops them and confines itself
-    (``sandbox.confine_job``).  Without one: everything but the file rules now, those
+    (``sandbox.JobConfinement``).  Without one: everything but the file rules now, those
     per job with the job's spool paths (``sandbox.confine_process``)."""
     try:
         here = os.path.abspath(__file__)
@@ -327,6 +327,7 @@ def _confine(spec_bytes: bytes) -> "str | None":
         if spec.view is not None:
             sandbox.enter_namespaces(spec, init=False)
             namespaces.set_dumpable(False)
+            _SANDBOX["jobs"] = sandbox.JobConfinement(spec)
             abi = 0
         else:
             abi, _netns = sandbox.confine_process(spec)
@@ -344,7 +345,7 @@ def _restrict_files(job: dict) -> None:
     sandbox = _SANDBOX["module"]
     spec = _SANDBOX["spec"]
     if spec.view is not None:
-        sandbox.confine_job(spec)
+        _SANDBOX["jobs"].apply()
         return
     data = spec.to_dict()
     data["write"] = [*data["write"], *(p.decode("utf-8", "surrogateescape") for p in job["write"])]
