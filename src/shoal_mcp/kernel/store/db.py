@@ -62,6 +62,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     env TEXT NOT NULL         -- BLOB of NUL-separated NAME=value (JSON TEXT in shoal 0.1)
 );
 CREATE INDEX IF NOT EXISTS journal_running ON journal(state) WHERE state = 'running';
+-- a search across runs in every session walks outputs newest first (values/find.py)
+CREATE INDEX IF NOT EXISTS transcript_ts ON transcript(ts, session, n);
 """
 
 MIGRATIONS = {
