@@ -297,9 +297,7 @@ def test_other_principals_outputs_are_found_only_with_journal_read_all(env: Env)
     watcher = env.mcp(shared, token="agent:watcher")
     try:
         reply = read_find(watcher, "shoal://outputs?match=secret-of-a")
-        assert [(h["ref"], h["text"]) for h in reply["hits"]] == [
-            (made["ref"], "secret-of-a 9d1e")
-        ]
+        assert [(h["ref"], h["text"]) for h in reply["hits"]] == [(made["ref"], "secret-of-a 9d1e")]
         everywhere = read_find(watcher, "shoal://outputs?match=9d1e&session=all")
         assert everywhere["total"] == 2
         assert find(watcher, match="4f2a-137", session=SESSION)["structuredContent"]["total"] == 1

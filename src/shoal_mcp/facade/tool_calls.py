@@ -187,11 +187,7 @@ class ToolRunner:
 
     def _get(self, args: dict) -> Any:
         ref = args["ref"].strip()
-        value_args = {
-            k: args[k]
-            for k in (*VALUE_ARGS, *FIND_PARAMS)
-            if k in args
-        }
+        value_args = {k: args[k] for k in (*VALUE_ARGS, *FIND_PARAMS) if k in args}
         kind, ident = _record_kind(ref)
         if kind is None and _is_resource_only(ref):
             # Any shoal:// URI works as a ref: val/journal/session/events… read as resources.
