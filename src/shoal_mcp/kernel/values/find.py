@@ -37,6 +37,9 @@ STREAMS = ("out", "err")
 UNREADABLE = frozenset({ErrorCode.UNKNOWN_REF, ErrorCode.CORRUPTED})
 """Errors that mean a stored blob is gone or damaged: that output is skipped, counted."""
 
+NO_HITS = Found()
+"""The result of every blob without a hit (never changed: results are only read)."""
+
 _CURSOR = re.compile(r"(\d{1,19}),(out|err),(\d{1,19}),(\d{1,19})(?:,([0-9.e+-]{1,32}),(.+))?")
 
 
@@ -293,8 +296,8 @@ class Finder:
             if exc.code not in UNREADABLE:
                 raise
             found = None
-        if whole:
-            self.seen[digest] = found
+        if whole:  # a blob without hits is remembered as the one shared empty result
+            self.seen[digest] = NO_HITS if found is not None and not found.total else found
         return found
 
     def _may_match(self, source: StoredBlob, start: int, end: int) -> bool:
