@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.framing import count_lines_with
 from ...protocol.limits import FIND_BUDGET_S, FIND_CMD_HEAD_CHARS, FIND_ROWS_BATCH, MATCH_BLOCK
@@ -104,18 +106,20 @@ class Run:
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
-        blobs = {s: row[f"{s}_hash"] for s in STREAMS if isinstance(row[f"{s}_hash"], str)}
-        cmd = row["cmd"] if isinstance(row["cmd"], str) else ""
+        ok, status, out_hash, err_hash, pruned = orjson.loads(row["head"])
+        blobs = {
+            s: h for s, h in zip(STREAMS, (out_hash, err_hash), strict=True) if isinstance(h, str)
+        }
         return cls(
             session=row["session"],
             n=int(row["n"]),
             principal=row["principal"],
             ts=float(row["ts"]),
-            ok=None if row["ok"] is None else bool(row["ok"]),
-            status=row["status"] if isinstance(row["status"], int) else None,
-            cmd=cmd,
+            ok=ok if isinstance(ok, bool) else None,
+            status=status if isinstance(status, int) and not isinstance(status, bool) else None,
+            cmd=row["cmd"] if isinstance(row["cmd"], str) else "",
             blobs=blobs,
-            pruned=row["pruned"] is not None,
+            pruned=pruned is not None,
         )
 
     def at(self, stream: str = "out", offset: int = 0, line: int = 0) -> Cursor:
@@ -153,12 +157,14 @@ class FindOutcome:
         return self.stopped_at is None
 
 
-# Journal head fields come out of the stored outcome itself (no join with the journal).
+# Journal head fields come out of the stored outcome itself (no join with the journal),
+# in two JSON parses a row (SQLite 3.40 does not cache parses between calls): one for
+# the small fields, one for the command's head (a source can be 1 MiB; only its head
+# leaves SQLite).
+_HEAD_PATHS = ("$.ok", "$.status", "$.out.hash", "$.err.hash", "$.gc_removed")
 _COLUMNS = f"""session, n, principal, ts,
-    json_extract(value, '$.ok') AS ok, json_extract(value, '$.status') AS status,
-    substr(json_extract(value, '$.cmd'), 1, {FIND_CMD_HEAD_CHARS * 4}) AS cmd,
-    json_extract(value, '$.out.hash') AS out_hash, json_extract(value, '$.err.hash') AS err_hash,
-    json_extract(value, '$.gc_removed') AS pruned"""
+    json_extract(value, {", ".join(f"'{p}'" for p in _HEAD_PATHS)}) AS head,
+    substr(json_extract(value, '$.cmd'), 1, {FIND_CMD_HEAD_CHARS * 4}) AS cmd"""
 
 
 class RunRows:
