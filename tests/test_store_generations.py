@@ -12,7 +12,6 @@ of another that listens on the default socket.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 from pathlib import Path
