@@ -12,9 +12,13 @@ import contextlib
 import os
 import shutil
 
-from tests.support.kernel import close_client
+import pytest
+
+from shoal_mcp.kernel.access import sandbox
+from tests.support.kernel import KernelProcess, close_client
 from tests.support.polling import wait_until
 from tests.support.procfs import descendants_of
+from tests.support.tmp import short_tmp
 from tests.test_exec_ready_shells import new_ready_shells, out
 
 
@@ -129,3 +133,35 @@ def test_an_unchanged_cwd_still_uses_the_ready_shell(kernel, tmp_path):
         assert os.path.isdir(tmp_path)
     finally:
         close_client(c)
+
+
+def test_a_replaced_grant_directory_is_a_cold_start():
+    """A sandboxed ready shell's Landlock rules name the granted directory's inode; one
+    replaced meanwhile made "Permission denied" inside the grant."""
+    try:
+        sandbox.landlock.abi_version()
+    except sandbox.landlock.LandlockUnavailable as e:
+        pytest.skip(f"no Landlock here: {e}")
+    with short_tmp("shgr") as tmp:
+        granted = tmp / "granted"
+        granted.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            f'[principal."uid:{os.geteuid()}"]\nproc_spawn = ["*"]\nopaque = "allow"\n'
+            f"sandbox = true\n"
+            f'[principal."uid:{os.geteuid()}".fs]\nread = ["{tmp}/**"]\n'
+            f'write = ["{granted}/**"]\n'
+        )
+        kernel = KernelProcess(tmp, "--policy", str(policy)).start()
+        c = kernel.client("grant")
+        try:
+            out(c, f"cd '{tmp}'")
+            assert out(c, f"touch '{granted}/before' && echo ok") == "ok\n"
+            _with_ready_shell(kernel, c)
+            shutil.rmtree(granted)
+            granted.mkdir()
+            assert out(c, f"touch '{granted}/after' 2>&1 && echo ok") == "ok\n"
+            assert (granted / "after").exists()
+        finally:
+            close_client(c)
+            kernel.stop()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ..client import KernelClient, KernelLost, connect, version_mismatch
+from ..client import KernelClient, KernelLost, KernelUntrusted, connect, version_mismatch
 from .inflight import current_flight, wait_cancellable
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class KernelLink:
     def _connect(self, on_event: Callable[[dict], None] | None) -> KernelClient:
         try:
             return connect(on_event=on_event, autostart=False)
+        except KernelUntrusted:
+            raise  # not ours (another user's, another state dir's): never start over it
         except KernelLost:
             if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
                 raise
