@@ -184,6 +184,10 @@ def test_a_client_refuses_the_kernel_of_another_state_dir(two_state_dirs, monkey
     report = json.loads(status.stdout)
     assert status.returncode == 1 and report["running"] is False and report["pid"] is None
     assert str(s2) in report["detail"]
+    stopped = subprocess.run(
+        [*CLI, "kernel", "stop"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "not running" in stopped.stdout and k.proc.poll() is None  # S1's kernel lives
     c = k.client("default")
     try:
         rows = c.call("journal.query", {"limit": 100}, timeout=30)["rows"]
