@@ -1,12 +1,13 @@
 """Generations, not moments (issue 31): gc, verify and discovery judged under a lock or
 by identity, not by a check made earlier.
 
-Live: a real kernel and real clients. The gc race is made deterministic by holding
-SQLite's write lock from another process (as a ``sqlite3`` shell would): gc has planned
-and waits to write, an exec sharing the pruned output has placed its blob and waits
-behind it; the old gc then deleted the blob the new value references. ``store.verify``
-finds values whose blobs are gone; a client set up for one state dir refuses the kernel
-of another that listens on the default socket.
+The gc race (a value being stored shares a blob gc is deleting) is reproduced exactly
+with the store's own pieces (real SQLite, real files, in-process): placed, then gc,
+then committed. The live test runs the same interleaving loosely through a real kernel
+(gc's writes and the exec's commit queued behind a write lock another process holds)
+and checks the value reads back and ``store.verify`` finds no dangling reference.
+``store.verify`` finds values whose blobs are gone; a client set up for one state dir
+refuses the kernel of another that listens on the default socket.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def test_gc_keeps_a_blob_placed_for_a_value_not_yet_committed(tmp_path):
 
 
 def test_gc_never_deletes_a_blob_an_exec_is_storing(kernel_factory):
+    """Live, loosely ordered: whichever of gc's check and the exec's commit comes first,
+    the value stays readable and nothing dangles."""
     k = kernel_factory()
     old = k.client("gone")  # a session nobody is attached to once this client leaves
     try:
