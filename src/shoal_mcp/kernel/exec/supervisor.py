@@ -62,11 +62,11 @@ class Supervisor:
         self.spec_bytes = spec_bytes
         # Its jobs run in a pid namespace of their own: their pids mean nothing here, so
         # signals go through each job's socket (supervise.py) instead of kill(2).
-        spec = SandboxSpec.from_bytes(spec_bytes) if spec_bytes else None
-        self.own_pids = spec is not None and spec.view is not None
+        view = SandboxSpec.from_bytes(spec_bytes).view if spec_bytes else None
+        self.own_pids = view is not None
         # The directories its view bound: replaced since (rm -r, mv, a new mkdir), the
         # view would show the old ones (or read-only nothing); see fresh().
-        self._bound = tuple(spec.view["write"] + spec.view["reveal"]) if self.own_pids else ()
+        self._bound = tuple(view["write"] + view["reveal"]) if view is not None else ()
         self._stamp = _identities(self._bound)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
