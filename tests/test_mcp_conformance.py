@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.approving import approving_kernel as approving
 from tests.support.facade import RawFacade, facade_env
 from tests.support.mcp_schema import MODERN, REVISIONS, revision_schema
 
@@ -320,15 +321,6 @@ def test_tasks_past_their_ttl_are_forgotten():
 # --- 2026-07-28: stateless requests, MRTR approvals, the tasks extension ----------------
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
-APPROVAL_POLICY = """
-[principal."agent:w"]
-proc_spawn = ["echo", "true", "sleep"]  # anything else (basename) asks
-ungranted = "ask"
-opaque = "ask"
-[principal."agent:w".fs]
-read = ["{work}/**"]
-write = ["{work}/**"]
-"""
 
 
 def _meta(**capabilities: Any) -> dict:
@@ -341,23 +333,9 @@ def _meta(**capabilities: Any) -> dict:
 
 @pytest.fixture(scope="module")
 def approving_kernel():
-    """A kernel whose ``agent:w`` (a token) needs approval to write outside its work dir."""
-    from shoal_mcp.tokens import TokenStore
-    from tests.support.kernel import KernelProcess
-    from tests.support.tmp import short_tmp
-
-    with short_tmp("shmr") as tmp:
-        work = tmp / "work"
-        work.mkdir()
-        policy = tmp / "policy.toml"
-        policy.write_text(APPROVAL_POLICY.format(work=work))
-        kernel = KernelProcess(tmp, "--policy", str(policy))
-        token = TokenStore(kernel.state / "tokens.json").create("agent:w")[1]
-        kernel.start()
-        try:
-            yield kernel, token, tmp
-        finally:
-            kernel.stop()
+    """A kernel whose ``agent:w`` (a token) needs approval for basename (tests/support)."""
+    with approving(prefix="shmr") as found:
+        yield found
 
 
 def _wait_task(r: Recorder, task_id: str, caps: dict) -> dict:

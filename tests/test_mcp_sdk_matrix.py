@@ -5,7 +5,9 @@ subscribe/unsubscribe with an update in between, and a cancel. Python SDK 1.9 (a
 2025-03-26: no resource_link may reach it) and 2.x (2025-11-25), TypeScript SDK 1.12
 (2025-03-26; rejected every result with a resource_link before) and the current 1.x. Each
 SDK is installed once into a cache by tests/sdk_clients/install.py (``.ci/run`` runs it
-first); the TypeScript ones run where ``node`` is installed.
+first); the TypeScript ones run where ``node`` is installed. The Python SDK 2.3 also runs
+in its 2026-07-28 mode (``python_modern_client.py``: server/discover, no initialize, an
+approval accepted and one declined through its elicitation callback).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.sdk_clients import install
+from tests.support.approving import approving_kernel
 from tests.support.facade import facade_env
 from tests.support.polling import wait_until
 from tests.support.procfs import kill_pids, pids_with_arg
@@ -82,3 +85,28 @@ def test_an_sdk_client_session(kernel, sdk, revision):
     ]
     assert seen["updates"] >= 1
     assert seen["after_cancel"][0].startswith("after-cancel\n")
+
+
+def test_python_sdk_2_3_in_2026_07_28_mode_approves_and_declines():
+    """Discover (no fallback to initialize), then MRTR approvals through the SDK's
+    elicitation callback: the approved command ran, the declined one did not."""
+    with approving_kernel("shsd") as (kernel, token, _tmp):
+        done = subprocess.run(
+            [str(install.python_sdk("py-2")), str(CLIENTS / "python_modern_client.py"),
+             sys.executable],
+            env=facade_env(kernel, "sdk-modern", SHOAL_TOKEN=token),
+            capture_output=True,
+            text=True,
+            timeout=SESSION_TIMEOUT_S,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["sdk"].startswith("2.3"), seen["sdk"]
+    assert seen["protocol"] == "2026-07-28" and seen["server"] == "shoal"
+    assert "shoal_exec" in seen["tools"] and seen["exec_text"][0].startswith("hi\n")
+    assert len(seen["asked"]) == 2 and "basename /x/sdk-approved" in seen["asked"][0]
+    assert seen["approved"]["isError"] is False
+    assert seen["approved"]["text"][0].startswith("sdk-approved\n")
+    assert seen["declined"]["isError"] is True
+    assert "denied by the user" in seen["declined"]["text"][0]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

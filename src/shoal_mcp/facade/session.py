@@ -309,7 +309,8 @@ class McpSession:
                 f"invalid request: already initialized ({self.revision.name}); "
                 "a session is initialized once",
             )
-        if self.revision is None and msg.method not in BEFORE_INITIALIZE:
+        known = msg.method in self.methods or msg.method in self.task_methods
+        if self.revision is None and known and msg.method not in BEFORE_INITIALIZE:
             raise RpcError(
                 ErrorCode.INVALID_REQUEST,
                 "invalid request: not initialized: send initialize first, or name the "
