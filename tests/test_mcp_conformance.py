@@ -394,6 +394,18 @@ def test_a_live_2026_07_28_session_conforms(kernel):
         updated = r.wait_note("notifications/resources/updated", uri=task_uri)
         assert updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == listen
         r.f.notify("notifications/cancelled", {"requestId": listen})
+        lists = r.request(
+            "subscriptions/listen",
+            {"_meta": _meta(), "notifications": {"resourcesListChanged": True}},
+        )
+        acks = r.notes("notifications/subscriptions/acknowledged")
+        deadline = time.monotonic() + 10
+        while len(acks) < 2:
+            assert time.monotonic() < deadline, "no second acknowledgement"
+            time.sleep(0.05)
+            acks = r.notes("notifications/subscriptions/acknowledged")
+        assert acks[1]["params"]["notifications"] == {"resourcesListChanged": True}
+        assert acks[1]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lists
 
         # the tasks extension: a background exec (and one past its wait) is a task handle
         handle = r.tool(
@@ -402,6 +414,9 @@ def test_a_live_2026_07_28_session_conforms(kernel):
             _meta=_meta(**tasks),
         )["result"]
         assert handle["resultType"] == "task" and handle["status"] == "working"
+        # a new running task changed the resource list: announced on the listen
+        changed = r.wait_note("notifications/resources/list_changed")
+        assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lists
         done = _wait_task(r, handle["taskId"], tasks)
         assert done["status"] == "completed" and done["resultType"] == "complete"
         assert done["result"]["content"][0]["text"].startswith("tasked\n")
@@ -421,6 +436,7 @@ def test_a_live_2026_07_28_session_conforms(kernel):
             "result"
         ] == {"resultType": "complete", "_meta": discover["_meta"]}
         assert _wait_task(r, sleeper["taskId"], tasks)["status"] == "cancelled"
+        r.f.notify("notifications/cancelled", {"requestId": lists})
         undeclared = r.call("tasks/get", {"taskId": sleeper["taskId"], "_meta": _meta()})
         assert undeclared["error"]["code"] == -32021
         assert (

@@ -49,6 +49,7 @@ NOTIFICATION_OF = {
     "notifications/resources/updated": "ResourceUpdatedNotification",
     "notifications/tasks/status": "TaskStatusNotification",
     "notifications/subscriptions/acknowledged": "SubscriptionsAcknowledgedNotification",
+    "notifications/resources/list_changed": "ResourceListChangedNotification",
 }
 # Open on purpose in every revision: results may carry _meta and future fields.
 LEFT_OPEN = {"Result", "EmptyResult", "GetTaskPayloadResult", "JSONRPCResponse"}

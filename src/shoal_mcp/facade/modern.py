@@ -77,12 +77,13 @@ def shaped(method: str, result: Any, rev: Revision) -> Any:
 
 def discover_result(instructions: str) -> dict:
     """``server/discover``: every revision we speak and what 2026-07-28 clients may use.
-    ``listChanged`` is false: neither list changes in a facade's life."""
+    The tool list never changes in a facade's life; the resource list does, and
+    ``subscriptions/listen`` announces it (``resourcesListChanged``)."""
     return {
         "supportedVersions": list(MCP_SUPPORTED_VERSIONS),
         "capabilities": {
             "tools": {"listChanged": False},
-            "resources": {"subscribe": True, "listChanged": False},
+            "resources": {"subscribe": True, "listChanged": True},
             "extensions": {TASKS_EXTENSION: {}},
         },
         "instructions": instructions,

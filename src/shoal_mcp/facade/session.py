@@ -48,6 +48,7 @@ from .approvals import Approvals
 from .client_requests import ClientRequests
 from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
+from .list_watch import ListWatch
 from .mcp_tasks import McpTasks
 from .modern import discover_result, request_context, shaped
 from .paging import page
@@ -57,6 +58,7 @@ from .tool_calls import ToolRunner
 from .tools import TOOLS
 from .versions import (
     LATEST,
+    MODERN,
     TASKS_EXTENSION,
     RequestContext,
     Revision,
@@ -64,6 +66,7 @@ from .versions import (
 )
 
 log = logging.getLogger("shoal.mcp")
+MODERN_REVISION = next(iter(MODERN.values()))
 
 MAX_WORKERS = 64
 INSTRUCTIONS = (
@@ -142,14 +145,15 @@ class McpSession:
         self.slots = threading.BoundedSemaphore(input_slots)
         self.revision: Revision | None = None
         self.client_capabilities: dict = {}
-        self.subs = Subscriptions(self.link, self.notify, self.log)
+        self.resources = ResourceApi(self.link)
+        self.list_watch = ListWatch(lambda: self.resources.entries(MODERN_REVISION), self.notify)
+        self.subs = Subscriptions(self.link, self.notify, self.log, self.list_watch)
         self.tasks = McpTasks(self.link, self.notify, self.rev)
         self.asks = ClientRequests(self.send)
         self.approvals = Approvals(self.link, self.asks.elicit)
         self.tools = ToolRunner(
             self.link, self.notify, self.rev, self.tasks, self.context, self.approvals
         )
-        self.resources = ResourceApi(self.link)
         self.client_info: dict = {}
         self._closing = False  # stdin ended: in-flight calls end quietly
         self.log_level = DEFAULT_LOG_LEVEL
@@ -386,6 +390,8 @@ class McpSession:
         finally:
             _CONTEXT.reset(token)
             self.slots.release()
+        if msg.method == "tools/call":
+            self.list_watch.hint()  # a call may have started a task, stored a plan, opened a PTY
         if not self.inflight.finish(flight) or answer is NO_REPLY:
             reply(None)  # MCP: no response for a cancelled request
             return

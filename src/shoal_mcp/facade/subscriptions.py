@@ -16,6 +16,7 @@ from typing import Any
 
 from ..protocol.errors import ErrorCode, RpcError, invalid_params
 from .kernel_link import KernelLink
+from .list_watch import LIST_CHANNELS, ListWatch
 from .resources import NOT_FOUND_CODES, subscription_channel, unknown
 from .versions import SUBSCRIPTION_ID_KEY
 
@@ -31,6 +32,7 @@ class Listen:
         self.request_id = request_id
         self.uris = uris
         self.acked = False
+        self.list_channels: set[str] = set()  # followed for resourcesListChanged
 
 
 class Subscriptions:
@@ -39,8 +41,10 @@ class Subscriptions:
         link: KernelLink,
         notify: Callable[[str, dict], None],
         log: Callable[[str, str], None] = lambda level, message: None,
+        list_watch: ListWatch | None = None,
     ) -> None:
         self.link = link
+        self.list_watch = list_watch
         self.notify = notify
         self.log = log
         # _lock guards the two maps and is never held across a kernel call: on_event runs
@@ -76,7 +80,7 @@ class Subscriptions:
     def open_listen(self, request_id: Any, params: dict) -> None:
         """``subscriptions/listen`` (2026-07-28): subscribe, then acknowledge with what is
         honoured; updates follow only after that. Tool and resource lists never change in
-        a facade's life, so only ``resourceSubscriptions`` is honoured."""
+        a facade's life; the resource list does (``list_watch``)."""
         wanted = params.get("notifications", {})
         if not isinstance(wanted, dict):
             raise invalid_params("notifications", "an object")
@@ -87,11 +91,32 @@ class Subscriptions:
         if uris:
             honoured["resourceSubscriptions"] = list(dict.fromkeys(uris))
         self.listen(request_id, honoured.get("resourceSubscriptions", []))
+        if wanted.get("resourcesListChanged") is True and self.list_watch is not None:
+            honoured["resourcesListChanged"] = True
+            self._follow_list(request_id)
         self.notify(
             "notifications/subscriptions/acknowledged",
             {"_meta": {SUBSCRIPTION_ID_KEY: request_id}, "notifications": honoured},
         )
         self.acknowledged(request_id)
+
+    def _follow_list(self, request_id: Any) -> None:
+        """Follow the kernel channels that announce list changes (those the principal may
+        read: the facade's own calls hint the rest) and take the list's baseline."""
+        followed: set[str] = set()
+        with self._ops:
+            for channel in LIST_CHANNELS:
+                try:
+                    self._ensure_channel(channel)
+                except RpcError:
+                    continue  # e.g. journal_read is not "all" for this principal
+                followed.add(channel)
+            with self._lock:
+                found = self._listens.get(_listen_key(request_id))
+                if found is not None:
+                    found.list_channels = followed
+        assert self.list_watch is not None
+        self.list_watch.add(_listen_key(request_id), request_id)
 
     def acknowledged(self, request_id: Any) -> None:
         """The listen's acknowledgement is out: its notifications may follow."""
@@ -107,7 +132,9 @@ class Subscriptions:
                 found = self._listens.pop(_listen_key(request_id), None)
             if found is None:
                 return False
-            self._release(set(found.uris.values()))
+            self._release(set(found.uris.values()) | found.list_channels)
+        if self.list_watch is not None:
+            self.list_watch.remove(_listen_key(request_id))
         return True
 
     def close_listens(self) -> None:
@@ -117,28 +144,34 @@ class Subscriptions:
     def _ensure(self, uri: str) -> str:
         """The kernel channel of ``uri``, subscribed on the events connection (under _ops)."""
         channel = subscription_channel(uri)
+        try:
+            return self._ensure_channel(channel)
+        except RpcError as exc:
+            # No such PTY/task (or no such channel): the resource is unknown, as for reads.
+            if exc.code in NOT_FOUND_CODES or exc.code == ErrorCode.INVALID_PARAMS:
+                raise unknown(uri) from None
+            raise
+
+    def _ensure_channel(self, channel: str) -> str:
+        """``channel`` subscribed on the events connection (under _ops)."""
         with self._lock:
             if not self.link.events_alive():
                 self._channels.clear()  # a new connection: old kernel subscriptions are gone
                 self._uris.clear()
                 for found in self._listens.values():
                     found.uris.clear()
+                    found.list_channels.clear()
             needed = channel not in self._channels
         if needed:
-            try:
-                result = self.link.events().call("events.subscribe", {"channel": channel})
-            except RpcError as exc:
-                # No such PTY/task (or no such channel): the resource is unknown, as for reads.
-                if exc.code in NOT_FOUND_CODES or exc.code == ErrorCode.INVALID_PARAMS:
-                    raise unknown(uri) from None
-                raise
+            result = self.link.events().call("events.subscribe", {"channel": channel})
             with self._lock:
                 self._channels[channel] = result["subscription"]
         return channel
 
     def _in_use(self, channel: str) -> bool:
         return channel in self._uris.values() or any(
-            channel in found.uris.values() for found in self._listens.values()
+            channel in found.uris.values() or channel in found.list_channels
+            for found in self._listens.values()
         )
 
     def _release(self, channels: set[str]) -> None:
@@ -174,6 +207,9 @@ class Subscriptions:
                 for u, c in found.uris.items()
                 if c == channel
             ]
+            list_hint = any(channel in found.list_channels for found in self._listens.values())
+        if list_hint and self.list_watch is not None:
+            self.list_watch.hint()
         for request_id, uri in tagged:
             self.notify(
                 "notifications/resources/updated",
