@@ -120,3 +120,16 @@ def test_a_client_without_elicitation_leaves_the_approval_to_shoal_approve():
             assert not ran["isError"] and ran["content"][0]["text"].startswith("by-cli\n"), ran
         finally:
             f.close()
+
+
+def test_no_tool_the_agent_can_call_answers_an_approval():
+    """Deciding stays with the human: no tool reaches cap.ask, cap.answer or cap.decide,
+    and no tool argument can carry a request state or input responses."""
+    from shoal_mcp.facade.tools import TOOLS
+
+    deciding = {"cap.ask", "cap.answer", "cap.decide"}
+    assert not {tool.method for tool in TOOLS} & deciding
+    for tool in TOOLS:
+        assert not {tool.source(name)[0] for name in tool.args} & deciding, tool.name
+        names = set(tool.schema["properties"])
+        assert not names & {"requestState", "inputResponses", "request_state", "decision"}

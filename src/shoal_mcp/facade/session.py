@@ -42,7 +42,6 @@ from ..protocol.jsonrpc import (
 from ..protocol.limits import (
     MCP_EARLY_LOG_LINES,
     MCP_INPUT_QUEUE,
-    MCP_SUPPORTED_VERSIONS,
 )
 from .approvals import Approvals
 from .client_requests import ClientRequests
@@ -57,8 +56,10 @@ from .subscriptions import Subscriptions
 from .tool_calls import ToolRunner
 from .tools import TOOLS
 from .versions import (
+    HANDSHAKE,
     LATEST,
     MODERN,
+    PROTOCOL_VERSION_KEY,
     TASKS_EXTENSION,
     RequestContext,
     Revision,
@@ -317,8 +318,12 @@ class McpSession:
         if self.revision is None and known and msg.method not in BEFORE_INITIALIZE:
             raise RpcError(
                 ErrorCode.INVALID_REQUEST,
-                "invalid request: not initialized: send initialize first, or name the "
-                "protocol version in _meta (2026-07-28: " + ", ".join(MCP_SUPPORTED_VERSIONS) + ")",
+                "invalid request: not initialized: send initialize first ("
+                + ", ".join(HANDSHAKE)
+                + "), or name the protocol version in _meta["
+                + f"{PROTOCOL_VERSION_KEY!r}] ("
+                + ", ".join(MODERN)
+                + ")",
             )
         return RequestContext(self.revision or LATEST, self.client_capabilities)
 
