@@ -22,6 +22,7 @@ import pytest
 from tests.support.approving import approving_kernel as approving
 from tests.support.facade import RawFacade, facade_env
 from tests.support.mcp_schema import MODERN, REVISIONS, revision_schema
+from tests.support.polling import wait_until
 
 HANDSHAKE_REVISIONS = tuple(r for r in REVISIONS if r != MODERN)
 
@@ -321,6 +322,7 @@ def test_tasks_past_their_ttl_are_forgotten():
 # --- 2026-07-28: stateless requests, MRTR approvals, the tasks extension ----------------
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
+PV = "io.modelcontextprotocol/protocolVersion"
 
 
 def _meta(**capabilities: Any) -> dict:
@@ -339,13 +341,13 @@ def approving_kernel():
 
 
 def _wait_task(r: Recorder, task_id: str, caps: dict) -> dict:
-    deadline = time.monotonic() + 30
-    while True:
+    """The task once terminal, polled with tasks/get as a client would."""
+
+    def terminal() -> dict | None:
         got = r.call("tasks/get", {"taskId": task_id, "_meta": _meta(**caps)})["result"]
-        if got["status"] in ("completed", "failed", "cancelled"):
-            return got
-        assert time.monotonic() < deadline, got
-        time.sleep(0.1)
+        return got if got["status"] in ("completed", "failed", "cancelled") else None
+
+    return wait_until(terminal, timeout=30, interval=0.1, what=f"{task_id} to end")
 
 
 def test_a_live_2026_07_28_session_conforms(kernel):
@@ -398,12 +400,10 @@ def test_a_live_2026_07_28_session_conforms(kernel):
             "subscriptions/listen",
             {"_meta": _meta(), "notifications": {"resourcesListChanged": True}},
         )
-        acks = r.notes("notifications/subscriptions/acknowledged")
-        deadline = time.monotonic() + 10
-        while len(acks) < 2:
-            assert time.monotonic() < deadline, "no second acknowledgement"
-            time.sleep(0.05)
-            acks = r.notes("notifications/subscriptions/acknowledged")
+        acks = wait_until(
+            lambda: (a := r.notes("notifications/subscriptions/acknowledged"))[1:] and a,
+            what="the second acknowledgement",
+        )
         assert acks[1]["params"]["notifications"] == {"resourcesListChanged": True}
         assert acks[1]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lists
 
@@ -447,9 +447,6 @@ def test_a_live_2026_07_28_session_conforms(kernel):
     finally:
         f.close()
     assert not r.notes("notifications/message")  # no request asked for log messages
-
-
-PV = "io.modelcontextprotocol/protocolVersion"
 
 
 def test_an_approval_round_trips_through_the_client(approving_kernel):

@@ -10,11 +10,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 from tests.support.approving import approving_kernel
 from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import child_env
+from tests.support.polling import wait_until
+from tests.support.procfs import kill_pids, pids_with_arg
 
 CLI = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
 
@@ -22,13 +23,15 @@ CLI = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
 def test_stdin_closed_with_a_call_in_flight_logs_no_error(kernel):
     """The client hung up mid-call: the facade exits quietly; no "kernel unavailable"."""
     f = RawFacade(facade_env(kernel, "interop-hangup"))
+    marker = "20.2804"
     try:
         f.initialize("2025-11-25")
         f.call("logging/setLevel", {"level": "debug"})
-        f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": "sleep 20"}})
-        time.sleep(0.5)  # the call is in flight at the kernel
+        f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}})
+        wait_until(lambda: pids_with_arg(marker), timeout=30, what="the call to be running")
     finally:
         code = f.close()
+        kill_pids(pids_with_arg(marker))
     assert code == 0
     logs = [json.loads(line) for line in f.lines if b'"notifications/message"' in line]
     assert not [m for m in logs if m["params"]["level"] in ("error", "critical")], logs
