@@ -46,6 +46,8 @@ def lean(kernel, monkeypatch):
     monkeypatch.setenv("SHOAL_NO_AUTOSTART", "1")
     out = Outbox()
     session = McpSession(out.send)
+    session.receive(Request(-1, "initialize", {"protocolVersion": "2025-11-25"}))
+    out.reply(-1)
     # The first call opens the call link (on the pool: connecting may wait).
     session.receive(
         Request(0, "tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})

@@ -19,8 +19,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.approving import approving_kernel as approving
 from tests.support.facade import RawFacade, facade_env
-from tests.support.mcp_schema import REVISIONS, revision_schema
+from tests.support.mcp_schema import MODERN, REVISIONS, revision_schema
+from tests.support.polling import wait_until
+
+HANDSHAKE_REVISIONS = tuple(r for r in REVISIONS if r != MODERN)
 
 BIG_ID = 123456789012345678901234567890
 
@@ -141,7 +145,7 @@ def _check_every_line(r: Recorder, revision: str) -> None:
     assert problems == [], "\n".join(problems[:20])
 
 
-@pytest.mark.parametrize("revision", REVISIONS)
+@pytest.mark.parametrize("revision", HANDSHAKE_REVISIONS)
 def test_a_live_session_conforms_to_its_revision(kernel, revision):
     f = RawFacade(facade_env(kernel, f"conformance-{revision}"))
     r = Recorder(f)
@@ -168,7 +172,9 @@ def test_a_live_session_conforms_to_its_revision(kernel, revision):
         assert seen[name]["error"]["code"] == -32602, seen[name]
     assert "not subscribable" in seen["not_subscribable"]["error"]["message"]
     assert seen["unknown"]["error"]["code"] == -32601
-    assert seen["discover"]["error"]["code"] == -32601  # not part of these revisions
+    # server/discover is answered in every revision (2026-07-28 clients probe with it)
+    assert "2026-07-28" in seen["discover"]["result"]["supportedVersions"]
+    assert seen["discover"]["result"]["resultType"] == "complete"
     # Version-dependent content: resource_link and structuredContent from 2025-06-18.
     exec_reply = seen["exec"]["result"]
     assert ("resource_link" in _content_types(seen["exec"])) is modern
@@ -311,3 +317,221 @@ def test_tasks_past_their_ttl_are_forgotten():
         tasks._tasks[task.task_id] = task
     tasks.list({})
     assert len(tasks._tasks) == MCP_TASKS_KEPT and "task:2" in tasks._tasks
+
+
+# --- 2026-07-28: stateless requests, MRTR approvals, the tasks extension ----------------
+
+TASKS_EXT = "io.modelcontextprotocol/tasks"
+PV = "io.modelcontextprotocol/protocolVersion"
+
+
+def _meta(**capabilities: Any) -> dict:
+    return {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+        "io.modelcontextprotocol/clientInfo": {"name": "conformance", "version": "0"},
+    }
+
+
+@pytest.fixture(scope="module")
+def approving_kernel():
+    """A kernel whose ``agent:w`` (a token) needs approval for basename (tests/support)."""
+    with approving(prefix="shmr") as found:
+        yield found
+
+
+def _wait_task(r: Recorder, task_id: str, caps: dict) -> dict:
+    """The task once terminal, polled with tasks/get as a client would."""
+
+    def terminal() -> dict | None:
+        got = r.call("tasks/get", {"taskId": task_id, "_meta": _meta(**caps)})["result"]
+        return got if got["status"] in ("completed", "failed", "cancelled") else None
+
+    return wait_until(terminal, timeout=30, interval=0.1, what=f"{task_id} to end")
+
+
+def test_a_live_2026_07_28_session_conforms(kernel):
+    """No initialize: every request names the revision in _meta; every line validated."""
+    f = RawFacade(facade_env(kernel, "conformance-2026"))
+    r = Recorder(f)
+    tasks = {"extensions": {TASKS_EXT: {}}}
+    try:
+        discover = r.call("server/discover", {"_meta": _meta()})["result"]
+        assert (
+            discover["supportedVersions"][0] == MODERN
+            and "2025-11-25" in discover["supportedVersions"]
+        )
+        assert discover["capabilities"]["extensions"] == {TASKS_EXT: {}}
+        assert discover["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "shoal"
+        odd = r.call("tools/list", {"_meta": {**_meta(), PV: "1900-01-01"}})["error"]
+        assert odd["code"] == -32022 and odd["data"]["requested"] == "1900-01-01"
+        assert MODERN in odd["data"]["supported"]
+        for method in ("tools/list", "resources/templates/list", "resources/list"):
+            listed = r.call(method, {"_meta": _meta()})["result"]
+            assert listed["resultType"] == "complete" and "ttlMs" in listed, method
+            assert listed["cacheScope"] in ("public", "private")
+        for gone in ("ping", "logging/setLevel", "resources/subscribe", "tasks/list"):
+            assert (
+                r.call(gone, {"_meta": _meta(), "level": "info", "uri": "x"})["error"]["code"]
+                == -32601
+            ), gone
+        ran = r.tool("shoal_exec", {"command": "echo hi"}, _meta=_meta())["result"]
+        assert ran["resultType"] == "complete" and ran["content"][0]["text"].startswith("hi\n")
+        read = r.call("resources/read", {"uri": "shoal://out/1", "_meta": _meta()})["result"]
+        assert read["ttlMs"] == 0 and read["cacheScope"] == "private"
+        missing = r.call("resources/read", {"uri": "shoal://out/99999", "_meta": _meta()})
+        assert missing["error"]["code"] == -32602  # resource not found, 2026-07-28
+
+        # subscriptions/listen over a task's kernel channel
+        started = r.tool(
+            "shoal_exec", {"command": "sleep 0.5; echo bg", "background": True}, _meta=_meta()
+        )["result"]  # no tasks extension declared: the plain handle
+        task_uri = re.search(r"shoal://task/[0-9]+", started["content"][0]["text"])[0]
+        listen = r.request(
+            "subscriptions/listen",
+            {"_meta": _meta(), "notifications": {"resourceSubscriptions": [task_uri]}},
+        )
+        ack = r.wait_note("notifications/subscriptions/acknowledged")
+        assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == listen
+        updated = r.wait_note("notifications/resources/updated", uri=task_uri)
+        assert updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == listen
+        r.f.notify("notifications/cancelled", {"requestId": listen})
+        lists = r.request(
+            "subscriptions/listen",
+            {"_meta": _meta(), "notifications": {"resourcesListChanged": True}},
+        )
+        acks = wait_until(
+            lambda: (a := r.notes("notifications/subscriptions/acknowledged"))[1:] and a,
+            what="the second acknowledgement",
+        )
+        assert acks[1]["params"]["notifications"] == {"resourcesListChanged": True}
+        assert acks[1]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lists
+
+        # the tasks extension: a background exec (and one past its wait) is a task handle
+        handle = r.tool(
+            "shoal_exec",
+            {"command": "sleep 0.3; echo tasked", "background": True},
+            _meta=_meta(**tasks),
+        )["result"]
+        assert handle["resultType"] == "task" and handle["status"] == "working"
+        # a new running task changed the resource list: announced on the listen
+        changed = r.wait_note("notifications/resources/list_changed")
+        assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lists
+        done = _wait_task(r, handle["taskId"], tasks)
+        assert done["status"] == "completed" and done["resultType"] == "complete"
+        assert done["result"]["content"][0]["text"].startswith("tasked\n")
+        waited = r.tool(
+            "shoal_exec", {"command": "sleep 0.4; exit 3", "timeout_ms": 50}, _meta=_meta(**tasks)
+        )["result"]
+        assert waited["resultType"] == "task"
+        exited = _wait_task(r, waited["taskId"], tasks)
+        assert exited["status"] == "completed"  # failed is for JSON-RPC errors only here
+        refused = r.call("tasks/update", {"taskId": waited["taskId"], "inputResponses": {},
+                                          "_meta": _meta(**tasks)})["error"]  # fmt: skip
+        assert refused["code"] == -32602 and "shoal_pty" in refused["message"]
+        sleeper = r.tool(
+            "shoal_exec", {"command": "sleep 30", "background": True}, _meta=_meta(**tasks)
+        )["result"]
+        assert r.call("tasks/cancel", {"taskId": sleeper["taskId"], "_meta": _meta(**tasks)})[
+            "result"
+        ] == {"resultType": "complete", "_meta": discover["_meta"]}
+        assert _wait_task(r, sleeper["taskId"], tasks)["status"] == "cancelled"
+        r.f.notify("notifications/cancelled", {"requestId": lists})
+        undeclared = r.call("tasks/get", {"taskId": sleeper["taskId"], "_meta": _meta()})
+        assert undeclared["error"]["code"] == -32021
+        assert (
+            r.call("tasks/get", {"taskId": "task:999999", "_meta": _meta(**tasks)})["error"]["code"]
+            == -32602
+        )
+        _check_every_line(r, MODERN)
+    finally:
+        f.close()
+    assert not r.notes("notifications/message")  # no request asked for log messages
+
+
+def test_an_approval_round_trips_through_the_client(approving_kernel):
+    """MRTR (2026-07-28): input_required with the plan, the retry runs exactly that plan;
+    the state is single-use; a decline denies; a client without elicitation keeps -32011."""
+    kernel, token, tmp = approving_kernel
+    f = RawFacade(facade_env(kernel, "mrtr", SHOAL_TOKEN=token))
+    r = Recorder(f)
+    forms = {"elicitation": {"form": {}}}
+    command = "basename /x/approved-once # \r"  # the \r is shown escaped, not hidden
+    try:
+        asked = r.tool("shoal_exec", {"command": command}, _meta=_meta(**forms))["result"]
+        assert asked["resultType"] == "input_required"
+        form = asked["inputRequests"]["shoal_approval"]
+        assert form["method"] == "elicitation/create" and form["params"]["mode"] == "form"
+        assert "basename /x/approved-once # \\r" in form["params"]["message"]
+        assert {c["const"] for c in form["params"]["requestedSchema"]["properties"]["decision"][
+            "oneOf"]} == {"once", "session", "deny"}  # fmt: skip
+        retry = {
+            "requestState": asked["requestState"],
+            "inputResponses": {"shoal_approval": {"action": "accept", "content": {"decision": "once"}}},
+            "_meta": _meta(**forms),
+        }  # fmt: skip
+        ran = r.tool("shoal_exec", {"command": command}, **retry)["result"]
+        assert ran["resultType"] == "complete" and not ran["isError"], ran
+        assert ran["content"][0]["text"].startswith("approved-once\n")  # that plan ran
+        replayed = r.tool("shoal_exec", {"command": command}, **retry)
+        assert replayed["error"]["code"] == -32602 and "single-use" in replayed["error"]["message"]
+        forged = r.tool("shoal_exec", {"command": command}, **{**retry, "requestState": "AAAA"})
+        assert forged["error"]["code"] == -32602
+
+        # "for this session": recorded with scope session on the plan
+        other = "basename /x/for-the-session"
+        asked = r.tool("shoal_exec", {"command": other}, _meta=_meta(**forms))
+        state = asked["result"]["requestState"]
+        ran = r.tool("shoal_exec", {"command": other}, **{
+            **retry, "requestState": state, "inputResponses": {"shoal_approval": {
+                "action": "accept", "content": {"decision": "session"}}}})["result"]  # fmt: skip
+        assert ran["content"][0]["text"].startswith("for-the-session\n"), ran
+        human = kernel.client("approver")
+        try:
+            plans = human.call("plan.list", {"all": True})["plans"]
+        finally:
+            human.close()
+        by_src = {p["src"]: p for p in plans}
+        assert by_src[other]["scope"] == "session" and by_src[other]["decided_via"] == "client"
+        assert "scope" not in by_src[command] and by_src[command]["state"] == "applied"
+
+        # a decline denies: nothing runs
+        denied = "basename /x/never-runs"
+        asked = r.tool("shoal_exec", {"command": denied}, _meta=_meta(**forms))
+        declined = r.tool("shoal_exec", {"command": denied}, **{
+            **retry, "requestState": asked["result"]["requestState"],
+            "inputResponses": {"shoal_approval": {"action": "decline"}}})["result"]  # fmt: skip
+        assert declined["isError"] and "denied by the user" in declined["content"][0]["text"]
+        assert "never-runs\n" not in declined["content"][0]["text"]
+
+        # no elicitation declared: the -32011 result, for shoal plans / shoal approve
+        plain = r.tool("shoal_exec", {"command": "basename /x/plain"}, _meta=_meta())
+        assert plain["result"]["isError"] and "-32011" in plain["result"]["content"][0]["text"]
+        _check_every_line(r, MODERN)
+    finally:
+        f.close()
+
+
+def test_older_revisions_ask_with_elicitation_create(approving_kernel):
+    """2025-11-25 with elicitation declared: elicitation/create, then the plan runs."""
+    kernel, token, tmp = approving_kernel
+    f = RawFacade(facade_env(kernel, "elicit", SHOAL_TOKEN=token))
+    r = Recorder(f)
+    try:
+        r.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+                              "clientInfo": {"name": "conformance", "version": "0"}})  # fmt: skip
+        f.notify("notifications/initialized")
+        call = r.request(
+            "tools/call", {"name": "shoal_exec", "arguments": {"command": "basename /x/elicited"}}
+        )
+        ask = f.next_message(timeout=30)
+        while ask.get("method") != "elicitation/create":
+            ask = f.next_message(timeout=30)
+        assert "basename /x/elicited" in ask["params"]["message"]
+        f.send({"jsonrpc": "2.0", "id": ask["id"],
+                "result": {"action": "accept", "content": {"decision": "once"}}})  # fmt: skip
+        ran = f.wait_reply(call, 60)["result"]
+        assert not ran["isError"] and ran["content"][0]["text"].startswith("elicited\n"), ran
+        _check_every_line(r, "2025-11-25")
+    finally:
+        f.close()

@@ -19,6 +19,7 @@ PYTHON_SDKS = {"py-1.9": ["mcp==1.9.4", "pydantic<2.12"], "py-2": ["mcp==2.3.0"]
 TS_SDKS = {
     "ts-1.12": "@modelcontextprotocol/sdk@1.12.3",
     "ts-1": "@modelcontextprotocol/sdk@1.32.2",
+    "ts-2": "@modelcontextprotocol/client@2.4.0",  # v2: the 2026-07-28 client
 }
 INSTALL_TIMEOUT_S = 600
 

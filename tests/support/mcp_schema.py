@@ -17,7 +17,12 @@ from typing import Any
 import jsonschema
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "mcp_schemas"
-REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28")
+MODERN = "2026-07-28"
+TASKS_EXTENSION = "ext-tasks"
+"""The io.modelcontextprotocol/tasks extension's own schema (2026-07-28 tasks)."""
+# Answers to these, in a 2026-07-28 exchange, are the tasks extension's types.
+EXTENSION_RESULT_OF = {"tasks/get": "GetTaskResult", "tasks/cancel": "CancelTaskResult"}
 
 # The result definition each method's answer must satisfy.
 RESULT_OF = {
@@ -35,12 +40,16 @@ RESULT_OF = {
     "tasks/result": "CallToolResult",
     "tasks/list": "ListTasksResult",
     "tasks/cancel": "CancelTaskResult",
+    "server/discover": "DiscoverResult",
+    "subscriptions/listen": "SubscriptionsListenResult",
 }
 NOTIFICATION_OF = {
     "notifications/progress": "ProgressNotification",
     "notifications/message": "LoggingMessageNotification",
     "notifications/resources/updated": "ResourceUpdatedNotification",
     "notifications/tasks/status": "TaskStatusNotification",
+    "notifications/subscriptions/acknowledged": "SubscriptionsAcknowledgedNotification",
+    "notifications/resources/list_changed": "ResourceListChangedNotification",
 }
 # Open on purpose in every revision: results may carry _meta and future fields.
 LEFT_OPEN = {"Result", "EmptyResult", "GetTaskPayloadResult", "JSONRPCResponse"}
@@ -97,6 +106,13 @@ class RevisionSchema:
             for item in message:
                 out += self.server_message_errors(item, method_of)
             return out
+        if "method" in message and "id" in message:  # our request to the client
+            out = self.errors(message, "JSONRPCRequest")
+            if message["method"] != "elicitation/create" or not self.has("ElicitRequest"):
+                return [*out, f"request {message['method']} not in {self.revision}"]
+            props = self.schema[self.defs_key]["ElicitRequest"].get("properties", {})
+            body = {k: v for k, v in message.items() if k in props}
+            return out + self.errors(body, "ElicitRequest")
         if "method" in message:
             out = self.errors(message, "JSONRPCNotification")
             kind = NOTIFICATION_OF.get(message["method"])
@@ -110,10 +126,19 @@ class RevisionSchema:
         if "error" in message:
             name = "JSONRPCErrorResponse" if self.has("JSONRPCErrorResponse") else "JSONRPCError"
             return self.errors(message, name)
+        method = method_of.get(message.get("id"))
+        if method == "server/discover" and self.revision != MODERN:
+            # a 2026-07-28 method, answered in its own shape whatever the session speaks
+            return revision_schema(MODERN).server_message_errors(message, method_of)
         name = "JSONRPCResultResponse" if self.has("JSONRPCResultResponse") else "JSONRPCResponse"
         out = self.errors(message, name)
-        method = method_of.get(message.get("id"))
+        result_type = message.get("result", {}).get("resultType")
+        if self.revision == MODERN and (result_type == "task" or method in EXTENSION_RESULT_OF):
+            kind = "CreateTaskResult" if result_type == "task" else EXTENSION_RESULT_OF[method]
+            return out + revision_schema(TASKS_EXTENSION).errors(message["result"], kind)
         kind = RESULT_OF.get(method or "")
+        if self.revision == MODERN and result_type == "input_required":
+            kind = "InputRequiredResult"
         if method == "tools/call" and "task" in message.get("result", {}):
             kind = "CreateTaskResult"
         if kind is None:

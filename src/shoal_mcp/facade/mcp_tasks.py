@@ -1,4 +1,12 @@
-"""MCP 2025-11-25 tasks for ``tools/call``, backed by kernel tasks (docs/protocol.md, "Tasks").
+"""MCP tasks for ``tools/call``, backed by kernel tasks (docs/protocol.md, "Tasks").
+
+Two dialects over one store: the 2025-11-25 tasks utility (task-augmented calls,
+``tasks/get|result|list|cancel``, ``notifications/tasks/status``) and the 2026-07-28
+``io.modelcontextprotocol/tasks`` extension (a task handle answered for an exec that runs
+on as a task, ``tasks/get`` with the result inline, ``tasks/update``, ``tasks/cancel``).
+A task's ``failed`` follows its revision: in 2025-11-25 it means the result has
+``isError: true``; in the extension it is reserved for a JSON-RPC error, so a command
+that exited non-zero is ``completed`` there.
 
 A task-augmented ``shoal_exec`` starts the command as a kernel background task and
 answers a ``CreateTaskResult`` at once. The MCP task id is the kernel's ``task:N``, so
@@ -35,7 +43,7 @@ from .inflight import CallCancelled, Progress, current_flight
 from .kernel_link import KernelLink
 from .paging import page
 from .results import error_result, tool_result
-from .versions import Revision
+from .versions import LATEST, Revision
 
 log = logging.getLogger("shoal.mcp")
 
@@ -67,6 +75,26 @@ class McpTask:
     updated: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     result: dict | None = None  # the CallToolResult, once terminal
+    rev: Revision | None = None  # the revision it was created under
+    error: dict | None = None  # the extension's failed: the JSON-RPC error
+
+    def wire_modern(self) -> dict:
+        """The 2026-07-28 extension's Task: ``ttlMs``/``pollIntervalMs``, result inline."""
+        out: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": self.status,
+            "createdAt": _iso(self.created),
+            "lastUpdatedAt": _iso(self.updated or self.created),
+            "ttlMs": self.ttl_ms,
+            "pollIntervalMs": MCP_TASK_POLL_MS,
+        }
+        if self.message:
+            out["statusMessage"] = self.message
+        if self.status == "completed" and self.result is not None:
+            out["result"] = {"resultType": "complete", **self.result}
+        if self.status == "failed":
+            out["error"] = self.error or {"code": ErrorCode.INTERNAL, "message": self.message or ""}
+        return out
 
     def wire(self) -> dict:
         out: dict[str, Any] = {
@@ -125,7 +153,7 @@ class McpTasks:
             ttl = min(asked, MCP_TASK_TTL_MS)
         started = self.link.call("exec", {**kernel_params, "background": True})
         now = time.time()
-        task = McpTask(started["task"], now, ttl, updated=now)
+        task = McpTask(started["task"], now, ttl, updated=now, rev=self.revision())
         with self._lock:
             self._purge(now)
             self._tasks[task.task_id] = task
@@ -142,6 +170,46 @@ class McpTasks:
                 "its result comes when it finishes"
             },
         }
+
+    def adopt(self, handle: dict, rev: Revision) -> dict:
+        """A 2026-07-28 ``CreateTaskResult`` for an exec that went on as kernel task
+        ``handle["task"]`` (background, or past its wait budget); watched to its end."""
+        now = time.time()
+        task = McpTask(handle["task"], now, MCP_TASK_TTL_MS, updated=now, rev=rev)
+        with self._lock:
+            self._purge(now)
+            self._tasks[task.task_id] = task
+        threading.Thread(
+            target=self._watch, args=(task, None), name=f"mcp-task-{task.task_id}", daemon=True
+        ).start()
+        return {"resultType": "task", **task.wire_modern()}
+
+    # -- the 2026-07-28 extension's methods ------------------------------------------------
+
+    def get_modern(self, params: dict) -> dict:
+        return self._find(params).wire_modern()
+
+    def update_modern(self, params: dict) -> dict:
+        """Refused: a shoal task never asks for input (it is a command; it reads no
+        elicitation). Input for a program goes to a PTY: shoal_pty."""
+        task = self._find(params)
+        raise RpcError(
+            ErrorCode.INVALID_PARAMS,
+            f"invalid params: taskId: {task.task_id} has no outstanding input requests "
+            "(shoal tasks never ask for input; to type into a program, run it in a PTY: "
+            "shoal_pty)",
+            {"field": "taskId", "reason": "no outstanding input requests"},
+        )
+
+    def cancel_modern(self, params: dict) -> dict:
+        task = self._find(params)
+        if task.status not in TERMINAL:
+            try:
+                self.link.call("task.cancel", {"task": task.task_id})
+            except RpcError as exc:
+                log.debug("kernel cancel of %s: %s", task.task_id, exc)
+            self._finish(task, "cancelled", "cancelled by request", None)
+        return {}
 
     # -- the tasks/* methods --------------------------------------------------------------
 
@@ -219,14 +287,19 @@ class McpTasks:
                 if waited_ms > WAIT_MAX_MS or task.done.is_set():
                     return
             status = STATUS.get(record.get("state", ""), "failed")
-            result = self._tool_result(record)
+            result = self._tool_result(record, task.rev)
+            if status != "cancelled":
+                # 2025-11-25: failed means isError; the extension: completed with its result
+                # (failed only for a JSON-RPC error).
+                status = "failed" if result.get("isError") and not _modern(task) else "completed"
             self._finish(task, status, f"kernel task {record.get('state')}", result)
         except (RpcError, KernelLost) as exc:
             err = exc if isinstance(exc, RpcError) else RpcError(ErrorCode.INTERNAL, str(exc))
+            task.error = {"code": int(err.code), "message": err.message}
             self._finish(task, "failed", f"lost track of the task: {exc}", error_result(err))
 
-    def _tool_result(self, record: dict) -> dict:
-        rev = self.revision()
+    def _tool_result(self, record: dict, rev: Revision | None = None) -> dict:
+        rev = rev or self.revision()
         if "result_ref" not in record:
             return tool_result(record, rev)
         value = self.link.call("value.get", {"ref": record["result_ref"], "with_render": True})
@@ -245,4 +318,9 @@ class McpTasks:
                 task.result = result
                 task.done.set()
             wire = task.wire()
-        self.notify("notifications/tasks/status", wire)
+        if not _modern(task):  # the extension's notifications need subscriptions/listen
+            self.notify("notifications/tasks/status", wire)
+
+
+def _modern(task: McpTask) -> bool:
+    return (task.rev or LATEST).stateless

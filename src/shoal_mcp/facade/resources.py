@@ -11,6 +11,7 @@ URIs are listed in docs/protocol.md, "Resource templates".
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -353,21 +354,27 @@ class ResourceApi:
 
     def list(self, params: dict, rev: Revision = LATEST) -> dict:
         """Roots, running and recent tasks, pending plans, open PTYs; paginated."""
-        entries = [listing_entry(root, name, desc, name, rev) for root, name, desc in ROOTS]
         try:
-            for task in _recent_tasks(self.link.call("task.list", {}).get("tasks", [])):
-                desc = f"{task['state']}: {task['src'][:80]}"
-                entries.append(listing_entry(task["uri"], task["task"], desc, None, rev))
-            for plan in _pending_plans(self.link.call("plan.list", {}).get("plans", [])):
-                desc = f"{plan['state']}: {plan['src'][:80]}"
-                entries.append(listing_entry(plan["uri"], plan["plan_ref"], desc, None, rev))
-            for pty in self.link.call("pty.list", {}).get("ptys", []):
-                num = uri.ref_number(pty["pty_id"], uri.PTY)
-                desc = f"pty running {pty.get('cmd', '')}"
-                entries.append(listing_entry(uri.pty_uri(num), pty["pty_id"], desc, None, rev))
+            entries = self.entries(rev)
         except (RpcError, KernelLost):
-            pass  # the static roots are still useful without a kernel
+            # the static roots are still useful without a kernel
+            entries = [listing_entry(root, name, desc, name, rev) for root, name, desc in ROOTS]
         return page(params, "resources", "resources", entries)
+
+    def entries(self, rev: Revision = LATEST) -> builtins.list[dict]:
+        """The whole resource list (raises when the kernel cannot be asked)."""
+        entries = [listing_entry(root, name, desc, name, rev) for root, name, desc in ROOTS]
+        for task in _recent_tasks(self.link.call("task.list", {}).get("tasks", [])):
+            desc = f"{task['state']}: {task['src'][:80]}"
+            entries.append(listing_entry(task["uri"], task["task"], desc, None, rev))
+        for plan in _pending_plans(self.link.call("plan.list", {}).get("plans", [])):
+            desc = f"{plan['state']}: {plan['src'][:80]}"
+            entries.append(listing_entry(plan["uri"], plan["plan_ref"], desc, None, rev))
+        for pty in self.link.call("pty.list", {}).get("ptys", []):
+            num = uri.ref_number(pty["pty_id"], uri.PTY)
+            desc = f"pty running {pty.get('cmd', '')}"
+            entries.append(listing_entry(uri.pty_uri(num), pty["pty_id"], desc, None, rev))
+        return entries
 
     @staticmethod
     def templates(params: dict, rev: Revision = LATEST) -> dict:

@@ -4,9 +4,10 @@ Sans-I/O apart from its worker pool: the session is fed parsed messages
 (``receive``) and answers through the ``send`` callable it was given, so tests can
 drive it without pipes. Fast methods (lifecycle, listings) answer on the caller's
 thread, in order; methods that call the kernel run on the pool, so the reader never
-waits on a tool and a slow call never holds up a ping. What is sent is shaped by the
-revision negotiated at ``initialize`` (``versions``). The methods served are listed
-in docs/protocol.md, "MCP surface".
+waits on a tool and a slow call never holds up a ping. Each request is served under a
+``RequestContext``: the 2026-07-28 one its own ``_meta`` names, else the revision
+negotiated at ``initialize`` (``versions``); what is sent is shaped by it. The methods
+served are listed in docs/protocol.md, "MCP surface".
 """
 
 from __future__ import annotations
@@ -15,34 +16,58 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
 from ..client import STALLED_HINT, KernelLost, KernelStalled
-from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.errors import (
+    MCP_MISSING_CLIENT_CAPABILITY,
+    MCP_UNKNOWN_RESOURCE,
+    ErrorCode,
+    RpcError,
+)
 from ..protocol.jsonrpc import (
     NO_ID,
     Batch,
     Invalid,
     Notification,
     Request,
+    Response,
     error_response,
     notification,
     response,
 )
-from ..protocol.limits import MCP_EARLY_LOG_LINES, MCP_INPUT_QUEUE
+from ..protocol.limits import (
+    MCP_EARLY_LOG_LINES,
+    MCP_INPUT_QUEUE,
+)
+from .approvals import Approvals
+from .client_requests import ClientRequests
 from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
+from .list_watch import ListWatch
 from .mcp_tasks import McpTasks
+from .modern import discover_result, request_context, shaped
 from .paging import page
 from .resources import ResourceApi
 from .subscriptions import Subscriptions
 from .tool_calls import ToolRunner
 from .tools import TOOLS
-from .versions import LATEST, Revision, negotiate
+from .versions import (
+    HANDSHAKE,
+    LATEST,
+    MODERN,
+    PROTOCOL_VERSION_KEY,
+    TASKS_EXTENSION,
+    RequestContext,
+    Revision,
+    negotiate,
+)
 
 log = logging.getLogger("shoal.mcp")
+MODERN_REVISION = next(iter(MODERN.values()))
 
 MAX_WORKERS = 64
 INSTRUCTIONS = (
@@ -58,6 +83,12 @@ KERNEL_LOST_HINT = (
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP logging levels (RFC 5424 severities), least severe first."""
 DEFAULT_LOG_LEVEL = "info"
+
+NO_REPLY = object()
+"""What a handler returns when the request is answered later, or never (subscriptions/listen)."""
+BEFORE_INITIALIZE = frozenset({"initialize", "ping", "server/discover"})
+"""What a handshake-era client may ask before ``initialize``."""
+_CONTEXT: ContextVar[RequestContext | None] = ContextVar("mcp_request", default=None)
 
 Handler = Callable[[dict, InFlight | None], Any]
 Reply = Callable[[dict | None], None]
@@ -114,11 +145,18 @@ class McpSession:
         # so stdin is no longer read and the client's pipe fills (backpressure).
         self.slots = threading.BoundedSemaphore(input_slots)
         self.revision: Revision | None = None
-        self.subs = Subscriptions(self.link, self.notify, self.log)
-        self.tasks = McpTasks(self.link, self.notify, self.rev)
-        self.tools = ToolRunner(self.link, self.notify, self.rev, self.tasks)
+        self.client_capabilities: dict = {}
         self.resources = ResourceApi(self.link)
+        self.list_watch = ListWatch(lambda: self.resources.entries(MODERN_REVISION), self.notify)
+        self.subs = Subscriptions(self.link, self.notify, self.log, self.list_watch)
+        self.tasks = McpTasks(self.link, self.notify, self.rev)
+        self.asks = ClientRequests(self.send)
+        self.approvals = Approvals(self.link, self.asks.elicit)
+        self.tools = ToolRunner(
+            self.link, self.notify, self.rev, self.tasks, self.context, self.approvals
+        )
         self.client_info: dict = {}
+        self._closing = False  # stdin ended: in-flight calls end quietly
         self.log_level = DEFAULT_LOG_LEVEL
         self._log_lock = threading.Lock()
         self._initialized = False  # initialize answered: log lines may go out
@@ -136,6 +174,26 @@ class McpSession:
             "resources/subscribe": Method(_plain(self.subs.subscribe), True),
             "resources/unsubscribe": Method(_plain(self.subs.unsubscribe), True),
             "logging/setLevel": Method(_plain(self._set_level), False),
+            "server/discover": Method(_plain(self._discover), False),
+        }
+        # 2026-07-28, stateless: no initialize, ping, logging/setLevel, resources/subscribe;
+        # subscriptions/listen and the tasks extension instead.
+        self.modern_methods: dict[str, Method] = {
+            name: self.methods[name]
+            for name in (
+                "server/discover",
+                "tools/list",
+                "tools/call",
+                "resources/list",
+                "resources/templates/list",
+                "resources/read",
+            )
+        }
+        self.modern_methods["subscriptions/listen"] = Method(self._listen, True)
+        self.extension_methods: dict[str, Method] = {
+            "tasks/get": Method(_plain(self.tasks.get_modern), False),
+            "tasks/update": Method(_plain(self.tasks.update_modern), False),
+            "tasks/cancel": Method(_plain(self.tasks.cancel_modern), True),
         }
         # 2025-11-25 tasks: only served in a session that negotiated them.
         self.task_methods: dict[str, Method] = {
@@ -146,8 +204,15 @@ class McpSession:
         }
 
     def rev(self) -> Revision:
-        """The negotiated revision (our latest before ``initialize``)."""
-        return self.revision or LATEST
+        """The revision of the request being served: its own (2026-07-28), else the
+        negotiated one (our latest before ``initialize``)."""
+        ctx = _CONTEXT.get()
+        return ctx.revision if ctx is not None else self.revision or LATEST
+
+    def context(self) -> RequestContext:
+        """The request being served's context (the session's, outside a request)."""
+        ctx = _CONTEXT.get()
+        return ctx or RequestContext(self.revision or LATEST, self.client_capabilities)
 
     def start(self) -> None:
         """Open the kernel connection in the background (the first call is then warm)."""
@@ -163,6 +228,8 @@ class McpSession:
         kernel by then) lines are kept, up to ``MCP_EARLY_LOG_LINES``, and sent right after.
         """
         with self._log_lock:
+            if self._closing:
+                return  # the client hung up: nobody to tell, and it may be exiting
             if not self._initialized:
                 if len(self._early_logs) < MCP_EARLY_LOG_LINES:
                     self._early_logs.append((level, message, logger))
@@ -179,6 +246,8 @@ class McpSession:
             self.log(level, message, logger)
 
     def close(self) -> None:
+        self._closing = True
+        self.subs.close_listens()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.link.close()
 
@@ -202,7 +271,8 @@ class McpSession:
             self._notification(msg)
         elif isinstance(msg, Request):
             self._request(msg, reply)
-        # responses: we send no requests to the client
+        elif isinstance(msg, Response):
+            self.asks.resolve(msg)
 
     def _batch(self, batch: Batch) -> None:
         if not self.rev().batches or self.revision is None:
@@ -233,8 +303,53 @@ class McpSession:
             return self.task_methods[name] if self.rev().tasks and self.revision else None
         return self.methods.get(name)
 
+    def _context_of(self, msg: Request) -> RequestContext:
+        """The context ``msg`` is served under; raises for what cannot be served."""
+        ctx = request_context(msg.params)
+        if ctx is not None:
+            return ctx
+        if msg.method == "initialize" and self.revision is not None:
+            raise RpcError(
+                ErrorCode.INVALID_REQUEST,
+                f"invalid request: already initialized ({self.revision.name}); "
+                "a session is initialized once",
+            )
+        known = msg.method in self.methods or msg.method in self.task_methods
+        if self.revision is None and known and msg.method not in BEFORE_INITIALIZE:
+            raise RpcError(
+                ErrorCode.INVALID_REQUEST,
+                "invalid request: not initialized: send initialize first ("
+                + ", ".join(HANDSHAKE)
+                + "), or name the protocol version in _meta["
+                + f"{PROTOCOL_VERSION_KEY!r}] ("
+                + ", ".join(MODERN)
+                + ")",
+            )
+        return RequestContext(self.revision or LATEST, self.client_capabilities)
+
+    def _modern_method(self, name: str, ctx: RequestContext) -> Method | None:
+        if name in self.extension_methods:
+            if not ctx.has_extension(TASKS_EXTENSION):
+                raise RpcError(
+                    MCP_MISSING_CLIENT_CAPABILITY,
+                    f"{name} needs the {TASKS_EXTENSION} extension in the request's "
+                    "client capabilities",
+                    {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+                )
+            return self.extension_methods[name]
+        return self.modern_methods.get(name)
+
     def _request(self, msg: Request, reply: Reply) -> None:
-        entry = self._method(msg.method)
+        try:
+            ctx = self._context_of(msg)
+            entry = (
+                self._modern_method(msg.method, ctx)
+                if ctx.revision.stateless
+                else self._method(msg.method)
+            )
+        except RpcError as exc:
+            reply(error_response(msg.id, exc.code, exc.message, exc.data))
+            return
         if entry is None:
             reply(
                 error_response(
@@ -253,55 +368,83 @@ class McpSession:
             if (
                 msg.method == "tools/call"
                 and self.direct_calls
-                and self._begin_direct(msg, flight, reply)
+                and self._begin_direct(msg, flight, reply, ctx)
             ):
                 return
             try:
-                self.pool.submit(self._serve, entry.handler, msg, flight, reply)
+                self.pool.submit(self._serve, entry.handler, msg, flight, reply, ctx)
             except RuntimeError:  # the pool is shut down: the facade is exiting
                 self.inflight.finish(flight)
                 self.slots.release()
         else:
-            reply(self._answer(entry.handler, msg, None))
+            token = _CONTEXT.set(ctx)
+            try:
+                reply(self._answer(entry.handler, msg, None, ctx))
+            finally:
+                _CONTEXT.reset(token)
             if msg.method == "initialize":
                 self._initialize_answered()
 
-    def _serve(self, handler: Handler, msg: Request, flight: InFlight, reply: Reply) -> None:
+    def _serve(
+        self, handler: Handler, msg: Request, flight: InFlight, reply: Reply, ctx: RequestContext
+    ) -> None:
+        token = _CONTEXT.set(ctx)
         try:
             with serving(flight):
-                answer = self._answer(handler, msg, flight)
+                answer = self._answer(handler, msg, flight, ctx)
         finally:
+            _CONTEXT.reset(token)
             self.slots.release()
-        if not self.inflight.finish(flight):
+        if msg.method == "tools/call":
+            self.list_watch.hint()  # a call may have started a task, stored a plan, opened a PTY
+        if not self.inflight.finish(flight) or answer is NO_REPLY:
             reply(None)  # MCP: no response for a cancelled request
             return
         reply(answer)
 
-    def _begin_direct(self, msg: Request, flight: InFlight, reply: Reply) -> bool:
+    def _begin_direct(
+        self, msg: Request, flight: InFlight, reply: Reply, ctx: RequestContext
+    ) -> bool:
         """Send the kernel call now; the reply is written by the thread that receives the
         kernel's answer. False when the call needs the pool (see ``ToolRunner.begin``)."""
+        token = _CONTEXT.set(ctx)
         try:
             fut = self.tools.begin(msg.params, flight)
         except Exception:  # noqa: BLE001 - the pool path answers whatever this was
             log.exception("tools/call lean path")
             return False
+        finally:
+            _CONTEXT.reset(token)
         if fut is None:
             return False
         finish = self.tools.finish
         fut.add_done_callback(
-            lambda done: self._serve(lambda params, fl: finish(done), msg, flight, reply)
+            lambda done: self._serve(lambda params, fl: finish(done), msg, flight, reply, ctx)
         )
         return True
 
-    def _answer(self, handler: Handler, msg: Request, flight: InFlight | None) -> dict | None:
+    def _answer(
+        self, handler: Handler, msg: Request, flight: InFlight | None, ctx: RequestContext
+    ) -> Any:
         """The reply to ``msg``; no exception (and no traceback) ever escapes."""
         try:
-            return response(msg.id, handler(msg.params, flight))
+            result = handler(msg.params, flight)
+            if result is NO_REPLY:
+                return NO_REPLY
+            return response(msg.id, shaped(msg.method, result, ctx.revision))
         except CallCancelled:
             return None
         except RpcError as exc:
-            return error_response(msg.id, exc.code, exc.message, exc.data)
+            code = exc.code
+            if ctx.revision.stateless and code == MCP_UNKNOWN_RESOURCE:
+                code = ErrorCode.INVALID_PARAMS  # 2026-07-28: resource not found is -32602
+            return error_response(msg.id, code, exc.message, exc.data)
         except KernelLost as exc:
+            if self._closing:
+                # stdin ended with this call in flight: the link was closed by us, not lost;
+                # an error-level line now would reach a client that is shutting down.
+                log.debug("%s ended with the session: %s", msg.method, exc)
+                return None
             self.log("error", f"shoal kernel unavailable: {exc}")
             stalled = isinstance(exc, KernelStalled)
             return error_response(
@@ -319,6 +462,7 @@ class McpSession:
     def _notification(self, msg: Notification) -> None:
         if msg.method == "notifications/cancelled" and isinstance(msg.params, dict):
             self.inflight.cancel(msg.params.get("requestId"))
+            self.subs.end_listen(msg.params.get("requestId"))
         # notifications/initialized, progress, roots/list_changed: nothing to do
 
     def _on_kernel_event(self, event: dict) -> None:
@@ -329,6 +473,8 @@ class McpSession:
     def _initialize(self, params: dict) -> dict:
         rev = negotiate(params.get("protocolVersion"))
         self.revision = rev
+        caps = params.get("capabilities")
+        self.client_capabilities = caps if isinstance(caps, dict) else {}
         info = params.get("clientInfo")
         self.client_info = info if isinstance(info, dict) else {}
         self.link.client_info = self.client_info
@@ -349,6 +495,15 @@ class McpSession:
             "serverInfo": server_info,
             "instructions": INSTRUCTIONS,
         }
+
+    def _discover(self, params: dict) -> dict:
+        """``server/discover`` (every revision): what 2026-07-28 clients probe first."""
+        return discover_result(INSTRUCTIONS)
+
+    def _listen(self, params: dict, flight: InFlight | None) -> object:
+        assert flight is not None
+        self.subs.open_listen(flight.request_id, params)
+        return NO_REPLY
 
     def _set_level(self, params: dict) -> dict:
         level = params.get("level")

@@ -2,7 +2,9 @@
 
 A bad tool name or bad arguments is a JSON-RPC -32602; a kernel error is a normal
 result with ``isError: true`` (the model can read it). The result is shaped for the
-session's negotiated revision. While a call waits, progress goes out only after the
+request's revision. An exec or apply that needs approval asks the human through the
+client when it can (``approvals``); under 2026-07-28 with the tasks extension, an exec
+that outlives its wait (or runs in the background) answers a task handle. While a call waits, progress goes out only after the
 kernel answered a liveness probe (a stopped kernel sends none), and a cancelled call
 stops waiting at once, freeing its worker even when the kernel does not answer.
 """
@@ -21,13 +23,14 @@ from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.limits import PROGRESS_INTERVAL_S
 from ..protocol.params import FIND_PARAMS
 from ..protocol.schema import validate
+from .approvals import CANCELLED, ApprovalAnswerRefused, Approvals
 from .inflight import CallCancelled, InFlight, Progress, progress_reporter, progress_token
 from .kernel_link import KernelLink
 from .mcp_tasks import McpTasks
 from .resources import route
 from .results import error_result, tool_result
 from .tools import TOOLS_BY_NAME
-from .versions import LATEST, Revision
+from .versions import LATEST, TASKS_EXTENSION, RequestContext, Revision
 
 VALUE_ARGS = ("path", "slice", "format", "offset", "length", "elide", "match")
 """``shoal_get`` arguments that go to ``value.get`` as they are."""
@@ -50,26 +53,85 @@ class ToolRunner:
         notify: Callable[[str, dict], None],
         revision: Callable[[], Revision] = lambda: LATEST,
         tasks: McpTasks | None = None,
+        context: Callable[[], RequestContext] | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.link = link
         self.notify = notify
         self.revision = revision
         self.tasks = tasks
+        self.context = context or (lambda: RequestContext(self.revision()))
+        self.approvals = approvals
 
     def call(self, params: dict, flight: InFlight | None) -> dict:
         """Serve one ``tools/call`` request (on a worker thread; ``flight`` makes it cancellable)."""
         validate(params, CALL_PARAMS)
-        rev = self.revision()
+        ctx = self.context()
+        rev = ctx.revision
         if "task" in params and rev.tasks and self.tasks is not None:
             return self._as_task(params)
+        tool = self._tool(params["name"])
+        args = self._validated(tool, params.get("arguments") or {})
         progress = progress_reporter(progress_token(params), self.notify)
+        approvals = self.approvals if tool.cancels_task and ctx.elicits_forms() else None
+
+        def run_plan(plan_ref: str) -> dict:
+            """The approved plan, run with the call's own options (wait budget, shape)."""
+            _, kernel_params = tool.to_kernel(args)
+            opts = {k: v for k, v in kernel_params.items() if k in PLAN_RUN_OPTIONS}
+            try:
+                done = self._wait(
+                    "plan.apply", {**opts, "plan_ref": plan_ref}, True, progress, flight
+                )
+            except RpcError as exc:
+                return error_result(exc, rev)
+            return self._shape(done, ctx)
+
+        if approvals is not None and rev.stateless and "requestState" in params:
+            decision = approvals.decision_in(params)
+            if decision == CANCELLED:
+                approvals = None  # dismissed: answer the -32011 result, ask no more
+            elif decision is not None:
+                answered = self._approval(
+                    lambda: approvals.decide(params["requestState"], decision, run_plan), rev
+                )
+                assert answered is not None  # decide always answers a result
+                return answered
         try:
-            result = self.run(params["name"], params.get("arguments") or {}, progress, flight)
+            result = self.run(params["name"], args, progress, flight)
         except (ArgumentError, CallCancelled):
             raise
         except RpcError as exc:
+            ref = exc.data.get("plan_ref") if isinstance(exc.data, dict) else None
+            if exc.code == ErrorCode.APPROVAL_REQUIRED and approvals and isinstance(ref, str):
+                asked = self._approval(lambda: approvals.ask(ref, rev, run_plan), rev)
+                if asked is not None:
+                    return asked
             return error_result(exc, rev)
-        return tool_result(result, rev)
+        return self._shape(result, ctx)
+
+    def _shape(self, result: Any, ctx: RequestContext) -> dict:
+        """The tool result; a task handle when the exec went on as a task (2026-07-28 with
+        the tasks extension: background, or past its wait budget)."""
+        if (
+            ctx.revision.stateless
+            and self.tasks is not None
+            and ctx.has_extension(TASKS_EXTENSION)
+            and is_task_handle(result)
+        ):
+            return self.tasks.adopt(result, ctx.revision)
+        return tool_result(result, ctx.revision)
+
+    @staticmethod
+    def _approval(step: Callable[[], dict | None], rev: Revision) -> dict | None:
+        """One approval step; a kernel refusal other than of the request state is the
+        call's isError result."""
+        try:
+            return step()
+        except (ApprovalAnswerRefused, CallCancelled):
+            raise
+        except RpcError as exc:
+            return error_result(exc, rev)
 
     def _as_task(self, params: dict) -> dict:
         """2025-11-25 task-augmented call: a ``CreateTaskResult`` at once."""
@@ -115,8 +177,11 @@ class ToolRunner:
         tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
         if tool is None or name == "shoal_get" or not isinstance(args, dict):
             return None
-        if "task" in params and self.revision().tasks:
+        ctx = self.context()
+        if "task" in params and ctx.revision.tasks:
             return None  # a task-augmented call: the pool path answers CreateTaskResult
+        if ctx.elicits_forms() or ctx.has_extension(TASKS_EXTENSION) or "requestState" in params:
+            return None  # may ask the human or answer a task handle: kernel calls of its own
         client = self.link.connected_calls()
         if client is None or progress_token(params) is not None:
             return None
@@ -153,9 +218,20 @@ class ToolRunner:
         if name == "shoal_get":
             return self._get(args)
         method, params = tool.to_kernel(args)
+        return self._wait(method, params, tool.cancels_task, progress, flight)
+
+    def _wait(
+        self,
+        method: str,
+        params: dict,
+        cancels_task: bool,
+        progress: Progress | None,
+        flight: InFlight | None,
+    ) -> Any:
+        """Call the kernel and wait for its answer, reporting progress, cancellable."""
         client, kernel_id, fut = self.link.start_call(method, params)
         if flight is not None:
-            if tool.cancels_task:
+            if cancels_task:
                 flight.own_kernel_call(client, kernel_id, fut)
             flight.wake.clear()
             fut.add_done_callback(lambda _f: flight.wake.set())
@@ -230,6 +306,20 @@ def throttled_note(client: Any) -> str:
     return (
         f"throttled: the kernel holds this client's calls for its CPU budget "
         f"(max_cpu_ms_per_s), about {client.throttled_for_s:.1f} s of debt left"
+    )
+
+
+PLAN_RUN_OPTIONS = frozenset({"background", "timeout_ms", "position", "elide"})
+"""Exec params an approved plan runs with (``plan.apply`` takes the same ones)."""
+
+
+def is_task_handle(result: Any) -> bool:
+    """A kernel exec answer that names a still-running task (background, or past its wait)."""
+    return (
+        isinstance(result, dict)
+        and isinstance(result.get("task"), str)
+        and "events" in result
+        and "ref" not in result
     )
 
 

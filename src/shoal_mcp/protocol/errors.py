@@ -38,6 +38,11 @@ class ErrorCode(IntEnum):
 
 MCP_UNKNOWN_RESOURCE = -32002
 """MCP's own code for an unknown resource (docs/protocol.md, Error codes); same number as RAISED."""
+MCP_MISSING_CLIENT_CAPABILITY = -32021
+"""MCP 2026-07-28: the request needs a client capability it did not declare (same number as
+the kernel's UNKNOWN_TASK; the two never cross: the facade maps kernel codes into results)."""
+MCP_UNSUPPORTED_VERSION = -32022
+"""MCP 2026-07-28 ``UnsupportedProtocolVersionError`` (same number as the kernel's UNKNOWN_PTY)."""
 
 
 class RpcError(Exception):

@@ -263,8 +263,13 @@ this (until the exec is known, has answered, or the cancel's timeout passes)."""
 
 # --- protocol versions (docs/protocol.md, MCP surface) -----------------------------
 MCP_PROTOCOL_VERSION = "2025-11-25"
-"""Our latest MCP revision: answered to a client asking for one we do not speak."""
-MCP_SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+"""Our latest handshake revision: answered to an ``initialize`` asking for one we do not speak."""
+MCP_SUPPORTED_VERSIONS = ("2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+"""Every MCP revision shoal speaks, newest first (2026-07-28 per request, the rest by handshake)."""
+MCP_STATIC_TTL_MS = 3_600_000
+"""2026-07-28 ``ttlMs`` of what is fixed for a facade's life (tools, templates, discover)."""
+MCP_APPROVAL_ANSWER_S = 600.0
+"""2025-06-18/11-25: how long an ``elicitation/create`` for an approval waits for the human."""
 
 
 # --- session state (docs/decisions.md, Session state) --------------------------------

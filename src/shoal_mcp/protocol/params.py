@@ -152,12 +152,26 @@ PLAN_LIST = closed(
     }
 )
 PLAN_APPLY = closed(
-    {"plan_ref": PLAN_REF, "position": POSITION, "background": BOOL, "elide": ELIDE},
+    {
+        "plan_ref": PLAN_REF,
+        "position": POSITION,
+        "background": BOOL,
+        "timeout_ms": TIMEOUT_MS,
+        "elide": ELIDE,
+    },
     ("plan_ref",),
 )
 CAP_REQUEST = closed({"plan_ref": PLAN_REF, "effects": EFFECT_KINDS}, ("plan_ref",))
 CAP_DECIDE = closed(
     {"plan_ref": PLAN_REF, "approve": BOOL, "effects": EFFECT_KINDS}, ("plan_ref", "approve")
+)
+CAP_ASK = closed({"plan_ref": PLAN_REF}, ("plan_ref",))
+CAP_ANSWER = closed(
+    {
+        "request_state": {"type": "string", "minLength": 1, "maxLength": 1000},
+        "decision": {"type": "string", "enum": ["once", "session", "deny"]},
+    },
+    ("request_state", "decision"),
 )
 
 VALUE_GET = closed(
@@ -302,6 +316,8 @@ PARAMS: dict[str, dict] = {
     "plan.apply": PLAN_APPLY,
     "cap.request": CAP_REQUEST,
     "cap.decide": CAP_DECIDE,
+    "cap.ask": CAP_ASK,
+    "cap.answer": CAP_ANSWER,
     "value.get": VALUE_GET,
     "blob.get": BLOB_GET,
     "task.list": TASK_LIST,

@@ -20,8 +20,13 @@ waiting for or holding an approval are never dropped, so past them the store ans
 
 from __future__ import annotations
 
+import base64
+import binascii
 import builtins
 import hashlib
+import hmac
+import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -63,6 +68,8 @@ class Plan:
     created: float = field(default_factory=time.time)
     env_hash: str = ""
     generation: int = 0  # > 0: planned again after an apply (a fresh ref)
+    scope: str | None = None  # "session": the human allowed it for this session (cap.answer)
+    decided_via: str | None = None  # "client": decided through the MCP client (cap.answer)
 
     @property
     def uri(self) -> str:
@@ -89,11 +96,22 @@ class Plan:
             out["approved_effects"] = self.approved_kinds
         if self.decided_by:
             out["decided_by"] = self.decided_by
+        if self.decided_via:
+            out["decided_via"] = self.decided_via
+        if self.scope:
+            out["scope"] = self.scope
         return out
 
     def effect_kinds(self) -> set[str]:
         return {e["kind"] for e in self.effects}
 
+
+REQUEST_STATE_TTL_S = 600.0
+"""How long a ``cap.ask`` request state can be answered (``cap.answer``); kernel-only."""
+REQUEST_STATES_KEPT = 4096
+"""Unanswered request states remembered at once (oldest forgotten: answering one fails)."""
+_STATE_TAG_BYTES = 16
+DECISIONS = ("once", "session", "deny")
 
 DENIED_REFS = 4096
 """Refs of policy-denied plans remembered (a ref and its owner each), oldest forgotten."""
@@ -134,6 +152,52 @@ class PlanStore:
         self._denied: OrderedDict[str, tuple[str, str]] = OrderedDict()  # ref -> owner
         self._held: dict[str, list[int]] = {}  # principal -> [plans, source bytes]
         self._lock = threading.Lock()
+        # Request states (cap.ask / cap.answer): HMAC-tagged with this kernel process's own
+        # key, so a state outlives neither the kernel nor its single use (the nonce below).
+        self._state_key = os.urandom(32)
+        self._states: OrderedDict[str, float] = OrderedDict()  # nonce -> expiry
+
+    # -- request states: a human's answer that comes back through the MCP client --------
+
+    def mint_state(self, plan: Plan, now: float | None = None) -> tuple[str, float]:
+        """(an authenticated, single-use request state for ``plan``, its expiry time).
+
+        Bound to the plan's ref, session and principal; only ``redeem_state`` by that same
+        (session, principal), once, before the expiry, gives the ref back.
+        """
+        expires = (now or time.time()) + REQUEST_STATE_TTL_S
+        nonce = secrets.token_hex(12)
+        body = orjson.dumps([plan.ref, plan.session, plan.principal, nonce, round(expires, 3)])
+        with self._lock:
+            self._states[nonce] = expires
+            while len(self._states) > REQUEST_STATES_KEPT:
+                self._states.popitem(last=False)
+        state = base64.urlsafe_b64encode(self._state_tag(body) + body).decode().rstrip("=")
+        return state, expires
+
+    def redeem_state(self, state: str, session: str, principal: str) -> str:
+        """The plan ref ``state`` was minted for; raises -32010 for a state that is forged,
+        expired, already used, or presented by another session or principal."""
+        try:
+            raw = base64.urlsafe_b64decode(state + "=" * (-len(state) % 4))
+            tag, body = raw[:_STATE_TAG_BYTES], raw[_STATE_TAG_BYTES:]
+            if not hmac.compare_digest(tag, self._state_tag(body)):
+                raise ValueError("tag")
+            ref, s_session, s_principal, nonce, expires = orjson.loads(body)
+        except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError):
+            raise _bad_state("not a request state this kernel gave out") from None
+        if (s_session, s_principal) != (session, principal):
+            raise _bad_state("minted for another session or principal")
+        with self._lock:
+            known = self._states.pop(nonce, None)
+        if known is None:
+            raise _bad_state("already answered (a request state is single-use) or forgotten")
+        if time.time() > expires:
+            raise _bad_state("expired; call the tool again for a fresh one")
+        return str(ref)
+
+    def _state_tag(self, body: bytes) -> bytes:
+        return hmac.new(self._state_key, body, hashlib.sha256).digest()[:_STATE_TAG_BYTES]
 
     def put(self, plan: Plan, budget: PlanBudget | None = None) -> Plan:
         """Store ``plan``; an existing plan with the same ref (same owner) is kept, unless
@@ -325,6 +389,21 @@ class PlanStore:
         plan.approved_kinds = sorted(granted & needed) if needed else []
         plan.state = APPROVED
         plan.decided_by = approver
+
+
+def answer(plan: Plan, principal: str, decision: str) -> None:
+    """Record the human's ``decision`` (``once``, ``session``, ``deny``) on ``plan``, as
+    relayed by the plan owner's MCP client (``cap.answer``)."""
+    PlanStore.decide(plan, principal, decision != "deny", None)
+    plan.decided_via = "client"
+    if decision == "session":
+        plan.scope = "session"
+
+
+def _bad_state(why: str) -> RpcError:
+    return RpcError(
+        ErrorCode.DENIED, f"request state refused: {why}", {"field": "request_state", "reason": why}
+    )
 
 
 def _denied_by_policy(ref: str) -> RpcError:

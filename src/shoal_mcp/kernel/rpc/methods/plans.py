@@ -1,12 +1,21 @@
-"""explain, plan.get / list / apply, cap.request, cap.decide."""
+"""explain, plan.get / list / apply, cap.request, cap.decide, cap.ask, cap.answer."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
-from ....protocol.params import CAP_DECIDE, CAP_REQUEST, EXPLAIN, PLAN_APPLY, PLAN_GET, PLAN_LIST
-from ...access.plans import APPLIED, APPROVED, Plan, PlanStore, plan_display
+from ....protocol.params import (
+    CAP_ANSWER,
+    CAP_ASK,
+    CAP_DECIDE,
+    CAP_REQUEST,
+    EXPLAIN,
+    PLAN_APPLY,
+    PLAN_GET,
+    PLAN_LIST,
+)
+from ...access.plans import APPLIED, APPROVED, Plan, PlanStore, answer, plan_display
 from ...exec.service import RunOptions
 from ..paging import bounded_page
 from ..registry import method
@@ -57,6 +66,48 @@ def plan_apply(call: Call, params: dict) -> dict:
 
 @method("cap.request", CAP_REQUEST)
 def cap_request(call: Call, params: dict) -> dict:
+    plan = _requested(call, params)
+    return {
+        "plan_ref": plan.ref,
+        "state": "approval_pending" if plan.state != APPROVED else APPROVED,
+    }
+
+
+@method("cap.ask", CAP_ASK)
+def cap_ask(call: Call, params: dict) -> dict:
+    """``cap.request`` plus a request state: the plan's owner (an MCP facade) shows the
+    plan to the human through its client and relays the answer with ``cap.answer``."""
+    plan = _requested(call, params)
+    state, expires = call.kernel.plans.mint_state(plan)
+    return {"plan_ref": plan.ref, "request_state": state, "expires": expires, "plan": plan.record()}
+
+
+@method("cap.answer", CAP_ANSWER)
+def cap_answer(call: Call, params: dict) -> dict:
+    """The human's decision on a plan, relayed by the plan owner's own connection with the
+    single-use state ``cap.ask`` gave it (docs/security.md, "Approvals through the MCP
+    client"). Any other session or principal, a second use, or a late one: -32010."""
+    kernel, who = call.kernel, call.who
+    ref = kernel.plans.redeem_state(params["request_state"], who.session, who.principal)
+    plan = kernel.plans.get_own(ref, who.session, who.principal)
+    answer(plan, who.principal, params["decision"])
+    kernel.events.publish(
+        "approval",
+        {
+            "kind": "decided",
+            "plan_ref": plan.ref,
+            "state": plan.state,
+            "by": who.principal,
+            "via": "client",
+            "decision": params["decision"],
+        },
+    )
+    return plan.record()
+
+
+def _requested(call: Call, params: dict) -> Plan:
+    """The caller's own plan, marked requested (a fresh one for an applied source), with
+    the ``approval requested`` event published."""
     kernel = call.kernel
     plan = kernel.plans.get_own(params["plan_ref"], call.who.session, call.who.principal)
     if plan.state == APPLIED:  # the same source again: a fresh plan, approved afresh
@@ -76,10 +127,7 @@ def cap_request(call: Call, params: dict) -> dict:
             "requested_effects": params.get("effects") or sorted(plan.effect_kinds()),
         },
     )
-    return {
-        "plan_ref": plan.ref,
-        "state": "approval_pending" if plan.state != APPROVED else APPROVED,
-    }
+    return plan
 
 
 @method("cap.decide", CAP_DECIDE)
