@@ -370,17 +370,14 @@ class PrincipalPolicy:
         return self.permissive or self._env["env_read"].match(name)
 
     def confined_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The environment this (sandboxed) principal's processes start with: only names
-        ``env_read`` grants, and no secret-looking one (``SECRET_ENV``: tokens, keys,
-        passwords, agent sockets) unless granted by its exact name.  The kernel's own
-        environment (the human's shell's) seeds every session: without this, a token in
-        it would be one ``env`` away."""
+        """The environment this (sandboxed) principal's processes start with: no
+        secret-looking name (``SECRET_ENV``: tokens, keys, passwords, agent sockets)
+        unless ``env_read`` grants it by its exact name.  The kernel's own environment
+        (the human's shell's) seeds every session: without this, a token in it would be
+        one ``env`` away.  (Other names stay: programs need PATH, HOME, LANG…;
+        ``env_read`` says what ``session.env`` shows.)"""
         exact = set(self._s.get("env_read", ()))
-        return {
-            k: v
-            for k, v in env.items()
-            if self.env_readable(k) and (k in exact or not SECRET_ENV.search(k))
-        }
+        return {k: v for k, v in env.items() if k in exact or not SECRET_ENV.search(k)}
 
     @property
     def env_write_grants(self) -> tuple[str, ...]:
