@@ -182,6 +182,14 @@ PTY_MAX_INPUT_ITEMS = 4096
 
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
+AGENT_PRINCIPAL = "agent:mcp"
+"""The sandboxed agent an MCP client attaches as without a token (docs/security.md,
+"The default agent"): a downgrade any client may ask for, so it needs no secret."""
+PROJECT_POLICIES_KEPT = 256
+"""Rules of principals with ``{project}`` globs, kept per (principal, project)."""
+PROJECT_PLACEHOLDER = "{project}"
+"""In a policy's fs globs: the session's project (the client's roots, else the git work
+tree of the directory the facade started in)."""
 PLAN_REF_HEX = 32
 REEF_VERSIONS_REMEMBERED = 1024
 """``session.reef`` tool versions kept (per tool, mtime and sandbox: per principal)."""

@@ -122,6 +122,16 @@ SESSION_ATTACH = closed(
         "token": {"type": "string", "maxLength": 512},
         "client": closed({"kind": STR, "tty": BOOL, "name": STR, "version": STR}),
         "cwd": {"type": "string", "maxLength": 4096},
+        "agent": {
+            "type": "boolean",
+            "description": "without a token: attach as the sandboxed agent principal",
+        },
+        "roots": {
+            "type": "array",
+            "maxItems": 64,
+            "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+            "description": "the client's project directories (absolute): where the agent writes",
+        },
     }
 )
 PARSE = closed({"src": SRC}, ("src",))

@@ -117,7 +117,7 @@ class Confinement:
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
-        key = (policy.principal, ttys, also_read)
+        key = (policy.principal, policy.grant_key(), ttys, also_read)
         now = time.monotonic()
         with self._lock:
             cached = self._specs.get(key)

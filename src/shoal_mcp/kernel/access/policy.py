@@ -57,6 +57,7 @@ from typing import Any
 
 from wcmatch import fnmatch, glob
 
+from ...protocol.limits import AGENT_PRINCIPAL, PROJECT_PLACEHOLDER, PROJECT_POLICIES_KEPT
 from ..effects.analyzer import SHELL_BUILTINS
 from .budgets import (
     KERNEL_BUDGETS,
@@ -112,6 +113,20 @@ _LOCAL_DEFAULTS: dict[str, Any] = {
     "max_ptys": 16,
     "max_subscriptions": 256,
     **local_defaults(),
+}
+_AGENT_DEFAULTS: dict[str, Any] = {
+    **_TABLE_DEFAULTS,
+    # The default agent (AGENT_PRINCIPAL, an MCP client without a token): anything may
+    # run, confined; it reads what the user can read (the view hides the secrets and the
+    # kernel), writes its project, its temp dir and ~/.cache; no network; what falls
+    # outside asks the human (docs/security.md, "The default agent").
+    "proc_spawn": ("*",),
+    "env_read": ("*",),
+    "env_write": ("*", "PATH", "VIRTUAL_ENV"),
+    "ungranted": ASK,
+    "fs_read": ("/**",),
+    "fs_write": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
+    "fs_delete": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
 }
 _SYSTEM_BIN = frozenset(
     {
@@ -190,8 +205,10 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
                     raise PolicyError(fwhere, "unknown key")
                 globs = _string_list(fwhere, fv)
                 for g in globs:
-                    if not g.startswith(("/", "~")):
-                        raise PolicyError(fwhere, f"{g!r}: must be absolute or start with ~")
+                    if not g.startswith(("/", "~", PROJECT_PLACEHOLDER)):
+                        raise PolicyError(
+                            fwhere, f"{g!r}: must be absolute or start with ~ or {{project}}"
+                        )
                 out[f"fs_{fk}"] = globs
         else:
             raise PolicyError(where, "unknown key")
@@ -266,6 +283,35 @@ class PrincipalPolicy:
             for k in ("fs_read", "fs_write", "fs_delete")
         }
 
+    @property
+    def uses_project(self) -> bool:
+        """Some fs glob names ``{project}``: the rules depend on the session."""
+        return any(
+            g.startswith(PROJECT_PLACEHOLDER)
+            for k in ("fs_read", "fs_write", "fs_delete")
+            for g in self._s.get(k, ())
+        )
+
+    def in_project(self, roots: tuple[str, ...]) -> PrincipalPolicy:
+        """These rules with ``{project}`` replaced by each of ``roots`` (none: those
+        globs grant nothing)."""
+        settings = dict(self._s)
+        for k in ("fs_read", "fs_write", "fs_delete"):
+            globs: list[str] = []
+            for g in self._s.get(k, ()):
+                if g.startswith(PROJECT_PLACEHOLDER):
+                    globs += [root.rstrip("/") + g[len(PROJECT_PLACEHOLDER) :] for root in roots]
+                else:
+                    globs.append(g)
+            settings[k] = tuple(globs)
+        return PrincipalPolicy(
+            self.principal,
+            settings,
+            home=self.home,
+            permissive=self.permissive,
+            defined=self.defined,
+        )
+
     # settings the kernel reads directly
 
     @property
@@ -332,6 +378,11 @@ class PrincipalPolicy:
     @property
     def net_grants(self) -> tuple[str, ...]:
         return tuple(self._s.get("net_connect", ()))
+
+    def grant_key(self) -> tuple[tuple[str, ...], ...]:
+        """What the sandbox is built from (the fs and network grants): equal keys, equal
+        sandboxes."""
+        return (*(self.fs_grants(k) for k in _FS_KEYS), self.net_grants)
 
     def sandbox_spec(
         self,
@@ -481,6 +532,7 @@ class Policy:
         self.kernel: dict[str, int] = {**KERNEL_BUDGETS, **(kernel or {})}  # [kernel] budgets
         self.home = home or os.path.expanduser("~")
         self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
+        self._project_cache: dict[tuple[str, ...], PrincipalPolicy] = {}
 
     @classmethod
     def load(cls, path: str | None, home: str | None = None) -> Policy:
@@ -515,17 +567,33 @@ class Policy:
     def principals(self) -> list[str]:
         return sorted(self.tables)
 
-    def for_principal(self, principal: str, local_principal: str) -> PrincipalPolicy:
+    def for_principal(
+        self, principal: str, local_principal: str, project: tuple[str, ...] = ()
+    ) -> PrincipalPolicy:
+        """The rules for ``principal``; with ``project`` (a session's project roots), its
+        ``{project}`` globs stand for those directories."""
         key = (principal, local_principal)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._build(principal, local_principal)
-        return cached
+        if not cached.uses_project:
+            return cached
+        pkey = (principal, local_principal, *project)
+        found = self._project_cache.get(pkey)
+        if found is None:
+            found = cached.in_project(project)
+            if len(self._project_cache) >= PROJECT_POLICIES_KEPT:
+                self._project_cache.pop(next(iter(self._project_cache)))
+            self._project_cache[pkey] = found
+        return found
 
     def _build(self, principal: str, local_principal: str) -> PrincipalPolicy:
         is_local = principal == local_principal
         table = self.tables.get(principal)
         defaults = _LOCAL_DEFAULTS if is_local else _TABLE_DEFAULTS
+        if principal == AGENT_PRINCIPAL:
+            # Its built-in profile, which a table of its own overrides key by key.
+            return PrincipalPolicy(principal, {**_AGENT_DEFAULTS, **(table or {})}, home=self.home)
         if table is None:
             return PrincipalPolicy(
                 principal, defaults, home=self.home, permissive=is_local, defined=is_local

@@ -123,7 +123,9 @@ class ExecService:
     def _judge(self, who: Principal, src: str) -> Judgement:
         """``analyze``, and the policy's verdict on those effects."""
         analysis, cwd, env_hash = self.analyze(who, src)
-        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        verdict = self.guard.evaluate(
+            who.principal, analysis.effects, analysis.reversibility, self.project_of(who)
+        )
         return Judgement(analysis, cwd, env_hash, verdict)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
@@ -373,11 +375,17 @@ class ExecService:
         )
         return session.snapshot(principal)
 
+    def project_of(self, who: Principal) -> tuple[str, ...]:
+        """The project roots of ``who``'s session (what ``{project}`` grants name)."""
+        return self.sessions.get_or_create(who.session).project
+
     def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
         """The OS sandbox spec ``who``'s processes run in (None: not confined), with
         read access to ``outputs`` ($SHOAL_OUT); the spawn and the warm zygote's key both
         follow it, so a grant change (or another session's outputs) is another zygote."""
-        return self.guard.sandbox_spec(who.principal, also_read=(outputs,))
+        return self.guard.sandbox_spec(
+            who.principal, also_read=(outputs,), project=self.project_of(who)
+        )
 
     def warm_up(self, who: Principal) -> None:
         """Start ``who``'s warm supervisor in the background (session.attach calls this)."""

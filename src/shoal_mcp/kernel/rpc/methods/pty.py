@@ -46,7 +46,9 @@ def pty_open(call: Call, params: dict) -> dict:
             env=env,
             cwd=cwd,
             owner=owner,
-            sandbox=kernel.guard.sandbox_spec(who.principal),  # None: unconfined
+            sandbox=kernel.guard.sandbox_spec(
+                who.principal, project=kernel.exec.project_of(who)
+            ),  # None: unconfined
         )
 
 
