@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal_mcp.kernel.access import sandbox
+from shoal_mcp.kernel.access import sandbox_probe
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
 from tests.support.tmp import short_tmp
@@ -56,8 +56,8 @@ MEDIANS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def clients():
-    if sandbox.probe().enforced() is False:
-        pytest.skip(f"no enforcing sandbox here: {sandbox.probe().reason}")
+    if sandbox_probe.probe().enforced() is False:
+        pytest.skip(f"no enforcing sandbox here: {sandbox_probe.probe().reason}")
     with short_tmp("shoal-bench-sb-") as tmp:
         work = tmp / "work"
         work.mkdir()
@@ -86,7 +86,7 @@ def ratio_report(request):
         "what": 'median seconds per exec "true" round trip over the kernel socket',
         "quick": QUICK,
         "rounds": ROUNDS,
-        "enforced": sandbox.probe().enforced(),
+        "enforced": sandbox_probe.probe().enforced(),
         "medians_s": MEDIANS,
         "sandboxed_over_unsandboxed": ratio,
         "target": TARGET_RATIO,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal_mcp.kernel.access import sandbox
+from shoal_mcp.kernel.access import sandbox_probe
 from tests.support.facade import RawFacade
 from tests.support.kernel import child_env
 from tests.support.polling import wait_until
@@ -277,7 +277,7 @@ def test_kernel_status_stop_and_doctor(env):
     assert {c["check"] for c in doctor} >= {"bash", "tree-sitter-bash", "pyte", "socket"}
     assert all(c["status"] != "fail" for c in doctor), doctor
     box = next(c for c in doctor if c["check"] == "sandbox")  # the kernel's level, or why off
-    assert box["status"] == ("ok" if sandbox.probe().enforced() else "warn"), box
+    assert box["status"] == ("ok" if sandbox_probe.probe().enforced() else "warn"), box
     assert box["detail"].startswith("auto"), box
     grammar = next(c for c in doctor if c["check"] == "tree-sitter-bash")
     assert grammar == {

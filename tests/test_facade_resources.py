@@ -18,6 +18,7 @@ from shoal_mcp.protocol.errors import MCP_UNKNOWN_RESOURCE, ErrorCode, RpcError
 HASH = "ab" * 32
 ALL_KINDS = {
     uri.OUT,
+    uri.OUTPUTS,
     uri.TASK,
     uri.TASK_OUT,
     uri.TASK_ERR,
@@ -78,6 +79,19 @@ READS = [
         "application/json",
     ),
     (
+        "shoal://outputs?match=FAIL&ok=false&since=10&session=all&max=5&cursor=3,err,0,0",
+        "value.get",
+        {
+            "ref": "outputs",
+            "match": {"regex": "FAIL", "max": 5},
+            "ok": False,
+            "since": 10.0,
+            "session": "all",
+            "cursor": "3,err,0,0",
+        },
+        "application/json",
+    ),
+    (
         "shoal://events/task.4?since=-1&limit=9",
         "events.read",
         {"channel": "task.4", "since": -1, "limit": 9},
@@ -110,6 +124,7 @@ def test_templates_list_is_the_listed_rows_in_order():
         "shoal://session/",
         "shoal://pty/",
         "shoal://journal",
+        "shoal://outputs",
         "shoal://events/",
     ]
     # A template states a mimeType only when all its reads have it: not with {?format}.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal_mcp.kernel.access import landlock, sandbox, sandbox_build, seccomp
+from shoal_mcp.kernel.access import landlock, sandbox, sandbox_build, sandbox_probe, seccomp
 from shoal_mcp.kernel.access.sandbox import SandboxError, SandboxSpec
 from shoal_mcp.kernel.access.sandbox_build import build_spec, grant_root
 from tests.support.landlock import landlock_evidence
@@ -564,7 +564,7 @@ def test_runner_reports_failures(abi: int, tree: dict[str, Path]) -> None:
 
 
 def test_probe_runs_in_a_child(abi: int) -> None:
-    support = sandbox.probe(refresh=True)
+    support = sandbox_probe.probe(refresh=True)
     assert support.abi == abi and support.fs and support.unix, support.reason
     enforced = support.enforced()
     # This machine makes user namespaces (CI's kind too): every layer is there.
@@ -580,7 +580,7 @@ def test_probe_runs_in_a_child(abi: int) -> None:
     assert granted["net"] == ("landlock-tcp" if abi >= 4 else False)
     assert "net" not in granted["ns"]  # type: ignore[index]
     assert support.netns in ("netns", "userns+netns")
-    assert sandbox.probe() is support  # once per kernel
+    assert sandbox_probe.probe() is support  # once per kernel
     status = Path("/proc/self/status").read_text()
     assert "NoNewPrivs:\t0" in status  # the calling process stayed unconfined
 

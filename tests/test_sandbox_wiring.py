@@ -78,7 +78,7 @@ def test_runner_spawn_without_a_spec_is_unconfined(tree: dict[str, Path]) -> Non
 
 def test_required_refuses_where_nothing_enforces() -> None:
     from shoal_mcp.kernel.access.confine import Confinement, SandboxUnavailable
-    from shoal_mcp.kernel.access.sandbox import SandboxSupport
+    from shoal_mcp.kernel.access.sandbox_probe import SandboxSupport
 
     none_here = SandboxSupport(reason="no Landlock in this kernel")
     with pytest.raises(SandboxUnavailable, match="no Landlock in this kernel"):
@@ -198,7 +198,7 @@ def test_without_user_namespaces_tcp_is_still_denied(abi: int, tree: dict[str, P
 
     from shoal_mcp.kernel.access.confine import Confinement
     from shoal_mcp.kernel.access.policy import Policy
-    from shoal_mcp.kernel.access.sandbox import SandboxSupport
+    from shoal_mcp.kernel.access.sandbox_probe import SandboxSupport
 
     no_netns = SandboxSupport(abi=abi, fs=True, tcp=abi >= 4, netns=None, unix=True)
     pol = Policy.from_dict({"principal": {"agent:x": {}}}).for_principal("agent:x", "uid:0")

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.client import KernelClient
-from shoal_mcp.kernel.access import sandbox
+from shoal_mcp.kernel.access import sandbox, sandbox_probe
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess
@@ -393,7 +393,7 @@ def test_pty_less_shell_escape_is_confined(world: World, who: str) -> None:
 
 
 def test_caps_tell_the_truth(world: World) -> None:
-    enforced = sandbox.probe().enforced()
+    enforced = sandbox_probe.probe().enforced()
     assert isinstance(enforced, dict)
     for who in AGENTS:
         c = KernelClient(world.kernel.socket)
@@ -458,7 +458,7 @@ def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
             planned = c.call("exec", {"src": src, "mode": "plan"})
             assert "opaque" in {e["kind"] for e in planned["effects"]}
             if mode == "auto":
-                assert attached["caps"]["enforced"] == sandbox.probe().enforced()
+                assert attached["caps"]["enforced"] == sandbox_probe.probe().enforced()
                 assert planned["verdict"] == "allow"
                 c.call("exec", {"src": src, "position": "value"}, timeout=60)
                 assert (proj / "inside").exists() and not (out / "outside").exists()
@@ -490,7 +490,7 @@ def test_local_human_is_confined_when_its_policy_says_so() -> None:
         try:
             c = kernel.client("me")
             caps = c.call("session.attach", {"session": "me"})["caps"]
-            assert caps["enforced"] == sandbox.probe().enforced() and caps["approver"] is True
+            assert caps["enforced"] == sandbox_probe.probe().enforced() and caps["approver"] is True
             c.call("exec", {"src": f"eval 'touch {proj}/in {out}/x'", "position": "value"})
             assert (proj / "in").exists() and not (out / "x").exists()
             c.close()

@@ -15,6 +15,7 @@ from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
 from .gc_cmd import gc_cmd
+from .grep_cmd import grep_cmd
 from .kernel_cmds import kernel_group
 from .work import (
     approve_cmd,
@@ -50,6 +51,7 @@ def main(
 for command in (
     exec_cmd,
     get_cmd,
+    grep_cmd,
     tasks_group,
     journal_cmd,
     events_group,

@@ -62,6 +62,17 @@ def _value_get(ref: str, q: dict[str, str]) -> KernelRead:
     return "value.get", params
 
 
+def _find_outputs(q: dict[str, str]) -> KernelRead:
+    """``shoal://outputs?match=…``: a search across every stored output (value.get)."""
+    try:
+        params: dict[str, Any] = {"ref": uri.OUTPUTS_REF, **uri.value_params(q)}
+    except uri.BadName as exc:
+        raise invalid_params("uri", str(exc)) from None
+    if "match" not in params:
+        raise invalid_params("uri", "shoal://outputs needs ?match=PATTERN")
+    return "value.get", params
+
+
 def _journal_params(q: dict[str, str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for key in ("since", "until"):
@@ -196,6 +207,13 @@ ROUTES: tuple[Route, ...] = (
         "journal query",
         "Filtered journal rows.",
         lambda p: ("journal.query", _journal_params(p.query)),
+    ),
+    Route(
+        uri.OUTPUTS,
+        "shoal://outputs{?match,ignore_case,context,max,since,until,ok,stream,session,cursor}",
+        "find across runs",
+        "Lines matching a pattern in every stored output of this session, newest first.",
+        lambda p: _find_outputs(p.query),
     ),
     Route(
         uri.EVENTS,

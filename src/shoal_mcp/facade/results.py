@@ -25,6 +25,8 @@ from .versions import LATEST, Revision
 TEXT_MEMBERS = ("render", "raw", "raw_base64")
 # Members of an outcome value its render shows: stdout always, stderr's tail on failure.
 RENDERED_OUTCOME_MEMBERS = ("out",)
+# Members of a search across runs its render shows (the lines found, their runs' heads).
+RENDERED_FIND_MEMBERS = ("hits", "runs")
 
 
 def _pretty(value: Any) -> str:
@@ -70,6 +72,8 @@ def _with_trailer(body: str, trailer: str) -> str:
 def _metadata(structured: dict) -> dict:
     """``structured`` without the bytes its text block carries."""
     meta = {k: v for k, v in structured.items() if k not in TEXT_MEMBERS}
+    if "render" in structured and structured.get("ref") == uri.OUTPUTS_REF:
+        meta = {k: v for k, v in meta.items() if k not in RENDERED_FIND_MEMBERS}
     value = meta.get("value")
     if "render" in structured and "value" in meta:
         if isinstance(value, dict) and value.get("$") == "outcome":

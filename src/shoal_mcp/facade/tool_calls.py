@@ -18,6 +18,7 @@ from ..client import KernelLost
 from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.limits import PROGRESS_INTERVAL_S
+from ..protocol.params import FIND_PARAMS
 from ..protocol.schema import validate
 from .inflight import CallCancelled, InFlight, Progress, progress_reporter, progress_token
 from .kernel_link import KernelLink
@@ -27,6 +28,8 @@ from .results import error_result, tool_result
 from .tools import TOOLS_BY_NAME
 from .versions import LATEST, Revision
 
+VALUE_ARGS = ("path", "slice", "format", "offset", "length", "elide", "match")
+"""``shoal_get`` arguments that go to ``value.get`` as they are."""
 # Open: _meta and whatever later MCP versions add are not errors.
 CALL_PARAMS = {
     "type": "object",
@@ -184,11 +187,7 @@ class ToolRunner:
 
     def _get(self, args: dict) -> Any:
         ref = args["ref"].strip()
-        value_args = {
-            k: args[k]
-            for k in ("path", "slice", "format", "offset", "length", "elide", "match")
-            if k in args
-        }
+        value_args = {k: args[k] for k in (*VALUE_ARGS, *FIND_PARAMS) if k in args}
         kind, ident = _record_kind(ref)
         if kind is None and _is_resource_only(ref):
             # Any shoal:// URI works as a ref: val/journal/session/events… read as resources.
@@ -246,7 +245,7 @@ def _is_resource_only(ref: str) -> bool:
         kind = uri.parse_uri(ref).kind
     except uri.BadName:
         return False  # value.get answers -32004 for it
-    return kind not in (uri.OUT, uri.TASK, uri.TASK_OUT, uri.TASK_ERR, uri.PLAN)
+    return kind not in (uri.OUT, uri.TASK, uri.TASK_OUT, uri.TASK_ERR, uri.PLAN, uri.OUTPUTS)
 
 
 def _record_kind(ref: str) -> tuple[str | None, str]:

@@ -128,7 +128,10 @@ SINGLE_TYPED: dict[tuple[str, str], dict] = {
     },
 }
 
-REF_DESC = "A ref: out:N, task:N, plan:<hex>, or a shoal:// URI from an earlier result."
+REF_DESC = (
+    "A ref: out:N, task:N, plan:<hex>, a shoal:// URI from an earlier result, or outputs "
+    "(with match: search every stored output of this session)."
+)
 PATH_DESC = (
     "Selector into the value: .field, [i], [a..b] (half-open, negative counts from the end), "
     '["key"]; on text: .lines (list of lines) and .json (parse). Examples: .out.lines[-20..], '
@@ -210,7 +213,10 @@ TOOLS: list[Tool] = [
         "- JSON: path .out.json.items[3].name; a large JSON output's preview shows its keys, types "
         "and these paths.\n"
         "- format raw: exact bytes in pages (offset/length, follow next). In shoal_exec, "
-        "$SHOAL_OUT/N/out and /err are earlier outputs as files (grep, jq, diff them).",
+        "$SHOAL_OUT/N/out and /err are earlier outputs as files (grep, jq, diff them).\n"
+        '- Which run printed X? ref "outputs" with match searches every stored output, newest '
+        "first: hits with out:N, line and the run's command and exit status (filters: since, "
+        "until, ok, stream, session; cursor continues).",
         "value.get",
         {
             "ref": REF_DESC,
@@ -221,6 +227,12 @@ TOOLS: list[Tool] = [
             "length": "raw: page size in bytes; larger asks get what fits the 64 KiB bound (follow next)",
             "elide": Arg(),
             "match": MATCH_DESC,
+            "since": 'ref "outputs": outputs stored at or after this unix time',
+            "until": 'ref "outputs": outputs stored at or before this unix time',
+            "ok": 'ref "outputs": only runs that succeeded (true) or failed (false)',
+            "stream": 'ref "outputs": search only stdout (out) or stderr (err)',
+            "session": 'ref "outputs": another session of yours, or "all" (default: this one)',
+            "cursor": 'ref "outputs": the cursor of the previous reply, to continue',
             "wait_ms": Arg(
                 "for task:N, wait up to this long for it to finish",
                 method="task.await",

@@ -80,6 +80,22 @@ a regex running past it is stopped (-32005)."""
 MATCH_DEADLINE_BYTES_PER_S = 64 * MiB
 """The slowest scan rate the deadline allows for (big outputs get more time)."""
 
+# --- find across runs: match over every stored output (docs/protocol.md, Find) ------
+FIND_BUDGET_S = 2.0
+"""Wall time one search across stored outputs spends before it answers with a cursor
+(checked between outputs; one output is searched whole, under the match deadline)."""
+FIND_ROWS_BATCH = 256
+"""Stored outputs read from SQLite per query of a search (keyset pages, no long lease)."""
+FIND_LINE_SHOWN = 160
+"""Bytes of a hit's line (or context line) a search across runs shows, around the match;
+the whole line is one `path .out.lines[k]` read away."""
+FIND_CMD_HEAD_CHARS = 48
+"""Characters of a run's command shown beside its hits."""
+FIND_CURSOR_MAX_CHARS = 400
+"""Longest cursor a search across runs hands out (a session name is up to 128)."""
+FIND_ALL_SESSIONS = "all"
+"""`session` value of a search across runs that spans every session."""
+
 # --- events (docs/protocol.md, Events) ---------------------------------------------
 EVENT_RING = 1024
 SUBSCRIBER_QUEUE = 256

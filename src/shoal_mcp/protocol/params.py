@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from .limits import (
     EVENT_RING,
+    FIND_ALL_SESSIONS,
+    FIND_CURSOR_MAX_CHARS,
     JOURNAL_MAX_ROWS,
     MATCH_MAX_CONTEXT,
     MATCH_MAX_RESULTS,
@@ -179,9 +181,26 @@ VALUE_GET = closed(
         "length": LENGTH,
         "with_render": {"type": "boolean", "description": "json format: also return the render"},
         "match": MATCH,
+        # Find across runs (ref "outputs", docs/protocol.md, Find): filters and cursor.
+        "since": {"type": "number", "description": "outputs stored at or after this unix time"},
+        "until": {"type": "number", "description": "outputs stored at or before this unix time"},
+        "session": {
+            **SESSION_NAME,
+            "description": f"a session name, or {FIND_ALL_SESSIONS!r} (default: this session)",
+        },
+        "stream": {"type": "string", "enum": ["out", "err"]},
+        "ok": {"type": "boolean", "description": "only succeeded (true) or failed (false) runs"},
+        "cursor": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": FIND_CURSOR_MAX_CHARS,
+            "description": "continue a search across runs where its reply stopped",
+        },
     },
     ("ref",),
 )
+FIND_PARAMS = ("since", "until", "session", "stream", "ok", "cursor")
+"""``value.get`` params that only a search across runs (ref ``outputs``) takes."""
 BLOB_GET = closed(
     {"hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "offset": OFFSET, "length": LENGTH},
     ("hash",),

@@ -18,6 +18,7 @@ URIs (docs/protocol.md, "Resources"):
 ``shoal://pty`` / ``shoal://pty/N``    open PTYs / one PTY's screen
 ``shoal://jobs``                       listed tasks
 ``shoal://journal?filters``            journal rows
+``shoal://outputs?match=…&filters``    a search across every stored output (Find)
 ``shoal://events/CHANNEL?since&limit`` recent events of a channel
 ====================================  ======================================
 
@@ -49,6 +50,9 @@ PTYS = "ptys"
 JOBS = "jobs"
 JOURNAL = "journal"
 EVENTS = "events"
+OUTPUTS = "outputs"
+OUTPUTS_REF = "outputs"
+"""The ``value.get`` ref that searches every stored output (docs/protocol.md, Find)."""
 
 SESSION_VIEWS = ("cwd", "env", "reef")
 QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in "%&#+")
@@ -112,7 +116,7 @@ def build(
         return f"{SCHEME}task/{ident}{suffix}{q}"
     if kind == PTYS:
         return f"{SCHEME}pty{q}"
-    if kind in (JOBS, JOURNAL):
+    if kind in (JOBS, JOURNAL, OUTPUTS):
         return f"{SCHEME}{kind}{q}"
     raise BadName(f"unknown URI kind {kind!r}")
 
@@ -165,6 +169,10 @@ MATCH_FLAGS = ("ignore_case", "invert")
 MATCH_INTS = ("context", "max", "from_line")
 VALUE_QUERY_STRS = ("path", "slice", "format")
 VALUE_QUERY_INTS = ("offset", "length")
+FIND_QUERY_FLOATS = ("since", "until")
+FIND_QUERY_STRS = ("session", "stream", "cursor")
+TRUE_WORDS = ("1", "true", "yes")
+FALSE_WORDS = ("0", "false", "no")
 
 
 def match_query(match: dict[str, object]) -> dict[str, object]:
@@ -193,11 +201,40 @@ def value_params(query: dict[str, str]) -> dict[str, object]:
     if "match" in query:
         match: dict[str, object] = {"regex": query["match"]}
         match.update({k: _query_int(query, k) for k in MATCH_INTS if k in query})
-        match.update(
-            {k: query[k].lower() in ("1", "true", "yes") for k in MATCH_FLAGS if k in query}
-        )
+        match.update({k: query[k].lower() in TRUE_WORDS for k in MATCH_FLAGS if k in query})
         params["match"] = match
+    params.update(_find_params(query))
     return params
+
+
+def _find_params(query: dict[str, str]) -> dict[str, object]:
+    """The filters of a search across runs (``shoal://outputs?…``): times, session,
+    stream, ok and cursor; a value URI that carries one is refused by the kernel."""
+    params: dict[str, object] = {k: query[k] for k in FIND_QUERY_STRS if query.get(k)}
+    for key in FIND_QUERY_FLOATS:
+        if key in query:
+            try:
+                params[key] = float(query[key])
+            except ValueError:
+                raise BadName(f"query {key}={_shown(query[key])!r} is not a number") from None
+    if "ok" in query:
+        word = query["ok"].lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise BadName(f"query ok={_shown(query['ok'])!r} is not true or false")
+        params["ok"] = word in TRUE_WORDS
+    return params
+
+
+def outputs_query(params: Mapping[str, object]) -> dict[str, object]:
+    """URI query items for a search across runs (``value.get`` params, ref outputs)."""
+    match = params["match"]
+    out = match_query(match if isinstance(match, dict) else {"regex": match})
+    for key in (*FIND_QUERY_FLOATS, *FIND_QUERY_STRS):
+        if params.get(key) is not None:
+            out[key] = params[key]
+    if params.get("ok") is not None:
+        out["ok"] = "true" if params["ok"] else "false"
+    return out
 
 
 def with_query(uri: str, **query: object) -> str:
@@ -249,7 +286,7 @@ def _uri_kind(parts: list[str]) -> str | None:
         return PTYS
     if head == "pty" and n == 2:
         return PTY
-    if head in ("jobs", "journal") and n == 1:
+    if head in ("jobs", "journal", "outputs") and n == 1:
         return head
     if head == "events" and n == 2:
         return EVENTS

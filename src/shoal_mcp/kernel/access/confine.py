@@ -3,7 +3,7 @@
 The kernel holds one :class:`Confinement`, built at start from ``--sandbox``:
 
 * ``off``       nothing is confined; ``caps.enforced`` is ``false``.
-* ``auto``      (default) confine sandboxed principals when :func:`sandbox.probe` saw
+* ``auto``      (default) confine sandboxed principals when :func:`sandbox_probe.probe` saw
   Landlock and the unix-socket filter enforce; otherwise run as ``off`` and say so.
 * ``required``  as ``auto``, but the kernel refuses to start without enforcement.
 
@@ -35,9 +35,10 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
-from . import sandbox
+from . import sandbox_probe
 from .policy import PrincipalPolicy
-from .sandbox import SandboxError, SandboxSpec, SandboxSupport
+from .sandbox import SandboxError, SandboxSpec
+from .sandbox_probe import SandboxSupport
 
 MODES = ("auto", "required", "off")
 TMPDIR_PREFIX = "shoal-sandbox-"
@@ -64,7 +65,9 @@ class Confinement:
         self.mode = mode
         self.forbidden = tuple(forbidden)
         if support is None:
-            support = SandboxSupport(reason="--sandbox off") if mode == "off" else sandbox.probe()
+            support = (
+                SandboxSupport(reason="--sandbox off") if mode == "off" else sandbox_probe.probe()
+            )
         self.support = support
         self.enforcing = mode != "off" and support.enforced() is not False
         if mode == "required" and not self.enforcing:

@@ -33,7 +33,9 @@ def main(args: list[str]) -> int:
     if args == ["--probe"]:
         import json
 
-        os.write(1, json.dumps(sandbox.probe_self()).encode())
+        from shoal_mcp.kernel.access import sandbox_probe
+
+        os.write(1, json.dumps(sandbox_probe.probe_self()).encode())
         return 0
     lc_ctype = None
     if len(args) > 1 and args[1].startswith("--lc-ctype="):

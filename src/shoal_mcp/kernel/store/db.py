@@ -70,6 +70,8 @@ CREATE TABLE IF NOT EXISTS session_overlays (  -- a sandboxed principal's own ch
     unsets BLOB NOT NULL,     -- NUL-separated names removed from it
     PRIMARY KEY (session, principal)
 );
+-- a search across runs in every session walks outputs newest first (values/find.py)
+CREATE INDEX IF NOT EXISTS transcript_ts ON transcript(ts, session, n);
 """
 
 MIGRATIONS = {

@@ -202,10 +202,20 @@ def _too_slow() -> RpcError:
     )
 
 
-def search(reader: Reader, start: int, end: int, first_line: int, spec: MatchSpec) -> Found:
-    """Search bytes ``[start, end)`` (whose first line is line ``first_line``, 0-based)."""
+def search(
+    reader: Reader,
+    start: int,
+    end: int,
+    first_line: int,
+    spec: MatchSpec,
+    matcher: Matcher | None = None,
+) -> Found:
+    """Search bytes ``[start, end)`` (whose first line is line ``first_line``, 0-based).
+
+    ``matcher``: ``spec`` compiled once by a caller that searches many values."""
     allowed = MATCH_DEADLINE_S + (end - start) / MATCH_DEADLINE_BYTES_PER_S
-    scan = _Scan(compile_matcher(spec), spec, time.monotonic() + allowed)
+    matcher = compile_matcher(spec) if matcher is None else matcher
+    scan = _Scan(matcher, spec, time.monotonic() + allowed)
     scan.run(reader, start, end, first_line)
     if spec.context:
         for hit in scan.found.hits:

@@ -22,6 +22,8 @@ from ..access.identity import Principal
 from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder
+from .find import Finder
+from .find_reply import find_query, find_reply
 from .match import MatchSpec
 from .outputs import SharedOutputs
 from .render import Renderer, raw_page
@@ -83,6 +85,13 @@ class ValueService:
 
     def match(self, sel: Selected, spec: MatchSpec) -> dict:
         return match_reply(sel.ref, sel.base_uri, sel.node, sel.path, spec, sel.resolver.hydrate)
+
+    def find(self, who: Principal, params: dict) -> dict:
+        """A search across every stored output ``who`` could read one by one (ref
+        ``outputs``): own outputs, everyone's with ``journal_read = "all"``."""
+        query = find_query(who, params, self.reads_all(who.principal))
+        found = Finder(self.transcript.db, self.resolver.cas, query).run()
+        return find_reply(params, query, found, who.session)
 
     def encode(self, sel: Selected, elide: ElideOptions) -> dict:
         # The encoder budgets values, not the previews inside refs (preview_chars x

@@ -12,6 +12,7 @@ from ....protocol.limits import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
 from ....protocol.params import BLOB_GET, VALUE_GET
 from ....protocol.schema import validate
 from ...values.elision import ElideOptions
+from ...values.find_reply import is_outputs_ref, refuse_find_params
 from ...values.match import MatchSpec
 from ...values.resolver import LinesView, json_slot
 from ...values.selectors import format_path
@@ -52,6 +53,9 @@ def with_uri_query(params: dict) -> dict:
 @method("value.get", VALUE_GET, blocking=True)
 def value_get(call: Call, params: dict) -> dict:
     params = with_uri_query(params)
+    if is_outputs_ref(params["ref"]):  # find across runs (docs/protocol.md, Find)
+        return call.kernel.values.find(call.who, params)
+    refuse_find_params(params)
     # A `.json` selection holds a parse slot until its reply is built: the parsed tree
     # lives that long, and the slots bound how many such trees exist at once.
     parses = ".json" in params["ref"] + (params.get("path") or "")
