@@ -36,6 +36,10 @@ ELIDE_PREVIEW_ITEMS = 5
 ELIDE_PREVIEW_CHARS = 256
 ELIDE_RENDER_HEAD = 10
 STDERR_TAIL_BYTES = 2 * KiB
+STDERR_DENIALS_BYTES = 16 * KiB
+"""The end of a failed sandboxed exec's stderr read for what the sandbox refused."""
+SANDBOX_DENIED_MAX = 32
+"""Most ``sandbox_denied`` entries one reply lists."""
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""

@@ -167,7 +167,34 @@ PLAN_APPLY = closed(
 )
 CAP_REQUEST = closed({"plan_ref": PLAN_REF, "effects": EFFECT_KINDS}, ("plan_ref",))
 CAP_DECIDE = closed(
-    {"plan_ref": PLAN_REF, "approve": BOOL, "effects": EFFECT_KINDS}, ("plan_ref", "approve")
+    {
+        "plan_ref": PLAN_REF,
+        "approve": BOOL,
+        "effects": EFFECT_KINDS,
+        "targets": {
+            "type": "array",
+            "maxItems": 256,
+            "items": {"type": "string", "minLength": 1, "maxLength": 4200},
+            "description": "approve only these of the plan's targets (kind:target)",
+        },
+        "unconfined": {
+            "type": "boolean",
+            "description": "run it once without the sandbox (required for opaque plans)",
+        },
+        "scope": {
+            "type": "string",
+            "enum": ["once", "session"],
+            "description": "session: its targets stay granted in the session until revoked",
+        },
+    },
+    ("plan_ref", "approve"),
+)
+GRANTS_REVOKE = closed(
+    {
+        "principal": {"type": "string", "minLength": 1, "maxLength": 256},
+        "target": {"type": "string", "minLength": 1, "maxLength": 4200},
+    },
+    ("principal",),
 )
 
 VALUE_GET = closed(
@@ -312,6 +339,8 @@ PARAMS: dict[str, dict] = {
     "plan.apply": PLAN_APPLY,
     "cap.request": CAP_REQUEST,
     "cap.decide": CAP_DECIDE,
+    "grants.list": NONE,
+    "grants.revoke": GRANTS_REVOKE,
     "value.get": VALUE_GET,
     "blob.get": BLOB_GET,
     "task.list": TASK_LIST,

@@ -112,6 +112,7 @@ class Confinement:
         *,
         ttys: tuple[str, ...] = (),
         also_read: tuple[str, ...] = (),
+        also_write: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The spec for one process of ``policy``'s principal, or None when unconfined.
         ``also_read``: exact kernel-made paths it may read even inside the state dir
@@ -120,13 +121,13 @@ class Confinement:
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
-        key = (policy.principal, policy.grant_key(), ttys, also_read)
+        key = (policy.principal, policy.grant_key(), ttys, also_read, also_write)
         now = time.monotonic()
         with self._lock:
             cached = self._specs.get(key)
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
-        spec = self._fit_network(self._build(policy, ttys, also_read))
+        spec = self._fit_network(self._build(policy, ttys, also_read, also_write))
         with self._lock:
             for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
                 del self._specs[stale]  # bounded: PTY specs differ by terminal
@@ -134,7 +135,11 @@ class Confinement:
         return spec
 
     def _build(
-        self, policy: PrincipalPolicy, ttys: tuple[str, ...], also_read: tuple[str, ...]
+        self,
+        policy: PrincipalPolicy,
+        ttys: tuple[str, ...],
+        also_read: tuple[str, ...],
+        also_write: tuple[str, ...],
     ) -> SandboxSpec:
         try:
             return policy.sandbox_spec(
@@ -142,6 +147,7 @@ class Confinement:
                 forbidden=self.forbidden,
                 ttys=ttys,
                 also_read=also_read,
+                also_write=also_write,
                 view_scratch=self._scratch,
                 protect=self.protect,
                 max_procs=SANDBOX_MAX_PROCS,

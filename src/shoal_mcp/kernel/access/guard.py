@@ -58,12 +58,17 @@ class Guard:
         *,
         ttys: tuple[str, ...] = (),
         also_read: tuple[str, ...] = (),
+        also_write: tuple[str, ...] = (),
         project: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The sandbox for one process ``principal`` starts, or None when unconfined;
-        ``also_read``: kernel-made paths it may read (``$SHOAL_OUT``)."""
+        ``also_read``/``also_write``: paths it may read (``$SHOAL_OUT``, approved
+        secrets) or write (approved targets) besides its grants."""
         return self.confinement.spec_for(
-            self.for_principal(principal, project), ttys=ttys, also_read=also_read
+            self.for_principal(principal, project),
+            ttys=ttys,
+            also_read=also_read,
+            also_write=also_write,
         )
 
     def isolated(self, principal: str) -> bool:

@@ -460,6 +460,10 @@ class PrincipalPolicy:
                 reasons.append(f"auto_apply = reversible and the plan is {reversibility}")
         return Verdict(worst, reasons, ungranted[:MAX_REASONS])
 
+    def grants(self, kind: str, target: str) -> bool:
+        """Whether ``fs.read|write|delete`` (``kind`` ``fs_…``) covers ``target``."""
+        return self.permissive or any(p.covers(target) for p in self._fs[kind])
+
     def _decide(self, kind: str, target: str, enforcing: bool) -> tuple[str | None, str]:
         """(allow|ask|deny, why) for a settled effect, or (None, why) when ungranted."""
         if kind == "opaque":
