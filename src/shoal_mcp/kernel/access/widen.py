@@ -32,8 +32,9 @@ class Widening:
     write: tuple[str, ...] = ()
     read: tuple[str, ...] = ()
     refused: tuple[dict, ...] = ()
-    created: tuple[str, ...] = field(default=(), compare=False)
-    """Placeholders the kernel made for new files (removed if still empty afterwards)."""
+    created: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
+    """Placeholders the kernel made for new files, with their inode and mtime: removed
+    afterwards if the command never touched them."""
 
     @property
     def empty(self) -> bool:
@@ -64,7 +65,7 @@ def widening(
     write: list[str] = []
     read: list[str] = []
     refused: list[dict] = []
-    created: list[str] = []
+    created: list[tuple[str, int, int]] = []
     for effect in effects:
         kind, target = effect.get("kind"), str(effect.get("target", ""))
         if kind not in ("fs_write", "fs_read", "fs_delete", "net_connect"):
@@ -85,8 +86,9 @@ def widening(
                 except OSError as e:
                     refused.append({**effect, "why": f"cannot create it: {e.strerror}"})
                     continue
+                st = os.fstat(fd)
                 os.close(fd)
-                created.append(path)
+                created.append((path, st.st_ino, st.st_mtime_ns))
                 write.append(path)
             else:
                 refused.append({**effect, "why": "does not exist, nor does its directory"})
@@ -104,11 +106,12 @@ def widening(
     )
 
 
-def remove_unused(created: Iterable[str]) -> None:
-    """Placeholders the command did not write: gone again (a non-empty one stays)."""
-    for path in created:
+def remove_unused(created: Iterable[tuple[str, int, int]]) -> None:
+    """Placeholders the command never touched (same file, empty, same mtime): gone again."""
+    for path, ino, mtime_ns in created:
         try:
-            if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == 0:
+            st = os.lstat(path)
+            if (st.st_ino, st.st_mtime_ns, st.st_size) == (ino, mtime_ns, 0):
                 os.unlink(path)
         except OSError:
             pass

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from ..access.identity import Principal
 from ..access.plans import Plan, PlanStore, plan_ref
 from ..access.widen import Widening
 from ..effects import analyzer
-from ..store.sessions import env_digest
 
 if TYPE_CHECKING:
     from ..access.guard import Guard
@@ -87,10 +85,12 @@ class Escalation:
 
     # -- applying an approved plan --------------------------------------------------------
 
-    def for_apply(self, who: Principal, plan: Plan, project: tuple[str, ...]) -> Widening | None:
-        """The extra grants of this apply (None: nothing to widen: not approved, or the
-        principal is not confined)."""
-        if plan.state != "approved" or not self.guard.isolated(who.principal):
+    def for_apply(
+        self, who: Principal, plan: Plan, project: tuple[str, ...], *, approved: bool
+    ) -> Widening | None:
+        """The extra grants of this apply of ``plan`` (``approved``: a human approved it);
+        None when nothing widens: not approved, or the principal is not confined."""
+        if not approved or not self.guard.isolated(who.principal):
             return None
         policy = self.guard.for_principal(who.principal, project)
         extra = widen.widening(
@@ -116,24 +116,25 @@ class Escalation:
         self,
         who: Principal,
         src: str,
-        start_state: tuple[str, dict[str, str]],
+        judged: tuple[analyzer.Analysis, str, str],
+        home: str,
         err_tail: bytes,
         project: tuple[str, ...],
         store: Callable[[Plan], Plan],
     ) -> dict:
-        """The reply's ``sandbox_denied`` and ``ask`` for a failed run of ``src`` that
-        started in ``start_state`` (empty when the sandbox refused nothing)."""
-        cwd, env = start_state
-        analysis = analyzer.analyze(src, cwd, env.get("HOME"))
+        """The reply's ``sandbox_denied`` and ``ask`` for a failed run whose source is
+        ``judged`` (its analysis, the session's cwd and env hash now, which an apply
+        of the plan is checked against); empty when the sandbox refused nothing."""
+        analysis, cwd, env_hash = judged
         found, plan = self.denied(
             who,
             src=src,
             cwd=cwd,
-            env_hash=env_digest(env),
+            env_hash=env_hash,
             effects=analysis.effects,
             reversibility=analysis.reversibility,
             err_tail=err_tail,
-            home=env.get("HOME") or os.path.expanduser("~"),
+            home=home,
             project=project,
         )
         if plan is None:

@@ -163,7 +163,9 @@ class ExecService:
         # What the approval grants this one run (access/widen.py), or an explicit
         # unconfined run.
         grants = RunGrants(
-            self.escalation.for_apply(who, plan, self.project_of(who)),
+            self.escalation.for_apply(
+                who, plan, self.project_of(who), approved=previous == APPROVED
+            ),
             unconfined=previous == APPROVED and plan.unconfined,
         )
         try:
@@ -510,11 +512,13 @@ class ExecService:
         assert task.result is not None
         err = self.values.select(who, task.result["ref"], ".err", None).node
         tail = err.read(max(0, err.size - STDERR_DENIALS_BYTES))
+        home = task.start_state[1].get("HOME") or os.path.expanduser("~")
         result.update(
             self.escalation.explain(
                 who,
                 task.src,
-                task.start_state,
+                self.analyze(who, task.src),
+                home,
                 tail,
                 self.project_of(who),
                 lambda plan: self.plans.put(plan, self._plan_budget(who)),
