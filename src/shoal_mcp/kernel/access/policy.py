@@ -8,7 +8,9 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     env_write   = []
     session_write = true               may `cd` (default true: cwd is the agent's own)
     auto_apply  = "in-grant"           never | in-grant | reversible (default in-grant)
-    ungranted   = "deny"               effect outside the grants: deny | ask (default deny)
+    ungranted   = "deny"               effect outside the grants: deny | ask | sandbox
+                                       (default deny; sandbox: run it confined, the
+                                       sandbox refuses it and says what to ask for)
     opaque      = "deny"               deny | ask | allow | sandbox (default: see below)
     sandbox     = true                 run this principal's processes in the OS sandbox
     approver    = false
@@ -79,7 +81,7 @@ MAX_REASONS = 100
 _LIST_KEYS = ("proc_spawn", "net_connect", "env_read", "env_write")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "auto_apply": ("never", "in-grant", "reversible"),
-    "ungranted": (DENY, ASK),
+    "ungranted": (DENY, ASK, SANDBOX),
     "opaque": (DENY, ASK, ALLOW, SANDBOX),
     "journal_read": ("own", "all"),
     "tasks_read": ("own", "all"),
@@ -123,7 +125,7 @@ _AGENT_DEFAULTS: dict[str, Any] = {
     "proc_spawn": ("*",),
     "env_read": ("*",),
     "env_write": ("*", "PATH", "VIRTUAL_ENV"),
-    "ungranted": ASK,
+    "ungranted": SANDBOX,
     "fs_read": ("/**",),
     "fs_write": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
     "fs_delete": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
@@ -445,7 +447,11 @@ class PrincipalPolicy:
             if decision is None:
                 ungranted.append(e)
                 decision = self._s["ungranted"]
-                why = f"{why} (ungranted = {decision})"
+                if decision == SANDBOX:
+                    # Runs confined: the sandbox refuses it, and the reply's sandbox_denied
+                    # names what to ask for.  Without an enforcing sandbox: ask.
+                    decision = ALLOW if enforcing and self.sandboxed else ASK
+                why = f"{why} (ungranted = {self._s['ungranted']})"
             if decision != ALLOW and len(reasons) < MAX_REASONS:
                 reasons.append(f"{kind} {target}: {why}")
             if _RANK[decision] > _RANK[worst]:
