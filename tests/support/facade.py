@@ -68,9 +68,10 @@ class FacadeProcess:
         env: dict[str, str],
         cwd: str | Path | None = None,
         stderr: int | IO[bytes] = subprocess.PIPE,
+        command: list[str] | None = None,
     ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.facade"],
+            command or [sys.executable, "-m", "shoal_mcp.facade"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -130,12 +131,17 @@ class FacadeProcess:
 class RawFacade(FacadeProcess):
     """``shoal-mcp`` over raw pipes: write bytes, read parsed frames, keep every line."""
 
-    def __init__(self, env: dict[str, str], cwd: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        cwd: str | Path | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.lines: list[bytes] = []
         self.messages: queue.Queue[dict] = queue.Queue()
         self.stderr = bytearray()
         self._ids = iter(range(1000, 10**9))
-        super().__init__(env, cwd)
+        super().__init__(env, cwd, command=command)
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
     def on_line(self, line: bytes) -> None:

@@ -112,10 +112,14 @@ def _paths(line: str, cwd: str, home: str) -> list[str]:
 def _path_denial(
     path: str, refused: bool, writable: Callable[[str], bool], hidden: tuple[str, ...]
 ) -> dict | None:
-    in_hidden = any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden)
-    if in_hidden and os.path.lexists(path):
-        return {"access": "read", "path": path, "source": "os"}
-    if refused and not in_hidden and not writable(path):
+    if any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden):
+        # The view hides it: a secret that exists on the host was to be read (its file
+        # is an unreadable stand-in, its directory an empty one); one that does not was
+        # to be written.
+        if os.path.lexists(path):
+            return {"access": "read", "path": path, "source": "os"}
+        return {"access": "write", "path": path, "source": "os"} if refused else None
+    if refused and not writable(path):
         return {"access": "write", "path": path, "source": "os"}
     return None
 
