@@ -12,8 +12,8 @@ only what the sandbox explains:
 * a host it could not reach from a tree with no network of its own:
   ``{"access": "connect", "host": …, "port": …, "source": "os"}`` (the port from the
   command's predicted effects where they name that host);
-* what the analysis predicted outside the grants, only when the OS said one of the
-  above too: ``"source": "predicted"``.
+* what the analysis predicted outside the grants, only when the OS refused something
+  its message does not name: ``"source": "predicted"``.
 
 Never a denial that did not happen: a failure whose stderr says none of these (a file
 that does not exist, a test that failed, a permission the sandbox does not cause inside
@@ -35,6 +35,11 @@ _REFUSED = re.compile(
     re.IGNORECASE,
 )
 _MISSING = re.compile(r"no such file or directory|\bENOENT\b", re.IGNORECASE)
+_BEFORE_ERROR = re.compile(
+    r"(?:^|: )([^:\s'\"`][^:'\"`]*?): (?:read-only file system|permission denied|"
+    r"operation not permitted|no such file or directory)",
+    re.IGNORECASE,
+)
 _QUOTED_PATH = re.compile(r"""['"`‘’]((?:/|~/|\./|\.\./)[^'"`‘’\n]*)['"`‘’]""")
 _BARE_PATH = re.compile(r"(?:^|[\s:(])((?:/|~/)[^\s:'\"`,)]+)")
 _HOST = re.compile(
@@ -69,10 +74,13 @@ def find(
     sandbox's doing)."""
     hidden = tuple(hidden)
     found: dict[tuple, dict] = {}
+    refusal_said = False
     for line in stderr_tail.splitlines():
         refused, missing = _REFUSED.search(line), _MISSING.search(line)
-        if refused or missing:
-            for path in _paths(line, cwd, home):
+        refusal_said = refusal_said or refused is not None
+        said = refused or missing
+        if said:
+            for path in _paths(line, said.start(), cwd, home):
                 entry = _path_denial(path, refused is not None, writable, hidden)
                 if entry is not None:
                     found.setdefault(("path", entry["access"], path), entry)
@@ -83,21 +91,25 @@ def find(
                 if port is not None:
                     entry["port"] = port
                 found.setdefault(("host", host), entry)
-    if found:
-        for entry in _predicted(predicted, writable, hidden, own_network):
-            key = (
-                ("host", entry["host"])
-                if "host" in entry
-                else ("path", entry["access"], entry["path"])
-            )
-            found.setdefault(key, entry)
+    if not found and refusal_said:
+        # The OS refused something its message does not name: the analysis's targets
+        # outside the grants, marked as predicted.
+        return _predicted(predicted, writable, hidden, own_network)[:SANDBOX_DENIED_MAX]
     return list(found.values())[:SANDBOX_DENIED_MAX]
 
 
-def _paths(line: str, cwd: str, home: str) -> list[str]:
+def _paths(line: str, said_at: int, cwd: str, home: str) -> list[str]:
+    """The paths an error line is about: every quoted one; else the unquoted one right
+    before the error text (``bash: line 1: /x: Read-only file system``: not the
+    program's own path at the start), else the first one after it."""
     raw = [m.group(1) for m in _QUOTED_PATH.finditer(line)]
     if not raw:
-        raw = [m.group(1) for m in _BARE_PATH.finditer(line)]
+        raw = [m.group(1) for m in _BEFORE_ERROR.finditer(line) if "/" in m.group(1)]
+    if not raw:
+        bare = list(_BARE_PATH.finditer(line))
+        before = [m for m in bare if m.end(1) <= said_at]
+        after = [m for m in bare if m.start(1) >= said_at]
+        raw = [before[-1].group(1)] if before else [after[0].group(1)] if after else []
     out = []
     for p in raw:
         p = p.rstrip(".;")

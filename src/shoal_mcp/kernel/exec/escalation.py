@@ -106,9 +106,22 @@ class Escalation:
 
     def hidden(self, who: Principal, project: tuple[str, ...]) -> tuple[str, ...]:
         """What the principal's view hides (secrets, the kernel's dirs)."""
+        return self._view_list(who, project, "hide")
+
+    def writable(self, who: Principal, project: tuple[str, ...]) -> Callable[[str], bool]:
+        """Whether the principal's sandbox lets it write a path: its grants, minus what
+        the view keeps read-only whatever they say (the trusted base, git hooks)."""
+        policy = self.guard.for_principal(who.principal, project)
+        protected = self._view_list(who, project, "protect")
+        return lambda p: (
+            policy.grants("fs_write", p)
+            and not any(p == q or p.startswith(q.rstrip("/") + "/") for q in protected)
+        )
+
+    def _view_list(self, who: Principal, project: tuple[str, ...], key: str) -> tuple[str, ...]:
         spec = self.guard.sandbox_spec(who.principal, project=project)
         view = spec.view if spec is not None else None
-        return tuple(view["hide"]) if view else ()
+        return tuple(view[key]) if view else ()
 
     # -- after a failed sandboxed exec ----------------------------------------------------
 
@@ -171,7 +184,7 @@ class Escalation:
             err_tail[-STDERR_DENIALS_BYTES:].decode("utf-8", "replace"),
             cwd=cwd,
             home=home,
-            writable=lambda p: policy.grants("fs_write", p),
+            writable=self.writable(who, project),
             hidden=self.hidden(who, project),
             predicted=effects,
             own_network=not policy.net_grants,
