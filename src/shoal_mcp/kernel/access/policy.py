@@ -67,14 +67,14 @@ from .budgets import (
     BudgetValueError,
     check_budget_value,
     kernel_budgets,
-    local_defaults,
-    token_defaults,
 )
+from .profiles import AGENT_DEFAULTS as _AGENT_DEFAULTS
+from .profiles import ALLOW, ASK, DENY, SANDBOX
+from .profiles import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
+from .profiles import TOKEN_DEFAULTS as _TABLE_DEFAULTS
 from .sandbox import SandboxSpec
 from .sandbox_build import build_spec
 
-ALLOW, ASK, DENY = "allow", "ask", "deny"
-SANDBOX = "sandbox"  # opaque work runs inside the OS sandbox (when it enforces)
 _RANK = {ALLOW: 0, ASK: 1, DENY: 2}
 MAX_REASONS = 100
 
@@ -91,45 +91,6 @@ _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
 
-_TABLE_DEFAULTS: dict[str, Any] = {
-    "auto_apply": "in-grant",
-    "ungranted": DENY,
-    "opaque": None,  # unset: decided by opaque_mode() from sandbox and enforcement
-    "sandbox": True,
-    "approver": False,
-    "journal_read": "own",
-    "tasks_read": "own",
-    "session_write": True,
-    "max_tasks": 8,
-    "max_ptys": 2,
-    "max_subscriptions": 16,
-    **token_defaults(),
-}
-_LOCAL_DEFAULTS: dict[str, Any] = {
-    **_TABLE_DEFAULTS,
-    "sandbox": False,
-    "approver": True,
-    "journal_read": "all",
-    "tasks_read": "all",
-    "max_tasks": 64,
-    "max_ptys": 16,
-    "max_subscriptions": 256,
-    **local_defaults(),
-}
-_AGENT_DEFAULTS: dict[str, Any] = {
-    **_TABLE_DEFAULTS,
-    # The default agent (AGENT_PRINCIPAL, an MCP client without a token): anything may
-    # run, confined; it reads what the user can read (the view hides the secrets and the
-    # kernel), writes its project, its temp dir and ~/.cache; no network; what falls
-    # outside asks the human (docs/security.md, "The default agent").
-    "proc_spawn": ("*",),
-    "env_read": ("*",),
-    "env_write": ("*", "PATH", "VIRTUAL_ENV"),
-    "ungranted": SANDBOX,
-    "fs_read": ("/**",),
-    "fs_write": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
-    "fs_delete": (f"{PROJECT_PLACEHOLDER}/**", "~/.cache/**"),
-}
 _SYSTEM_BIN = frozenset(
     {
         "/bin",

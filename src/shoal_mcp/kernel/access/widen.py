@@ -73,12 +73,13 @@ def widening(
         if wanted is not None and target_of(effect) not in wanted:
             continue
         path = target[:-3] if target.endswith("/**") else target
-        if kind == "fs_write" and path.startswith("/"):
+        real = os.path.realpath(path) if path.startswith("/") else path
+        if kind.startswith("fs_") and any(_under(real, f) or _under(f, real) for f in forbidden):
+            refused.append({**effect, "why": "the kernel's own directories"})
+        elif kind == "fs_write" and path.startswith("/"):
             if writable(path):
                 continue
-            if any(_under(os.path.realpath(path), f) for f in forbidden):
-                refused.append({**effect, "why": "inside the kernel's own directories"})
-            elif os.path.lexists(path):
+            if os.path.lexists(path):
                 write.append(os.path.realpath(path))
             elif create and not target.endswith("/**") and os.path.isdir(os.path.dirname(path)):
                 try:
