@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
-from . import sandbox_probe
+from . import namespaces, sandbox_probe
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec
 from .sandbox_probe import SandboxSupport
@@ -76,6 +76,8 @@ class Confinement:
                 + (support.reason or "Landlock or the unix-socket filter did not enforce")
             )
         self._tmp_root = _fresh_private_dir(tmp_root) if tmp_root else None
+        if self.enforcing and support.view:
+            namespaces.remove_stale_cgroups()
         self.protect = tuple(protect)
         self._scratch: str | None = None
         if self.enforcing and support.view and self._tmp_root:
@@ -128,6 +130,8 @@ class Confinement:
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
         spec = self._fit_network(self._build(policy, ttys, also_read, also_write))
+        if not all(os.path.exists(p) for p in also_read):
+            return spec  # made later (a session's $SHOAL_OUT): not kept without it
         with self._lock:
             for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
                 del self._specs[stale]  # bounded: PTY specs differ by terminal
@@ -204,13 +208,20 @@ def trusted_base(policy_path: Path | None) -> tuple[str, ...]:
     """What no sandboxed process may change, whatever its grants: the package (the
     kernel restarts from it), the interpreter's prefix (a venv's ``site-packages`` and
     ``.pth`` files run at the next start), the policy and the kernel's config dir."""
+    import site
     import sys
 
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [package, sys.prefix, os.path.join(paths_config_home(), "shoal")]
+    # Everything the kernel imports from at its next start: PYTHONPATH and site dirs
+    # (a planted sitecustomize.py or a patched dependency would run there), the user's
+    # site-packages and their .pth files.  Not sys.path[0]: the script's directory, or
+    # the directory ``python -m`` was started in (maybe the very project an agent works in).
+    paths += [p for p in sys.path[1:] if p and os.path.isdir(p)]
+    paths.append(site.getusersitepackages())
     if policy_path is not None:
         paths.append(str(policy_path))
-    return tuple(os.path.realpath(p) for p in paths)
+    return tuple(sorted({os.path.realpath(p) for p in paths}))
 
 
 def paths_config_home() -> str:

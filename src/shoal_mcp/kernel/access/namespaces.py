@@ -80,6 +80,21 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 
+USER_NS_LIMITS = {
+    "max_inotify_instances": 16,
+    "max_inotify_watches": 65536,
+    "max_user_namespaces": 0,
+    "max_mnt_namespaces": 0,
+    "max_net_namespaces": 0,
+}
+"""Per-user-namespace limits set in a sandbox's own user namespace (``/proc/sys/user``).
+Those counts are charged to the uid's in the namespaces above too, so without them one
+agent could hold the uid's 128 inotify instances and break the human's editor; and no
+tree needs namespaces of its own (seccomp refuses them as well)."""
+
+CGROUP_REMOVE_TRIES = 100
+"""How many times (10 ms apart) a relay tries to remove its tree's emptied cgroup."""
+
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx")
 """Device nodes the view's ``/dev`` has (bound from the host's); plus ``pts``, ``shm``."""
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
@@ -177,12 +192,14 @@ class View:
     ``scratch``: an existing empty directory of ours where the view is assembled (a
     mount point only: nothing is written there on disk).  ``write``: paths bound back
     read-write.  ``hide``: directories and files replaced by empty read-only ones.
-    ``protect``: paths bound read-only again over any write grant.  ``reveal``: paths
-    inside hidden directories bound back as they are (read-write where they are in
-    ``write`` too, else read-only).
+    ``pin``: paths bound onto themselves, read-write: a mount point cannot be renamed or
+    removed, so a ``.git`` cannot be moved aside and replaced by one without its
+    protections.  ``protect``: paths bound read-only again over any write grant.
+    ``reveal``: paths inside hidden directories bound back as they are (read-write where
+    they are in ``write`` too, else read-only).
     """
 
-    __slots__ = ("scratch", "write", "hide", "protect", "reveal")
+    __slots__ = ("scratch", "write", "hide", "protect", "reveal", "pin")
 
     def __init__(
         self,
@@ -191,10 +208,12 @@ class View:
         hide: tuple[str, ...] = (),
         protect: tuple[str, ...] = (),
         reveal: tuple[str, ...] = (),
+        pin: tuple[str, ...] = (),
     ) -> None:
         self.scratch = scratch
         self.write, self.hide = tuple(write), tuple(hide)
         self.protect, self.reveal = tuple(protect), tuple(reveal)
+        self.pin = tuple(pin)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -223,6 +242,9 @@ def build_view(view: View) -> None:
     _mount("/", root, None, _MS_BIND | _MS_REC)
     _setattr(root, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True)
     for path in view.write:
+        if os.path.lexists(path):
+            _bind(path, root + path, writable=True)
+    for path in view.pin:
         if os.path.lexists(path):
             _bind(path, root + path, writable=True)
     for path in view.hide:
@@ -274,6 +296,15 @@ def _hide(target: str, path: str, empty: str, view: View) -> None:
     _setattr(target, _MOUNT_ATTR_RDONLY, recursive=False)
 
 
+def _limit_user_namespace() -> None:
+    """:data:`USER_NS_LIMITS` in this user namespace (after the view: its own /proc)."""
+    for name, value in USER_NS_LIMITS.items():
+        try:
+            _write_file(f"/proc/sys/user/{name}", str(value))
+        except FileNotFoundError:
+            continue  # a kernel without that limit
+
+
 def _make_dev(root: str) -> None:
     dev = root + "/dev"
     _mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
@@ -295,7 +326,61 @@ def _make_dev(root: str) -> None:
 # --- entering: the relay, the namespace's init ---------------------------------------
 
 
-def enter(flags: int, view: View | None, *, init: bool) -> None:
+def pids_cgroup(limit: int) -> tuple[str, int] | None:
+    """A new cgroup of the pids controller with ``pids.max`` = ``limit``, this process in
+    it, and a descriptor of the cgroup directory it was in (the new one's parent: the
+    relay moves back and removes the new one through it, since the namespace's view,
+    which the relay shares after ``pivot_root``, has /sys read-only); None where none can
+    be made (not root; no pids controller).  For a root kernel: ``RLIMIT_NPROC`` does not bind uid 0, so a fork
+    bomb would be bounded by nothing else.  (An unprivileged kernel's trees are bounded
+    by ``RLIMIT_NPROC`` in their own user namespace.)"""
+    if os.geteuid() != 0 or limit <= 0:
+        return None
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in fh]
+    except OSError:
+        return None
+    here = None
+    for _hid, controllers, path in lines:
+        if "pids" in controllers.split(",") and os.path.isdir("/sys/fs/cgroup/pids"):
+            here = "/sys/fs/cgroup/pids" + path.rstrip("/")  # cgroup v1
+            break
+    if here is None:
+        root = "/sys/fs/cgroup"
+        v2 = next((p for h, c, p in lines if h == "0" and c == ""), None)
+        try:
+            with open(f"{root}/cgroup.controllers") as fh:
+                has_pids = "pids" in fh.read().split()
+        except OSError:
+            has_pids = False
+        if v2 != "/" or not has_pids:
+            return None  # v2 below the root: the no-internal-processes rule is in the way
+        here = root
+    name = f"shoal-{os.getpid()}"
+    try:
+        parent = os.open(here, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+        _write_at(parent, f"{name}/pids.max", str(limit))
+        _write_at(parent, f"{name}/cgroup.procs", str(os.getpid()))
+    except OSError:
+        os.close(parent)
+        return None
+    return name, parent
+
+
+def _write_at(dir_fd: int, rel: str, text: str) -> None:
+    fd = os.open(rel, os.O_WRONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def enter(flags: int, view: View | None, *, init: bool, max_procs: int = 0) -> None:
     """Move the calling (single-threaded) process's future into new namespaces.
 
     Returns in a new process inside them, with the view built when given; the calling
@@ -307,12 +392,20 @@ def enter(flags: int, view: View | None, *, init: bool) -> None:
     reason on stderr.
     """
     uid, gid = os.geteuid(), os.getegid()
+    cgroup = pids_cgroup(max_procs)  # joined here: the namespace's processes inherit it
     unshare(flags)
     if flags & CLONE_NEWUSER:
         map_own_ids(uid, gid)
     pid = os.fork()
     if pid:
-        _relay(pid)  # never returns
+        if cgroup is not None:
+            try:  # the relay itself counts for nothing there; it removes it at the end
+                _write_at(cgroup[1], "cgroup.procs", str(os.getpid()))
+            except OSError:
+                cgroup = None
+        _relay(pid, cgroup)  # never returns
+    if cgroup is not None:
+        os.close(cgroup[1])
     try:
         # The relay gone (killed), this init goes too, and the namespace with it.  (Its
         # parent is outside the pid namespace: getppid() says 0, so no race check here;
@@ -322,6 +415,7 @@ def enter(flags: int, view: View | None, *, init: bool) -> None:
             loopback_up()
         if view is not None:
             build_view(view)
+            _limit_user_namespace()
     except BaseException as e:  # noqa: BLE001 - a forked child must never return here
         os.write(2, f"shoal sandbox: {e}\n".encode(errors="replace"))
         os._exit(125)
@@ -331,14 +425,17 @@ def enter(flags: int, view: View | None, *, init: bool) -> None:
             _relay(child)
 
 
-def _relay(child: int) -> None:
+def _relay(child: int, cgroup: tuple[str, int] | None = None) -> None:
     """Wait for ``child`` (reaping any other child on the way) and end like it: its exit
-    code, or death by its signal.  Never returns."""
+    code, or death by its signal; ``cgroup`` (name, parent descriptor), emptied with it,
+    is removed.  Never returns."""
     import _signal
 
     # Only the child's ends of pipes and sockets count: a relay holding a copy would keep
     # an EOF (a spawn error pipe, the kernel's control socket) from ever arriving.
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    keep = cgroup[1] if cgroup is not None else os.sysconf("SC_OPEN_MAX")
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
     for sig in (_signal.SIGINT, _signal.SIGQUIT, _signal.SIGTSTP, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # a terminal's signals are the program's
     while True:
@@ -350,6 +447,8 @@ def _relay(child: int) -> None:
             continue
         if pid == child:
             break
+    if cgroup is not None:
+        _remove_cgroup(cgroup)
     code = os.waitstatus_to_exitcode(status)
     if code >= 0:
         os._exit(code)
@@ -360,6 +459,35 @@ def _relay(child: int) -> None:
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [-code])
     os.kill(os.getpid(), -code)
     os._exit(128 - code)
+
+
+def _remove_cgroup(cgroup: tuple[str, int]) -> None:
+    """Remove an emptied cgroup.  The pid namespace dies with its init, but its last
+    processes are reaped a moment later: wait for that, briefly (a leftover empty cgroup
+    is removed by the next kernel's start, ``remove_stale_cgroups``)."""
+    import time
+
+    name, parent = cgroup
+    for _ in range(CGROUP_REMOVE_TRIES):
+        try:
+            os.rmdir(name, dir_fd=parent)
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def remove_stale_cgroups() -> None:
+    """Empty ``shoal-*`` pids cgroups of relays that could not remove their own."""
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        try:
+            names = [n for n in os.listdir(base) if n.startswith("shoal-")]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                os.rmdir(f"{base}/{name}")
+            except OSError:
+                pass  # still in use, or not ours to remove
 
 
 def supported_flags(private_net: bool) -> int:

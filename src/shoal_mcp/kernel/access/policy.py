@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -91,6 +92,12 @@ _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
 
+SECRET_ENV = re.compile(
+    r"SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL"
+    r"|^SSH_AUTH_SOCK$|^GPG_AGENT_INFO$|^SSH_AGENT_PID$",
+    re.IGNORECASE,
+)
+"""Environment names that carry secrets (docs/security.md)."""
 _SYSTEM_BIN = frozenset(
     {
         "/bin",
@@ -375,6 +382,19 @@ class PrincipalPolicy:
 
     def env_readable(self, name: str) -> bool:
         return self.permissive or self._env["env_read"].match(name)
+
+    def confined_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment this (sandboxed) principal's processes start with: only names
+        ``env_read`` grants, and no secret-looking one (``SECRET_ENV``: tokens, keys,
+        passwords, agent sockets) unless granted by its exact name.  The kernel's own
+        environment (the human's shell's) seeds every session: without this, a token in
+        it would be one ``env`` away."""
+        exact = set(self._s.get("env_read", ()))
+        return {
+            k: v
+            for k, v in env.items()
+            if self.env_readable(k) and (k in exact or not SECRET_ENV.search(k))
+        }
 
     @property
     def env_write_grants(self) -> tuple[str, ...]:

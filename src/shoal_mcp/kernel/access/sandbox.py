@@ -261,6 +261,7 @@ def enter_namespaces(spec: SandboxSpec, *, init: bool) -> None:
         namespaces.supported_flags(spec.private_net),
         namespaces.View.from_dict(spec.view),
         init=init,
+        max_procs=spec.max_procs,
     )
 
 

@@ -82,8 +82,14 @@ HOME_SECRETS = (
 keys, credentials and tokens, keyrings, browser profiles, shell histories.  In the
 namespaced view each one that exists is replaced by an empty read-only directory or
 file (docs/security.md has the list and why)."""
-GIT_PROTECTED = (".git/hooks", ".git/config")
-"""Below each writable tree that is a git work tree: code the human's git runs later."""
+GIT_PROTECTED = ("hooks", "config")
+"""In each repository's ``.git``: code the human's git runs later (read-only in the view;
+the ``.git`` itself is pinned, so it cannot be moved aside and replaced)."""
+GIT_SCAN_DEPTH = 3
+GIT_SCAN_DIRS = 1000
+_SCAN_SKIP = frozenset(
+    {"node_modules", ".venv", "venv", "__pycache__", "target", "build", "dist", ".tox", ".git"}
+)
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx")
 # Cut out of the system trees when the kernel runs as root: root keeps uid 0 in the
 # sandbox (without capabilities), and these root-owned files are readable by their owner.
@@ -305,12 +311,14 @@ def build_spec(
             *secrets,
             *_existing(tuple(posixpath.join(home, h) for h in home_secrets)),
         ]
+        git_dirs = _git_dirs(roots["write"])
         view = build_view(
             scratch=view_scratch,
             write=[p for p in _dedupe(out["write"] + out["delete"]) if p != "/dev/shm"],
             hide=hidden,
-            protect=[*protect, *_git_protected(roots["write"])],
+            protect=[*protect, *_git_protected(git_dirs)],
             reveal=[tmp, *(os.path.realpath(p) for p in also_read)],
+            pin=git_dirs,
         )
     return SandboxSpec(
         read=_dedupe(out["read"]),
@@ -327,29 +335,67 @@ def build_spec(
 
 
 def build_view(
-    *, scratch: str, write: list[str], hide: list[str], protect: list[str], reveal: list[str]
+    *,
+    scratch: str,
+    write: list[str],
+    hide: list[str],
+    protect: list[str],
+    reveal: list[str],
+    pin: list[str] = (),  # type: ignore[assignment]
 ) -> dict:
     """The mount plan (``namespaces.View`` as a dict).  Only paths that exist; a protected
-    path matters only inside a writable tree (elsewhere the view is read-only anyway)."""
+    or pinned path matters only inside a writable tree (elsewhere the view is read-only
+    anyway)."""
     writable = sorted(set(write))
-    kept = sorted({p for p in protect if os.path.exists(p) and any(_under(p, w) for w in writable)})
+
+    def inside(paths: list[str]) -> list[str]:
+        return sorted(
+            {p for p in paths if os.path.exists(p) and any(_under(p, w) for w in writable)}
+        )
+
     return {
         "scratch": scratch,
         "write": writable,
         "hide": sorted({p for p in hide if os.path.lexists(p)}),
-        "protect": kept,
+        "pin": inside(list(pin)),
+        "protect": inside(protect),
         "reveal": sorted({p for p in reveal if os.path.exists(p)}),
     }
 
 
-def _git_protected(write_roots: list[str]) -> list[str]:
-    """``.git/hooks`` and ``.git/config`` of every writable tree that is a work tree."""
-    return [
-        posixpath.join(os.path.realpath(root), rel)
-        for root in write_roots
-        if os.path.isdir(posixpath.join(root, ".git"))
-        for rel in GIT_PROTECTED
-    ]
+def _git_dirs(write_roots: list[str]) -> list[str]:
+    """The ``.git`` of every git work tree in the writable trees, found by a bounded walk
+    (``GIT_SCAN_DEPTH`` levels, ``GIT_SCAN_DIRS`` directories per root; heavy build and
+    dependency directories skipped): nested repositories too."""
+    found: list[str] = []
+    for root in write_roots:
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            continue
+        seen = 0
+        level = [real]
+        for _ in range(GIT_SCAN_DEPTH + 1):
+            following: list[str] = []
+            for d in level:
+                seen += 1
+                if seen > GIT_SCAN_DIRS:
+                    break
+                try:
+                    entries = list(os.scandir(d))
+                except OSError:
+                    continue
+                for e in entries:
+                    if e.name == ".git":
+                        found.append(e.path)
+                    elif e.name not in _SCAN_SKIP and e.is_dir(follow_symlinks=False):
+                        following.append(e.path)
+            level = following
+    return sorted(set(found))
+
+
+def _git_protected(git_dirs: list[str]) -> list[str]:
+    """``.git/hooks`` and ``.git/config`` of each repository: code the human's git runs."""
+    return [posixpath.join(g, rel) for g in git_dirs if os.path.isdir(g) for rel in GIT_PROTECTED]
 
 
 def _existing(patterns: tuple[str, ...]) -> list[str]:

@@ -58,7 +58,7 @@ class Escalation:
                 tuple(sorted({*had.write, *extra.write})), tuple(sorted({*had.read, *extra.read}))
             )
 
-    def list(self) -> list[dict]:
+    def listed(self) -> list[dict]:
         with self._lock:
             return [
                 {"session": s, "principal": p, "write": list(w.write), "read": list(w.read)}

@@ -371,6 +371,15 @@ class ExecService:
             project=self.project_of(who),
         )
 
+    def _confined_env(self, who: Principal, env: dict[str, str]) -> dict[str, str]:
+        """A sandboxed principal's processes see only the env it may read, no secrets
+        (``PrincipalPolicy.confined_env``); $SHOAL_OUT and TMPDIR are its own."""
+        kept = self.guard.for_principal(who.principal).confined_env(env)
+        for own in (SHOAL_OUT_ENV, "TMPDIR"):
+            if own in env:
+                kept[own] = env[own]
+        return kept
+
     def warm_up(self, who: Principal) -> None:
         """Start ``who``'s warm supervisor in the background (session.attach calls this)."""
         if self.pool is not None:
@@ -395,7 +404,7 @@ class ExecService:
             spec_bytes = sandbox.to_bytes()
             # TMPDIR (the private temp dir) is part of the state the exec starts from, so a
             # state report echoing it is no change of the agent's (nothing to refuse).
-            env = {**env, **sandbox.environ()}
+            env = self._confined_env(who, {**env, **sandbox.environ()})
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
@@ -434,7 +443,7 @@ class ExecService:
             spec_bytes = b""
             if sandbox is not None:
                 spec_bytes = sandbox.to_bytes()
-                env = {**env, **sandbox.environ()}
+                env = self._confined_env(who, {**env, **sandbox.environ()})
             zygote = self.pool.take(who.principal, spec_bytes)
             if zygote is None:
                 return None

@@ -131,7 +131,7 @@ def _visible_plan(call: Call, ref: str):
 def grants_list(call: Call, params: dict) -> dict:
     """Targets approved for a whole session (``shoal grants``); approvers only."""
     _require_approver(call, "grants.list")
-    return {"grants": call.kernel.exec.escalation.list()}
+    return {"grants": call.kernel.exec.escalation.listed()}
 
 
 @method("grants.revoke", GRANTS_REVOKE)
