@@ -114,6 +114,7 @@ def _metadata_cases(meta: Path, uid: int) -> list[str]:
         f"rename:{meta}/g640={meta}/renamed",
         f"symlink:{meta}/link",
         f"mkfifo:{meta}/fifo",
+        f"hardlink:{meta}/f640={meta.parent.parent}/proj/hardlink-{meta.name}",
     ]
 
 
@@ -201,19 +202,25 @@ def test_home_secrets_are_hidden_even_under_a_home_read_grant(world: World) -> N
 
 
 def test_private_tmpdir_of_another_principal(world: World) -> None:
-    """agent:tmp may write /tmp/**; neither it nor agent:a reaches agent:b's TMPDIR."""
-    tmpdir = world.text("agent:b", "tmpdir", 'printf b-secret > "$TMPDIR/b-secret"; echo "$TMPDIR"')
-    tmpdir = tmpdir.strip()
-    assert tmpdir and Path(tmpdir, "b-secret").read_text() == "b-secret"
+    """agent:tmp may write /tmp/**; neither it nor agent:a reaches agent:b's TMPDIR, its
+    ``$SHOAL_OUT`` or the kernel's socket dir."""
+    tmpdir, outputs = world.text(
+        "agent:b",
+        "tmpdir",
+        'printf b-secret > "$TMPDIR/b-secret"; echo "$TMPDIR"; echo "$SHOAL_OUT"',
+    ).split()
+    assert Path(tmpdir, "b-secret").read_text() == "b-secret"
+    world.exec("agent:b", "tmpdir", "echo b-output")
+    wait_until(lambda: any(Path(outputs).iterdir()), timeout=15, what="b's $SHOAL_OUT")
     f = Findings(world)
     run = world.kernel.socket.parent
-    cases = [f"read:{tmpdir}/b-secret", f"listdir:{tmpdir}", f"create:{tmpdir}/planted",
-             f"create:{run}/planted", f"listdir:{run}"]  # fmt: skip
+    cases = [f"read:{tmpdir}/b-secret", f"listdir:{tmpdir}", f"listdir:{outputs}",
+             f"create:{tmpdir}/planted", f"create:{run}/planted", f"listdir:{run}"]  # fmt: skip
     for who in ("agent:tmp", "agent:a"):
         f.contained(who, world.probe(who, cases))
     f.check(not Path(tmpdir, "planted").exists(), "planted in b's TMPDIR")
     f.check(not (run / "planted").exists(), "planted in the kernel's socket dir")
-    f.works("human", world.probe("human", [cases[0], cases[1], cases[4]]))
+    f.works("human", world.probe("human", [c for c in cases if not c.startswith("create:")]))
     f.done()
 
 
@@ -405,7 +412,7 @@ def test_signals_limits_and_proc_of_others(world: World) -> None:
         cases = [f"{a}:{pid}" for a in PROCESS_ATTACKS for pid in (kpid, b_pid, h_pid)]
         cases += [f"proc-scan:{m[::-1]}" for m in (mark_b, mark_h, "shoal_mcp.kernel")]
         cases += [f"{a}:{t}" for a in ("ptrace", "pidfd-getfd", "process-vm-readv")
-                  for t in ("ppid", "1", "child", str(kpid))]  # fmt: skip
+                  for t in ("ppid", "1", "child", str(kpid), str(b_pid), str(h_pid))]  # fmt: skip
         f = Findings(world)
         f.contained("agent:a", world.probe("agent:a", cases))
         limits = Path(f"/proc/{kpid}/limits").read_text()
@@ -538,7 +545,7 @@ def test_network_families(world: World) -> None:
 
 # --- the kernel surface -------------------------------------------------------------------
 
-SURFACE = ["keyring", "bpf", "perf", "userfaultfd", "io-uring", "unshare-user",
+SURFACE = ["realtime", "nice-negative", "keyring", "bpf", "perf", "userfaultfd", "io-uring", "unshare-user",
            "setns-host:1", "open-by-handle:/etc/hostname", "dmesg", "sethostname",
            "open-wo:/proc/sysrq-trigger", "open-wo:/proc/sys/kernel/core_pattern"]  # fmt: skip
 
@@ -564,7 +571,8 @@ def test_kernel_surface_syscalls(world: World) -> None:
     f.contained("agent:a", world.probe("agent:a", [*SURFACE, *cgroup, f"mount-tmpfs:{mnt}"]))
     f.works("human", world.probe("human", ["perf", "unshare-user", "userfaultfd", "keyring"]))
     if world.mode == "root":
-        f.works("human", world.probe("human", ["open-by-handle:/etc/hostname", "dmesg"]))
+        root_only = ["open-by-handle:/etc/hostname", "dmesg", "realtime", "nice-negative"]
+        f.works("human", world.probe("human", root_only))
     f.done()
 
 

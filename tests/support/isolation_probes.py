@@ -185,6 +185,15 @@ def suid_mknod(arg: str) -> str:
     return _needs_bits(arg, stat.S_ISUID)
 
 
+def hardlink(arg: str) -> str:
+    """Link a file the agent may only read into a tree it may write, then write it."""
+    src, _, dst = arg.partition("=")
+    os.link(src, dst)
+    with open(dst, "ab") as fh:
+        fh.write(b"written through a hard link\n")
+    return "linked and written"
+
+
 # --- files: read, write, create, list ----------------------------------------------------
 
 
@@ -853,6 +862,17 @@ def sethostname(arg: str) -> str:
     if libc.sethostname(name, len(name)) != 0:
         raise OSError(ctypes.get_errno(), "sethostname")
     return "hostname set"
+
+
+def realtime(arg: str) -> str:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return "ran SCHED_FIFO"
+
+
+def nice_negative(arg: str) -> str:
+    os.setpriority(os.PRIO_PROCESS, 0, -5)
+    return "nice -5"
 
 
 def tiocsti(arg: str) -> str:
