@@ -32,7 +32,7 @@ import pytest
 
 from shoal_mcp.kernel.access import sandbox
 from shoal_mcp.protocol.limits import SANDBOX_MAX_PROCS
-from tests.support.isolation_world import STEER_NAMES, World, isolation_world
+from tests.support.isolation_world import STEER_NAMES, World, isolation_modes, isolation_world
 from tests.support.landlock import landlock_evidence
 from tests.support.polling import wait_until
 from tests.support.procfs import pids_with_arg
@@ -43,14 +43,12 @@ pytestmark = pytest.mark.landlock
 NOBODY = 65534
 
 
-@pytest.fixture(scope="module", params=["root", "user"])
+@pytest.fixture(scope="module", params=isolation_modes())
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     try:
         sandbox.landlock.abi_version()
     except sandbox.landlock.LandlockUnavailable as e:
         pytest.skip(f"{e} (evidence of Landlock: {landlock_evidence()})")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: one kernel runs as root, the other under setpriv")
     with isolation_world(request.param) as w:
         yield w
 

@@ -5,6 +5,9 @@ copy so that a trusted-base escape cannot touch the checkout).  ``user``: the ke
 runs as :data:`~.unprivileged.UNPRIVILEGED_UID` from a world-readable runtime, every
 file of the world owned by that uid (so each attack is one the uid could do unconfined).
 
+``self`` (a run that is not root, which cannot start the other two): the kernel runs as
+the current uid, like ``root`` otherwise.
+
 Layout of ``tmp`` (0711)::
 
     rt/       the runtime: src/shoal_mcp (the trusted base), site/ (user mode's packages)
@@ -171,7 +174,9 @@ class World:
             bg.stop()
 
     def owned(self, *paths: Path) -> None:
-        """Give paths the test made to the kernel's uid (user mode)."""
+        """Give paths the test made to the kernel's uid (user mode; ours already else)."""
+        if self.uid == os.geteuid():
+            return
         for p in paths:
             os.chown(p, self.uid, self.uid, follow_symlinks=False)
 
@@ -247,9 +252,16 @@ def _populate(tmp: Path) -> dict[str, Path]:
     return p
 
 
+def isolation_modes() -> tuple[str, ...]:
+    """The kernels this run can start: root and an unprivileged uid as root (CI), else
+    one as ourselves."""
+    return ("root", "user") if os.geteuid() == 0 else ("self",)
+
+
 @contextmanager
 def isolation_world(mode: str) -> Iterator[World]:
-    """A running kernel (``root`` or ``user``) with the policy above and its world."""
+    """A running kernel (``root``, ``user`` or ``self``) with the policy above and its
+    world."""
     with short_tmp("shiso") as tmp:
         tmp.chmod(0o711)
         paths = _populate(tmp)
@@ -264,11 +276,11 @@ def isolation_world(mode: str) -> Iterator[World]:
                 **{n: paths[n] for n in ("proj", "rt", "cfg")},
             )
         )
-        uid = 0 if mode == "root" else UNPRIVILEGED_UID
+        uid = UNPRIVILEGED_UID if mode == "user" else os.geteuid()
         env = {"HOME": str(paths["home"]), "PYTHONPATH": pythonpath}
         args = ("--policy", str(paths["policy"]), "--sandbox", "required")
         kernel: KernelProcess
-        if mode == "root":
+        if mode != "user":
             env["PYTHONPATH"] = str(paths["rt"] / "src")  # the venv's packages, our copy
             kernel = KernelProcess(paths["k"], *args, env=env)
         else:
