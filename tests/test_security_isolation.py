@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.kernel.access import sandbox
+from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.protocol.limits import SANDBOX_MAX_PROCS
 from tests.support.isolation_world import STEER_NAMES, World, isolation_modes, isolation_world
 from tests.support.landlock import landlock_evidence
@@ -724,6 +725,81 @@ def test_reef_cache_is_per_principal(world: World) -> None:
     assert versions["agent:b"] == f"fake {secret} 1", versions  # the probe really ran in b
     assert versions["agent:a"] != versions["agent:b"], versions
     assert secret not in str(versions["agent:a"]), versions
+
+
+# --- every kind of sandboxed tree ---------------------------------------------------------
+
+APPROVAL_REQUIRED = -32011
+
+
+def _core_cases(world: World) -> list[str]:
+    """One attack per family, for the trees other than a plain exec."""
+    state, out, proj = world.kernel.state, world.paths["out"], world.paths["proj"]
+    return [f"read:{state}/tokens.key", f"listdir:{state}", f"chmod:{out}/meta/f640=777",
+            f"utime:{out}/meta/f640", f"suid-chmod:{proj}/suid/core", f"kill0:{world.kernel.pid}",
+            f"prlimit:{world.kernel.pid}", f"proc-scan:{'shoal_mcp.kernel'[::-1]}",
+            f"read:{world.paths['home']}/.ssh/id_ed25519", "socketpair-dgram", "keyring",
+            f"append:{world.paths['pkg']}/kernel/exec/supervise.py", "ptrace:ppid",
+            "unshare-user", f"unix-connect:{world.kernel.socket}"]  # fmt: skip
+
+
+def _via_pty(world: World, result: Path, cases: list[str]) -> None:
+    script = str(world.paths["attacks"] / "isolation_probes.py")
+    params = {"cmd": "/usr/bin/python3", "args": [script, str(result), *cases]}
+    pty = world.call("agent:a", "tree-pty", "pty.open", params)["pty_id"]
+    wait_until(result.exists, timeout=30, what="the PTY program's result")
+    try:
+        world.call("agent:a", "tree-pty", "pty.close", {"pty_id": pty})
+    except RpcError:
+        pass  # it had ended
+
+
+def _via_plan_apply(world: World, result: Path, cases: list[str]) -> None:
+    """agent:ask's command touches a path outside its grants: approved by the human,
+    then applied (the whole source runs under plan.apply, still in the sandbox)."""
+    src = f"touch {world.paths['out']}/asked; " + world.probe_src(result, cases)
+    with pytest.raises(RpcError) as exc:
+        world.exec("agent:ask", "tree-plan", src)
+    assert exc.value.code == APPROVAL_REQUIRED, exc.value
+    ref = exc.value.data["plan_ref"]
+    world.call("agent:ask", "tree-plan", "cap.request", {"plan_ref": ref})
+    world.call("human", "approver", "cap.decide", {"plan_ref": ref, "approve": True})
+    world.call("agent:ask", "tree-plan", "plan.apply", {"plan_ref": ref, "position": "value"})
+
+
+def _via_reef(world: World, result: Path, cases: list[str]) -> None:
+    """A ``bash`` planted on the session PATH runs the probe when reef asks its version."""
+    fake = world.paths["proj"] / f"reef-{result.stem}"
+    fake.mkdir()
+    quoted = " ".join(f"'{c}'" for c in cases)
+    (fake / "bash").write_text(
+        f"#!/bin/sh\n/usr/bin/python3 {world.paths['attacks']}/isolation_probes.py {result} "
+        f"{quoted} >/dev/null 2>&1\necho reef-attack 1\n"
+    )
+    (fake / "bash").chmod(0o755)
+    world.owned(fake, fake / "bash")
+    world.exec("agent:a", "tree-reef", f"export PATH={fake}:$PATH")
+    world.call("agent:a", "tree-reef", "session.reef", {})
+
+
+@pytest.mark.parametrize("tree", ["pty", "plan.apply", "reef"])
+def test_every_sandboxed_tree_is_isolated(world: World, tree: str) -> None:
+    """PTY programs, applied plans and reef probes get the same isolation as an exec."""
+    meta = world.paths["out"] / "meta"
+    before = _snapshot(meta / "f640")
+    result = world.result_path()
+    cases = _core_cases(world)
+    {"pty": _via_pty, "plan.apply": _via_plan_apply, "reef": _via_reef}[tree](world, result, cases)
+    wait_until(result.exists, timeout=30, what=f"the probe run by {tree}")
+    f = Findings(world)
+    f.contained(f"agent ({tree})", json.loads(result.read_text()))
+    f.check(_snapshot(meta / "f640") == before, "out/meta/f640 changed")
+    f.check(not (world.paths["proj"] / "suid" / "core").exists()
+            or not os.stat(world.paths["proj"] / "suid" / "core").st_mode & stat.S_ISUID,
+            "a setuid file in the project")  # fmt: skip
+    if tree == "plan.apply":  # it ran (the result is there); approval widens no grant
+        f.check(not (world.paths["out"] / "asked").exists(), "the approved touch escaped")
+    f.done()
 
 
 # --- terminals ----------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from .unprivileged import (
 
 PROBES = Path(__file__).with_name("isolation_probes.py")
 PYTHON = "/usr/bin/python3"
-AGENTS = ("agent:a", "agent:b", "agent:tmp")
+AGENTS = ("agent:a", "agent:b", "agent:tmp", "agent:ask")
 STEER_NAMES = (
     "PATH",
     "LD_PRELOAD",
@@ -82,6 +82,14 @@ env_write = ["*", "PATH"]
 [principal."agent:b".fs]
 read = [{reads}]
 write = ["{proj}/**"]
+
+[principal."agent:ask"]
+proc_spawn = ["*"]
+opaque = "allow"
+ungranted = "ask"
+[principal."agent:ask".fs]
+read = [{reads}]
+write = ["{proj}/**", "{rt}/**"]
 
 [principal."agent:tmp"]
 proc_spawn = ["*"]
