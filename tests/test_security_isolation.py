@@ -584,7 +584,8 @@ def _trusted_targets(world: World) -> list[Path]:
             pkg / "kernel" / "access" / "sandbox_run.py", world.paths["policy"],
             proj / ".git" / "config", proj / "repo" / ".git" / "config",
             proj / ".git" / "hooks" / "pre-commit", proj / "repo" / ".git" / "hooks" / "pre-commit",
-            pkg / "kernel" / "exec" / "planted.py"]  # fmt: skip
+            pkg / "kernel" / "exec" / "planted.py", world.paths["rt"] / "site" / "orjson" / "__init__.py",
+            world.paths["rt"] / "site" / "sitecustomize.py"]  # fmt: skip
 
 
 def _restore_git(repo: Path) -> None:
@@ -596,10 +597,11 @@ def _restore_git(repo: Path) -> None:
 
 def test_trusted_base_inside_a_write_grant(world: World) -> None:
     """agent:a may write the runtime's tree, the policy's dir and the project: the
-    package (the next supervisor would run it before confinement), the policy, and the
-    hooks and config of the project's git work trees (and of a nested one) stay out of
-    reach, also by moving ``.git`` aside and making a new one."""
-    pkg, proj = world.paths["pkg"], world.paths["proj"]
+    package (the next supervisor would run it before confinement), the packages the
+    kernel imports from its ``PYTHONPATH`` (and a ``sitecustomize`` there), the policy,
+    and the hooks and config of the project's git work trees (and of a nested one) stay
+    out of reach, also by moving ``.git`` aside and making a new one."""
+    pkg, proj, site = world.paths["pkg"], world.paths["proj"], world.paths["rt"] / "site"
     targets = _trusted_targets(world)
     before = {t: _digest(t) for t in targets}
     saved = {t: (t.read_bytes(), t.stat().st_mode) for t in targets if t.is_file()}
@@ -611,7 +613,8 @@ def test_trusted_base_inside_a_write_grant(world: World) -> None:
              f"append:{proj}/.git/config", f"create:{proj}/.git/hooks/pre-commit",
              f"replace:{proj}/.git/config", f"append:{proj}/repo/.git/config",
              f"create:{proj}/repo/.git/hooks/pre-commit", f"git-swap:{proj}/repo",
-             f"git-swap:{proj}"]  # fmt: skip
+             f"git-swap:{proj}", f"append:{site}/orjson/__init__.py",
+             f"create:{site}/sitecustomize.py"]  # fmt: skip
     try:
         got = world.probe("agent:a", cases)
         after = {t: _digest(t) for t in targets}
@@ -628,6 +631,7 @@ def test_trusted_base_inside_a_write_grant(world: World) -> None:
                 t.chmod(mode)
                 world.owned(t)
         (pkg / "kernel" / "exec" / "planted.py").unlink(missing_ok=True)
+        (site / "sitecustomize.py").unlink(missing_ok=True)
     f = Findings(world)
     f.contained("agent:a", got)
     changed = sorted(str(t) for t in targets if after[t] != before[t])
@@ -635,7 +639,8 @@ def test_trusted_base_inside_a_write_grant(world: World) -> None:
     f.check(ids == git_ids, f".git replaced: {git_ids} -> {ids}")
     f.check(world.text("human", "after-trusted", "echo ok") == "ok\n", "the kernel broke")
 
-    planted = [pkg / "human-planted.py", proj / ".git" / "hooks" / "human-hook"]
+    planted = [pkg / "human-planted.py", proj / ".git" / "hooks" / "human-hook",
+               site / "human-planted.py"]  # fmt: skip
     f.works("human", world.probe("human", [f"create:{p}" for p in planted]))
     for p in planted:
         p.unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """The world tests/test_security_isolation.py attacks: one real kernel per mode.
 
-``root``: the kernel runs as root (the venv's interpreter, the package imported from a
-copy so that a trusted-base escape cannot touch the checkout).  ``user``: the kernel
+``root``: the kernel runs as root (the venv's interpreter, the package and its
+dependencies imported from the copies on ``PYTHONPATH``, so that a trusted-base escape
+cannot touch the checkout or the venv).  ``user``: the kernel
 runs as :data:`~.unprivileged.UNPRIVILEGED_UID` from a world-readable runtime, every
 file of the world owned by that uid (so each attack is one the uid could do unconfined).
 
@@ -289,7 +290,6 @@ def isolation_world(mode: str) -> Iterator[World]:
         args = ("--policy", str(paths["policy"]), "--sandbox", "required")
         kernel: KernelProcess
         if mode != "user":
-            env["PYTHONPATH"] = str(paths["rt"] / "src")  # the venv's packages, our copy
             kernel = KernelProcess(paths["k"], *args, env=env)
         else:
             kernel = UnprivilegedKernel(paths["k"], *args, uid=uid, env=env)
