@@ -410,6 +410,7 @@ def test_signals_limits_and_proc_of_others(world: World) -> None:
     try:
         cases = [f"{a}:{pid}" for a in PROCESS_ATTACKS for pid in (kpid, b_pid, h_pid)]
         cases += [f"proc-scan:{m[::-1]}" for m in (mark_b, mark_h, "shoal_mcp.kernel")]
+        cases += [f"foreign-fds:{world.kernel.state}"]
         cases += [f"{a}:{t}" for a in ("ptrace", "pidfd-getfd", "process-vm-readv")
                   for t in ("ppid", "1", "child", str(kpid), str(b_pid), str(h_pid))]  # fmt: skip
         f = Findings(world)
@@ -423,6 +424,18 @@ def test_signals_limits_and_proc_of_others(world: World) -> None:
     finally:
         world.call("agent:b", b_session, "task.cancel", {"task": b_task})
         world.call("human", h_session, "task.cancel", {"task": h_task})
+
+
+def test_killing_its_own_init_harms_no_one_else(world: World) -> None:
+    """An exec SIGTERMs and SIGKILLs pid 1 of its namespace (its init or zygote): the
+    kernel, the same principal's next exec and another principal's go on."""
+    world.probe("agent:a", ["kill-term:1", "sigcont:1"], session="init-killer")
+    world.exec("agent:a", "init-killer", "kill -KILL 1; kill -TERM 1; true")
+    f = Findings(world)
+    for who, session in (("agent:a", "init-killer"), ("agent:a", "other"), ("agent:b", "x")):
+        got = world.text(who, session, "echo alive")
+        f.check(got == "alive\n", f"{who}/{session} after the init was killed: {got!r}")
+    f.done()
 
 
 def test_inotify_on_the_state_dir(world: World) -> None:

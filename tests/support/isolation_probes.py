@@ -361,6 +361,32 @@ def proc_scan(arg: str) -> str:
     return "seen as pid " + ",".join(found)
 
 
+def foreign_fds(arg: str) -> str:
+    """Descriptors of this tree's processes (self, the shell, its init) that lead out of
+    it: sockets, or files under ``arg`` (the kernel's state dir)."""
+    found = []
+    for pid in ("self", str(os.getppid()), "1"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(("socket:", arg)):
+                found.append(f"{pid}/{fd}->{target}")
+    if not found:
+        raise OSError(errno.ENOENT, "no descriptor leads out")
+    return ",".join(found)
+
+
+def kill_term(arg: str) -> str:
+    os.kill(_pid(arg), signal.SIGTERM)
+    return "SIGTERM sent"
+
+
 def ptrace(arg: str) -> str:
     pid = _pid(arg)
     syscall("ptrace", 16, pid, None, None)  # PTRACE_ATTACH
