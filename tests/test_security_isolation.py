@@ -33,7 +33,13 @@ import pytest
 from shoal_mcp.kernel.access import sandbox
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.protocol.limits import SANDBOX_MAX_PROCS
-from tests.support.isolation_world import STEER_NAMES, World, isolation_modes, isolation_world
+from tests.support.isolation_world import (
+    KERNEL_SECRETS,
+    STEER_NAMES,
+    World,
+    isolation_modes,
+    isolation_world,
+)
 from tests.support.landlock import landlock_evidence
 from tests.support.polling import wait_until
 from tests.support.procfs import pids_with_arg
@@ -144,13 +150,15 @@ def test_setuid_bits_inside_the_write_grants(world: World) -> None:
     mount it would run with the kernel's uid (root) for anyone."""
     suid = world.paths["proj"] / "suid"
     ways = ["suid-chmod", "sgid-chmod", "suid-fchmod", "suid-fchmodat", "suid-fchmodat2",
-            "suid-create", "suid-mknod"]  # fmt: skip
+            "suid-create", "suid-mknod", "file-caps"]  # fmt: skip
     f = Findings(world)
     f.contained("agent:a", world.probe("agent:a", [f"{w}:{suid}/{w}-agent" for w in ways]))
     bits = stat.S_ISUID | stat.S_ISGID
     planted = sorted(p.name for p in suid.iterdir() if p.stat().st_mode & bits)
-    f.check(planted == [], f"setuid/setgid files on disk: {planted}")
-    f.works("human", world.probe("human", [f"{w}:{suid}/{w}-human" for w in ways]))
+    planted += [p.name for p in suid.iterdir() if "security.capability" in os.listxattr(p)]
+    f.check(planted == [], f"setuid/setgid/file-capability files on disk: {planted}")
+    human = [w for w in ways if w != "file-caps" or world.mode != "user"]  # needs CAP_SETFCAP
+    f.works("human", world.probe("human", [f"{w}:{suid}/{w}-human" for w in human]))
     for p in suid.iterdir():
         p.unlink()
     f.done()
@@ -196,6 +204,17 @@ def test_home_secrets_are_hidden_even_under_a_home_read_grant(world: World) -> N
     got = world.probe("agent:a", [*cases, f"read:{home}/.gitconfig"])
     f.check(got.pop(f"read:{home}/.gitconfig")["done"], "the home read grant does not work")
     f.contained("agent:a", got)
+    f.works("human", world.probe("human", cases))
+    f.done()
+
+
+def test_environment_outside_env_read(world: World) -> None:
+    """agent:tmp has no ``env_read`` grant: the values of the kernel's environment (a
+    token the human had exported) stay out of its programs' reach, not only out of
+    ``session.env``."""
+    f = Findings(world)
+    cases = [f"env-read:{name}" for name in KERNEL_SECRETS]
+    f.contained("agent:tmp", world.probe("agent:tmp", cases))
     f.works("human", world.probe("human", cases))
     f.done()
 

@@ -194,6 +194,21 @@ def hardlink(arg: str) -> str:
     return "linked and written"
 
 
+def file_caps(arg: str) -> str:
+    """File capabilities, the setuid bit's modern twin: ``cap_net_raw+ep`` on a copy."""
+    _fresh_copy(arg)
+    v2 = struct.pack("<IIIII", 0x02000001, 1 << 13, 0, 0, 0)  # VFS_CAP_REVISION_2 | EFFECTIVE
+    os.setxattr(arg, "security.capability", v2)
+    return "security.capability set"
+
+
+def env_read(arg: str) -> str:
+    value = os.environ.get(arg)
+    if value is None:
+        raise OSError(errno.ENOENT, f"{arg} not in this environment")
+    return f"{arg}={value[:12]}..."
+
+
 # --- files: read, write, create, list ----------------------------------------------------
 
 

@@ -108,6 +108,12 @@ SECRETS = {
     ".aws/credentials": "[default]\naws_secret_access_key = secret\n",
 }
 
+KERNEL_SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "kernel-env-secret-aws",
+    "GITHUB_TOKEN": "kernel-env-secret-gh",
+}
+"""In the kernel's environment (the human started it from a shell that had them)."""
+
 
 @dataclass
 class World:
@@ -286,7 +292,7 @@ def isolation_world(mode: str) -> Iterator[World]:
             )
         )
         uid = UNPRIVILEGED_UID if mode == "user" else os.geteuid()
-        env = {"HOME": str(paths["home"]), "PYTHONPATH": pythonpath}
+        env = {"HOME": str(paths["home"]), "PYTHONPATH": pythonpath, **KERNEL_SECRETS}
         args = ("--policy", str(paths["policy"]), "--sandbox", "required")
         kernel: KernelProcess
         if mode != "user":
