@@ -11,7 +11,15 @@ journal reads. A chaos thread meanwhile, at random:
   after a pause (the facades reconnect by themselves; their autostart is off so that
   every kernel is this test's own);
 - **corrupts** a stored CAS blob: truncates it or overwrites bytes in place (same
-  length).
+  length);
+- **collects garbage** (issue 31): a detached session stores outputs the workers also
+  produce (deduplicated to the same blobs), then ``store.gc`` prunes everything it may
+  while the workers keep storing those very outputs.
+
+Workers also move a session's cwd under its ready shell (``mv d d.old; mkdir d``, or
+``rm -r d; mkdir d``) and check the next exec writes into the new directory ("stale"
+otherwise), and facades run with a short liveness bound (``SHOAL_LIVENESS_S``), so
+calls in flight when the kernel is stopped get a clear "stalled" error, not a hang.
 
 Every call has a deadline (``CALL_DEADLINE_S``). Each exec's output is known in advance
 (a unique line plus a ``seq``), recorded with its ref, and every ref is read back at the
@@ -19,7 +27,10 @@ end. Reported, and the zeros asserted:
 
 - calls answered, calls failed with a clear error (a JSON-RPC error or ``isError`` with
   a message, no traceback), calls failed *without* one, calls that hung (0);
-- refs intact / reported ``corrupted`` / changed (0) / unreadable otherwise;
+- refs intact / reported ``corrupted`` / changed (0) / unreadable otherwise, of which
+  "lost" (0): a value whose blob is gone (``unknown blob``, ``no longer available``);
+- stale (0): an exec that ran in a replaced cwd; misrouted (0): a stored ref this state
+  dir's journal does not have; ``store.verify`` references to missing blobs (0);
 - processes left behind (0): every process this run started carries ``SHOAL_CHAOS_RUN``
   in its environment (kernels, facades and what they start inherit it) or this run's
   mark in a ``sleep`` argument; counted once the run is over, and also before the final
@@ -46,6 +57,7 @@ import blake3
 import pytest
 
 from bench.summary import register_summary
+from shoal_mcp.protocol.errors import RpcError
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import KernelProcess
 from tests.support.procfs import descendants_of, stat_fields
@@ -55,9 +67,16 @@ QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 RUN_S = 40.0 if QUICK else 1200.0
 WORKERS = 3
 CALL_DEADLINE_S = 90.0
-"""A call not answered within this is a hang (the facade's own stall bound is 15 s)."""
+"""A call not answered within this is a hang (the facade's own stall bound is 20 s)."""
+LIVENESS = "1,4" if QUICK else "2,8"
+"""The facades' ``SHOAL_LIVENESS_S``: a kernel stopped longer than about 5 s (quick) is
+named stalled to the calls in flight."""
+SHARED_SEQS = (17, 230, 400)
+"""Outputs (``seq 1 N``) both the workers and the gc feed store: one blob each (small
+enough to come back whole, as the refs are checked)."""
 CHAOS_GAP_S = (3.0, 7.0) if QUICK else (8.0, 40.0)
-STOP_S = (1.0, 6.0) if QUICK else (2.0, 25.0)
+STOP_S = (6.0, 9.0) if QUICK else (2.0, 25.0)
+"""Stops longer than the facades' liveness bound (LIVENESS) make calls in flight stall."""
 RESTART_PAUSE_S = (0.0, 2.0) if QUICK else (0.0, 8.0)
 FAILED_PAUSE_S = 0.2
 SETTLE_S = 60.0
@@ -114,6 +133,8 @@ class Chaos:
         self.kernel_pids = [self.kernel.pid]
         self.stopped = False
         self.calls: Counter[str] = Counter()  # answered / failed_clear / failed_unclear / hung
+        self.stale = 0  # execs that wrote into a replaced cwd
+        self.stalled = 0  # clear "stalled" errors (a stopped kernel, named)
         self.per_tool: Counter[str] = Counter()
         self.unclear: list[str] = []
         self.errors: Counter[str] = Counter()  # clear errors by the start of their message
@@ -155,6 +176,7 @@ class Chaos:
         self._tally("failed_clear" if clear else "failed_unclear", f"{tool}: {message[:300]}")
         with self.lock:
             self.errors[message[:70]] += 1
+            self.stalled += "stalled" in message
         self.done.wait(FAILED_PAUSE_S)  # no busy loop of failures while the kernel is down
 
     def _tally(self, kind: str, detail: str) -> None:
@@ -169,7 +191,7 @@ class Chaos:
         deck: list[str] = []  # each round does every kind of harm, in a random order
         while not self.done.wait(rng.uniform(*CHAOS_GAP_S)):
             if not deck:
-                deck = ["stop", "kill", "corrupt", "corrupt"]
+                deck = ["stop", "kill", "corrupt", "corrupt", "gc", "gc"]
                 rng.shuffle(deck)
             action = deck.pop()
             seen = len(marked_pids(self.token, self.digits))
@@ -178,6 +200,8 @@ class Chaos:
                 self._stop(rng.uniform(*STOP_S))
             elif action == "kill":
                 self._kill(rng.uniform(*RESTART_PAUSE_S))
+            elif action == "gc":
+                self._gc()
             else:
                 self._corrupt(rng)
 
@@ -194,6 +218,27 @@ class Chaos:
         self.injected["sigkill"] += 1
         self.done.wait(pause)
         self.restart()
+
+    def _gc(self) -> None:
+        """Store the workers' shared outputs in a session nobody stays attached to,
+        then prune everything gc may (that session's values, whose blobs the workers'
+        new values share) while the workers go on storing them."""
+        self.injected["gc"] += 1
+        try:
+            feed = self.kernel.client(f"gc-feed-{self.injected['gc']}")
+            try:
+                for n in SHARED_SEQS:
+                    feed.call("exec", {"src": f"seq 1 {n}"}, timeout=CALL_DEADLINE_S)
+            finally:
+                feed.close()
+            admin = self.kernel.client("gc-admin")
+            try:
+                admin.call("store.gc", {"max_age_s": 0, "dry_run": False}, CALL_DEADLINE_S)
+            finally:
+                admin.close()
+        except (OSError, RpcError) as exc:  # the kernel was being killed meanwhile
+            with self.lock:
+                self.errors[f"gc: {str(exc)[:60]}"] += 1
 
     def restart(self) -> None:
         kernel = KernelProcess(self.tmp, env=self.env)
@@ -230,7 +275,7 @@ class Chaos:
 
     def worker(self, n: int, rng: random.Random) -> None:
         session = f"chaos-{n}"
-        env = facade_env(self.kernel, session, **self.env)
+        env = facade_env(self.kernel, session, **self.env, SHOAL_LIVENESS_S=LIVENESS)
         pipe = McpPipe(env)
         try:
             pipe.initialize()
@@ -240,8 +285,17 @@ class Chaos:
                     pipe = McpPipe(env)
                     pipe.initialize()
                 op = rng.choices(
-                    (self.exec_fg, self.exec_bg, self.get, self.match, self.pty, self.plan),
-                    weights=(5, 2, 4, 2, 1, 1),
+                    (
+                        self.exec_fg,
+                        self.exec_bg,
+                        self.get,
+                        self.match,
+                        self.pty,
+                        self.plan,
+                        self.exec_shared,
+                        self.cwd_swap,
+                    ),
+                    weights=(5, 2, 4, 2, 1, 1, 2, 1),
                 )[0]
                 op(pipe, session, rng)
         finally:
@@ -258,6 +312,41 @@ class Chaos:
             ref = result["structuredContent"]["ref"]
             with self.lock:
                 self.refs[f"{session} {ref}"] = (session, expected)
+
+    def exec_shared(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        """An output the gc feed stores too: its blob is the one gc may be pruning."""
+        n = rng.choice(SHARED_SEQS)
+        result = self.call(pipe, "shoal_exec", {"command": f"seq 1 {n}"})
+        if result is not None:
+            ref = result["structuredContent"]["ref"]
+            with self.lock:
+                self.refs[f"{session} {ref}"] = (
+                    session,
+                    "".join(f"{i}\n" for i in range(1, n + 1)),
+                )
+
+    def cwd_swap(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        """Replace the session's cwd while its ready shell waits; the next exec must
+        write into the new directory."""
+        d = self.tmp / "cwd" / session / "d"
+        d.mkdir(parents=True, exist_ok=True)
+        if self.call(pipe, "shoal_exec", {"command": f"cd '{d}'"}) is None:
+            return
+        aside = d.with_name(f"d.{secrets.token_hex(4)}")
+        if rng.random() < 0.5:
+            d.rename(aside)
+        else:
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+        d.mkdir()
+        mark = secrets.token_hex(4)
+        if self.call(pipe, "shoal_exec", {"command": f"echo {mark} > f"}) is None:
+            return
+        if not (d / "f").is_file() or (d / "f").read_text() != f"{mark}\n":
+            with self.lock:
+                self.stale += 1
+                self.unclear.append(f"stale: {session} wrote {mark} outside the new {d}")
 
     def exec_bg(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
         src = f"nohup sleep {self.sleep_arg(300)} >/dev/null 2>&1 & sleep 0.{rng.randrange(1, 9)}"
@@ -335,6 +424,10 @@ class Chaos:
             text = json.dumps(reply)
             if "corrupted" in text:
                 return "corrupted"
+            if "unknown blob" in text or "no longer available" in text:
+                with self.lock:
+                    self.unclear.append(f"lost {ref}: {text[:300]}")
+                return "lost"
             with self.lock:
                 self.unclear.append(f"unreadable {ref}: {text[:300]}")
             return "unreadable"
@@ -345,6 +438,32 @@ class Chaos:
         with self.lock:
             self.unclear.append(f"changed {ref} (blob {digest[:16]}): {json.dumps(value)[:300]}")
         return "changed"
+
+    def misrouted_and_dangling(self) -> tuple[int, int]:
+        """Recorded refs this state dir's journal does not have, and ``store.verify``'s
+        values that reference missing blobs."""
+        client = self.kernel.client("chaos-audit")
+        try:
+            journaled: set[tuple[str, str]] = set()
+            params: dict = {"limit": 1000}
+            while True:
+                page = client.call("journal.query", params, timeout=CALL_DEADLINE_S)
+                rows = page["rows"]
+                journaled |= {(r["session"], r["ref"]) for r in rows if r.get("ref")}
+                # Cut short by size (a cursor), or full at the limit: older rows remain.
+                cursor = page.get("cursor") or (str(rows[-1]["id"]) if len(rows) == 1000 else None)
+                if not cursor:
+                    break
+                params = {"limit": 1000, "cursor": cursor}
+            missing = sum(
+                1
+                for key, (session, _) in self.refs.items()
+                if (session, key.split(" ", 1)[1]) not in journaled
+            )
+            dangling = client.call("store.verify", {}, timeout=600).get("dangling", 0)
+            return missing, dangling
+        finally:
+            client.close()
 
     def stop_all(self) -> None:
         if self.kernel.proc is not None and self.kernel.proc.poll() is None:
@@ -387,6 +506,7 @@ def test_chaos_soak(request) -> None:
             if chaos.kernel.proc is None or chaos.kernel.proc.poll() is not None:
                 chaos.restart()
             refs = chaos.verify_refs()
+            misrouted, dangling = chaos.misrouted_and_dangling()
             # Before the last stop: the trees of every SIGKILLed kernel must be gone.
             live = {chaos.kernel.pid} | descendants_of(chaos.kernel.pid)
             orphans = _leftover(chaos, live)
@@ -407,6 +527,11 @@ def test_chaos_soak(request) -> None:
         "kernels": len(chaos.kernel_pids),
         "refs": dict(refs),
         "refs_recorded": len(chaos.refs),
+        "lost": refs["lost"],
+        "stale": chaos.stale,
+        "misrouted": misrouted,
+        "dangling_references": dangling,
+        "stalled_named": chaos.stalled,
         "orphans_before_stop": len(orphans),
         "left_after_stop": len(left),
         "peak_marked_processes": chaos.peak_marked,
@@ -420,13 +545,15 @@ def test_chaos_soak(request) -> None:
         f"run {figures['seconds']} s{' (quick)' if QUICK else ''}, {WORKERS} facades, "
         f"{len(chaos.kernel_pids)} kernels, SHOAL_CHAOS_SEED={seed}",
         f"injected: SIGSTOP {inj['sigstop']}, SIGKILL {inj['sigkill']}, "
-        f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}",
+        f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}, gc {inj['gc']}",
         f"calls: answered {calls['answered']}, failed with a clear error "
         f"{calls['failed_clear']}, failed unclearly {calls['failed_unclear']}, "
         f"hung {calls['hung']} (target 0)",
         f"refs: {len(chaos.refs)} recorded; intact {refs['intact']}, corrupted (reported) "
         f"{refs['corrupted']}, changed {refs['changed']} (target 0), unreadable "
         f"{refs['unreadable']}",
+        f"lost {refs['lost']}, stale {chaos.stale}, misrouted {misrouted}, dangling "
+        f"references {dangling} (targets 0); calls told the kernel is stalled: {chaos.stalled}",
         f"processes left: {len(orphans)} orphaned before the last stop, {len(left)} after it "
         f"(target 0; up to {chaos.peak_marked} of this run's processes seen while it ran)",
         "most frequent clear errors:",
@@ -437,7 +564,8 @@ def test_chaos_soak(request) -> None:
     register_summary(request.config, "chaos soak (issue 19)", lines)
     print("\n" + "\n".join(lines))
     assert calls["hung"] == 0 and refs["hung"] == 0, figures
-    assert refs["changed"] == 0, figures
+    assert refs["changed"] == 0 and refs["lost"] == 0, figures
+    assert chaos.stale == 0 and misrouted == 0 and dangling == 0, figures
     assert not orphans and not left, figures
     assert calls["failed_unclear"] == 0, figures
     assert calls["answered"] > 0 and refs["intact"] > 0 and chaos.peak_marked > 0, figures

@@ -1,3 +1,3 @@
 """shoal: a shell for AI agents that cannot flood their context."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

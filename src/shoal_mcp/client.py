@@ -45,8 +45,7 @@ from .protocol.limits import (
     CALL_BUDGET_GRACE_S,
     CALL_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
-    LIVENESS_INTERVAL_S,
-    LIVENESS_TIMEOUT_S,
+    liveness_bounds,
 )
 from .protocol.paths import ensure_private_dir, socket_path, state_dir
 
@@ -73,6 +72,16 @@ class KernelUntrusted(KernelLost):
 
 class KernelStalled(KernelLost, TimeoutError):
     """The kernel accepted the connection but did not answer in time."""
+
+
+class KernelMisrouted(KernelUntrusted):
+    """The kernel reached serves another state dir than the one this client is set up for."""
+
+
+STALLED_HINT = (
+    "the kernel is stopped or wedged: `shoal kernel status` names it, `shoal kernel "
+    "restart` replaces it (or `kill -CONT <pid>` if it was stopped on purpose)"
+)
 
 
 def autostart_allowed(requested: bool | None = None) -> bool:
@@ -115,13 +124,17 @@ class KernelClient:
         on_event: Callable[[dict], None] | None = None,
         *,
         connect_timeout: float = CONNECT_TIMEOUT_S,
-        liveness_interval: float = LIVENESS_INTERVAL_S,
-        liveness_timeout: float = LIVENESS_TIMEOUT_S,
+        liveness_interval: float | None = None,
+        liveness_timeout: float | None = None,
     ) -> None:
         self.path = Path(path)
         self.on_event = on_event
-        self.liveness_interval = liveness_interval
-        self.liveness_timeout = liveness_timeout
+        default_interval, default_timeout = liveness_bounds()
+        self.liveness_interval = liveness_interval or default_interval
+        self.liveness_timeout = liveness_timeout or default_timeout
+        self.throttled_at: float | None = None  # last "throttled" notice (monotonic)
+        self.throttled_for_s = 0.0  # the debt that notice named
+        self._heartbeat: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -193,13 +206,14 @@ class KernelClient:
                 try:
                     return fut.result(step)
                 except FutureTimeout:
-                    pass
+                    if fut.done():  # failed with KernelStalled (a TimeoutError) by the heartbeat
+                        return fut.result()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise KernelStalled(
                         f"the shoal kernel at {self.path} did not answer {method} within "
                         f"{limit:g} s"
                     )
-                if method != "ping":
+                if method != "ping" and not self.heartbeat_running:
                     self.check_alive(f"while {method} was waiting")
         except BaseException:
             with self._lock:
@@ -208,15 +222,79 @@ class KernelClient:
 
     def check_alive(self, doing: str = "") -> None:
         """Ping on this connection; ``KernelStalled`` if no answer within the liveness
-        timeout (a SIGSTOPped kernel, or a listener that accepts and never answers)."""
+        timeout (a SIGSTOPped kernel, or a listener that accepts and never answers).
+
+        A kernel holding this connection back for its CPU budget says so ("throttled"
+        notices): the ping then waits as long as those keep coming, and is not a stall.
+        """
+        msg_id, fut = self.start_call("ping", {})
         try:
-            self.call("ping", {}, self.liveness_timeout)
-        except KernelStalled:
-            raise KernelStalled(
-                f"the shoal kernel at {self.path} (pid {self.peer_pid}) is stalled: no answer "
-                f"to ping within {self.liveness_timeout:g} s {doing}".rstrip()
-                + " (stopped? `shoal kernel status`, `shoal kernel restart`)"
-            ) from None
+            self._await_ping(fut)
+        except FutureTimeout:
+            raise KernelStalled(self.stalled_message(doing)) from None
+        finally:
+            with self._lock:
+                self._pending.pop(msg_id, None)
+
+    def _await_ping(self, fut: Future) -> None:
+        """Wait for a ping's answer while the kernel answers or reports throttling;
+        ``FutureTimeout`` after a full liveness timeout of neither."""
+        waited_since = time.monotonic()
+        while True:
+            try:
+                fut.result(self.liveness_timeout)
+                return
+            except FutureTimeout:
+                if self.closed.is_set():
+                    raise KernelLost("the shoal kernel connection closed") from None
+                if not self.throttled_since(waited_since):
+                    raise
+                waited_since = time.monotonic()
+
+    def throttled_since(self, moment: float) -> bool:
+        """True when the kernel said after ``moment`` that it holds this connection back
+        for its principal's CPU budget (``max_cpu_ms_per_s``)."""
+        at = self.throttled_at
+        return at is not None and at >= moment
+
+    def stalled_message(self, doing: str = "") -> str:
+        return (
+            f"the shoal kernel at {self.path} (pid {self.peer_pid}) is stalled: no answer "
+            f"to ping within {self.liveness_timeout:g} s {doing}".rstrip()
+            + " (stopped? `shoal kernel status`, `shoal kernel restart`)"
+        )
+
+    # -- heartbeat ----------------------------------------------------------------------
+
+    @property
+    def heartbeat_running(self) -> bool:
+        return self._heartbeat is not None and self._heartbeat.is_alive()
+
+    def start_heartbeat(self) -> None:
+        """Ping this connection every liveness interval while a call is in flight, and
+        fail every pending call with ``KernelStalled`` (closing the link) when a ping goes
+        unanswered for the liveness timeout: callers that do not wait on a thread of
+        their own (the facade's) learn of a stopped kernel too."""
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(
+                target=self._heartbeat_loop, name="kernel-heartbeat", daemon=True
+            )
+            self._heartbeat.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.closed.wait(self.liveness_interval):
+            with self._lock:
+                busy = bool(self._pending)
+            if not busy:
+                continue
+            try:
+                self.check_alive("while calls were in flight")
+            except KernelStalled as exc:
+                self._fail_pending(KernelStalled(str(exc)))
+                self.close()
+                return
+            except (KernelLost, OSError):
+                return  # the reader thread has failed the calls already
 
     def close(self) -> None:
         """Shut down, let the reader thread finish, then release the fd.
@@ -273,6 +351,10 @@ class KernelClient:
                 )
             else:
                 fut.set_result(msg.result)
+        elif isinstance(msg, Notification) and msg.method == "throttled":
+            wait_s = msg.params.get("wait_s") if isinstance(msg.params, dict) else None
+            self.throttled_for_s = float(wait_s) if isinstance(wait_s, int | float) else 0.0
+            self.throttled_at = time.monotonic()
         elif isinstance(msg, Notification) and msg.method == "event" and self.on_event:
             try:
                 self.on_event(msg.params)
@@ -280,13 +362,16 @@ class KernelClient:
                 pass
 
     def _lost(self, reason: str) -> None:
+        self._fail_pending(KernelLost(reason))
+
+    def _fail_pending(self, exc: KernelLost) -> None:
         self.closed.set()
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
         for fut in pending:
             if not fut.done():
-                fut.set_exception(KernelLost(reason))
+                fut.set_exception(type(exc)(str(exc)))  # one instance per waiting thread
 
 
 def budget(method: str, params: dict, timeout: float | None = None) -> float | None:
@@ -365,6 +450,31 @@ def discovered(state: Path, on_event: Callable[[dict], None] | None = None) -> K
     return client
 
 
+def check_serves(client: KernelClient, state: Path) -> None:
+    """Refuse (``KernelMisrouted``, the connection closed) a kernel whose ``ping`` names
+    another state dir than ``state``: its journal, sessions and outputs are not ours.
+    A kernel too old to say which state dir it serves is believed."""
+    try:
+        info = client.call("ping", {}, client.liveness_timeout).get("kernel") or {}
+    except KernelStalled:
+        client.close()
+        raise KernelStalled(
+            client.stalled_message("when asked which state dir it serves")
+        ) from None
+    except BaseException:
+        client.close()
+        raise
+    served = info.get("state_dir")
+    if not isinstance(served, str) or os.path.realpath(served) == os.path.realpath(state):
+        return
+    client.close()
+    raise KernelMisrouted(
+        f"refusing the shoal kernel at {client.path} (pid {client.peer_pid}): it serves the "
+        f"state dir {served}, not this client's {state}; no command was sent. Give each "
+        "state dir its own socket (SHOAL_SOCKET) or use the same SHOAL_STATE_DIR"
+    )
+
+
 def connect(
     sock: str | Path | None = None,
     state: str | Path | None = None,
@@ -379,6 +489,9 @@ def connect(
     explicit = sock or os.environ.get("SHOAL_SOCKET") or None
     state_path = state_dir(str(state) if state else None)
     target = socket_path(str(explicit) if explicit else None)
+    # The kernel at the default socket must serve our state dir; one named by socket,
+    # only when a state dir was named too (else any state dir is the one meant).
+    verify = not explicit or bool(state or os.environ.get("SHOAL_STATE_DIR"))
 
     def attempt() -> KernelClient | None:
         if not explicit:
@@ -386,11 +499,14 @@ def connect(
             if found is not None:
                 return found
         try:
-            return KernelClient(target, on_event)
+            client = KernelClient(target, on_event)
         except KernelUntrusted:
             raise
         except KernelLost:
             return None
+        if verify:
+            check_serves(client, state_path)
+        return client
 
     client = attempt()
     if client is not None:

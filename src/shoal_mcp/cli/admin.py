@@ -163,13 +163,20 @@ DB_FILES = ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm")
 
 def _verify(ctx: Ctx) -> str:
     report = ctx.call("store.verify")
-    if report["corrupted"] or report["database"] != "ok":
-        listed = ", ".join(f"{b['hash'][:16]}… ({b['reason']})" for b in report["bad"][:5])
+    dangling = report.get("dangling", 0)  # an older kernel does not check references
+    if report["corrupted"] or dangling or report["database"] != "ok":
+        listed = ", ".join(
+            f"{b.get('ref', b['hash'][:16] + '…')} ({b['reason']})" for b in report["bad"][:5]
+        )
         raise RuntimeError(
-            f"{report['corrupted']} of {report['checked']} stored outputs corrupted"
+            f"{report['corrupted']} of {report['checked']} stored outputs corrupted, "
+            f"{dangling} stored values reference missing outputs"
             f"{': ' + listed if listed else ''}; database: {report['database']}"
         )
-    return f"{report['checked']} stored outputs match their length and hash; database ok"
+    return (
+        f"{report['checked']} stored outputs match their length and hash, every stored value's "
+        "outputs are there; database ok"
+    )
 
 
 def _repair(ctx: Ctx, as_json: bool) -> None:

@@ -74,7 +74,15 @@ def probe(ctx: Ctx) -> KernelProbe:
         return result
     result.running, result.pid = True, client.peer_pid
     try:
-        result.version = client.call("ping", {}, STATUS_PROBE_TIMEOUT_S)["kernel"]["version"]
+        info = client.call("ping", {}, STATUS_PROBE_TIMEOUT_S)["kernel"]
+        result.version = info["version"]
+        served = info.get("state_dir")
+        if isinstance(served, str) and Path(served).resolve() != ctx.state_path.resolve():
+            result.running, result.untrusted, result.pid = False, True, None
+            result.detail = (
+                f"the kernel at {result.socket} (pid {client.peer_pid}) serves the state dir "
+                f"{served}, not {ctx.state_path}: it is not this state dir's kernel"
+            )
     except KernelStalled:
         result.stalled = True
         state = process_state(client.peer_pid)

@@ -29,8 +29,9 @@ CANCEL_TIMEOUT_S = 5.0
 KernelCall = tuple[Any, int, Any]
 """(kernel client, kernel request id, its future) of the call a request owns."""
 
-Progress = Callable[[int | None], None]
-"""Called about once a second while a tool waits, with the output bytes so far if known."""
+Progress = Callable[..., None]
+"""Called about once a second while a tool waits: ``(output bytes so far or None, note=None)``,
+the note saying why the kernel is slow (held back for the CPU budget)."""
 
 
 class CallCancelled(Exception):
@@ -182,11 +183,13 @@ def progress_reporter(token: Any, notify: Callable[[str, dict], None]) -> Progre
         return None
     start = time.monotonic()
 
-    def progress(out_bytes: int | None) -> None:
+    def progress(out_bytes: int | None, note: str | None = None) -> None:
         elapsed = time.monotonic() - start
         message = f"{elapsed:.0f} s elapsed" + (
             f", {out_bytes} bytes of output" if out_bytes is not None else ""
         )
+        if note:
+            message += f"; {note}"
         notify(
             "notifications/progress",
             {"progressToken": token, "progress": round(elapsed, 3), "message": message},

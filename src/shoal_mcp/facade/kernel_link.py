@@ -4,7 +4,10 @@ Both attach to the same session. The call connection is opened when the facade s
 (``prewarm``: connecting, autostarting the kernel if needed, in the background) and
 attached once ``initialize`` told us who the client is (``attach_soon``), so the first
 tool call finds a warm connection. A lost kernel fails in-flight calls (the demux
-thread does that) and the next call reconnects, autostarting the kernel if allowed.
+thread does that) and the next call reconnects, autostarting the kernel if allowed. A
+kernel that stops answering (SIGSTOP, a wedged listener) is found by the call link's
+heartbeat, which fails every in-flight call with ``KernelStalled`` after the liveness
+bound the CLI uses too (``protocol/limits.liveness_bounds``).
 What happens to the connection is reported through ``on_log`` (MCP logging).
 """
 
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ..client import KernelClient, KernelLost, connect, version_mismatch
+from ..client import KernelClient, KernelLost, KernelUntrusted, connect, version_mismatch
 from .inflight import current_flight, wait_cancellable
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,8 @@ class KernelLink:
     def _connect(self, on_event: Callable[[dict], None] | None) -> KernelClient:
         try:
             return connect(on_event=on_event, autostart=False)
+        except KernelUntrusted:
+            raise  # not ours (another user's, another state dir's): never start over it
         except KernelLost:
             if os.environ.get("SHOAL_NO_AUTOSTART", "") not in ("", "0"):
                 raise
@@ -95,6 +100,9 @@ class KernelLink:
                     self._calls = pending
                 else:
                     self._calls = self._open(None)
+                # Calls answered on the kernel's reply (the lean path) have no thread of
+                # their own waiting: the heartbeat fails them if the kernel stalls.
+                self._calls.start_heartbeat()
                 if lost:
                     self.on_log("notice", "reconnected to the shoal kernel")
             return self._calls

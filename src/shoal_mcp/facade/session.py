@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
-from ..client import KernelLost
+from ..client import STALLED_HINT, KernelLost, KernelStalled
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.jsonrpc import (
     NO_ID,
@@ -303,11 +303,12 @@ class McpSession:
             return error_response(msg.id, exc.code, exc.message, exc.data)
         except KernelLost as exc:
             self.log("error", f"shoal kernel unavailable: {exc}")
+            stalled = isinstance(exc, KernelStalled)
             return error_response(
                 msg.id,
                 ErrorCode.INTERNAL,
                 f"shoal kernel unavailable: {exc}",
-                {"hint": KERNEL_LOST_HINT},
+                {"hint": STALLED_HINT, "stalled": True} if stalled else {"hint": KERNEL_LOST_HINT},
             )
         except Exception as exc:  # noqa: BLE001 - no traceback ever reaches the client
             log.exception("%s failed", msg.method)

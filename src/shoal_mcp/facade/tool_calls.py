@@ -10,6 +10,7 @@ stops waiting at once, freeing its worker even when the kernel does not answer.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -164,15 +165,21 @@ class ToolRunner:
                     flight.wake.wait(PROGRESS_INTERVAL_S)
                 if flight.cancelled and not fut.done():
                     raise CallCancelled(flight.request_id)
-            if fut.done() or flight is None:
+            if fut.done():
+                return fut.result()  # KernelStalled is a TimeoutError: never swallow it
+            if flight is None:
                 try:
-                    return fut.result(timeout=0 if flight is not None else PROGRESS_INTERVAL_S)
+                    return fut.result(timeout=PROGRESS_INTERVAL_S)
                 except TimeoutError:
-                    pass
+                    if fut.done():
+                        return fut.result()
             if progress is not None and not fut.done():
+                asked = time.monotonic()
                 alive, out_bytes = self._probe(client, kernel_id)
                 if alive:
                     progress(out_bytes)
+                elif client.throttled_since(asked - PROGRESS_INTERVAL_S):
+                    progress(None, throttled_note(client))
 
     @staticmethod
     def _probe(client: Any, kernel_id: int) -> tuple[bool, int | None]:
@@ -216,6 +223,14 @@ class ToolRunner:
         if "format" not in params:
             params["with_render"] = True
         return raw_page_render(self.link.call("value.get", params))
+
+
+def throttled_note(client: Any) -> str:
+    """The progress note of a call the kernel holds back for its principal's CPU budget."""
+    return (
+        f"throttled: the kernel holds this client's calls for its CPU budget "
+        f"(max_cpu_ms_per_s), about {client.throttled_for_s:.1f} s of debt left"
+    )
 
 
 def raw_page_render(result: dict) -> dict:

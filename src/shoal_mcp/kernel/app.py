@@ -36,6 +36,7 @@ from .exec.tasks import TaskManager
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated
+from .store.gc import value_references
 from .store.journal import Journal
 from .store.refs import RefCounter
 from .store.sessions import SessionTable
@@ -138,8 +139,9 @@ class Kernel:
             leftover.unlink(missing_ok=True)
 
     def verify_store(self) -> dict[str, Any]:
-        """``store.verify``: every blob's length and hash, the database's integrity."""
-        result = self.cas.verify_all()
+        """``store.verify``: every blob's length and hash, every stored value's blobs
+        recorded, the database's integrity."""
+        result = self.cas.verify_all(value_references(self.db))
         rows = self.db.query("PRAGMA quick_check")
         problems = [str(r[0]) for r in rows if str(r[0]) != "ok"]
         result["database"] = "ok" if not problems else "; ".join(problems[:3])
@@ -159,6 +161,9 @@ class Kernel:
             "version": __version__,
             "framing_backend": BACKEND,
             "pid": os.getpid(),
+            # Clients check it is theirs: a kernel on the default socket may serve
+            # another state dir (protocol/discovery, "misrouted").
+            "state_dir": os.path.realpath(self.config.state_dir),
             "sandbox": self.confinement.status(),
         }
 

@@ -6,6 +6,8 @@ spell a number themselves.
 
 from __future__ import annotations
 
+import os
+
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -138,9 +140,29 @@ CALL_TIMEOUT_S = 60.0
 CALL_BUDGET_GRACE_S = 15.0
 """Added to a caller's own budget (``timeout_ms``) before the client gives up."""
 LIVENESS_INTERVAL_S = 5.0
-"""A call unanswered this long makes the client ping the kernel on the same link."""
+"""A call unanswered this long makes the client ping the kernel on the same link (the
+facade's call link pings this often while any call is in flight)."""
 LIVENESS_TIMEOUT_S = 15.0
-"""A ping unanswered this long means the kernel is stalled (stopped, wedged)."""
+"""A ping unanswered this long means the kernel is stalled (stopped, wedged): the CLI, the
+facade and every other client use this one bound (``liveness_bounds``)."""
+LIVENESS_ENV = "SHOAL_LIVENESS_S"
+"""Overrides the two bounds above as ``INTERVAL,TIMEOUT`` seconds (tests: a stall is then
+named in a second, not 20)."""
+
+
+def liveness_bounds() -> tuple[float, float]:
+    """(ping after, stalled after) in seconds: ``SHOAL_LIVENESS_S`` if set and valid,
+    else ``LIVENESS_INTERVAL_S``, ``LIVENESS_TIMEOUT_S``."""
+    raw = os.environ.get(LIVENESS_ENV, "")
+    try:
+        interval, timeout = (float(part) for part in raw.split(","))
+    except ValueError:
+        return LIVENESS_INTERVAL_S, LIVENESS_TIMEOUT_S
+    if not (0 < interval < 3600 and 0 < timeout < 3600):
+        return LIVENESS_INTERVAL_S, LIVENESS_TIMEOUT_S
+    return interval, timeout
+
+
 STATUS_PROBE_TIMEOUT_S = 5.0
 """How long ``shoal kernel status`` and ``shoal doctor`` wait for a ping."""
 KERNEL_STOP_TIMEOUT_S = 10.0
@@ -250,6 +272,14 @@ STATE_REPORT_MAX_BYTES = 4 * MiB
 """Largest cwd+env report an exec's EXIT trap may write; a bigger one is ignored whole
 (Linux's own argv+env limit is far below this)."""
 ENV_REFUSED_MAX = 64
+ENV_STRING_MAX = 128 * KiB
+"""Longest ``NAME=value`` string (with its NUL) a program can be started with: Linux's
+MAX_ARG_STRLEN. A session variable longer than this would make every later exec fail
+E2BIG ("Argument list too long"), so an exec that exports one keeps its old value."""
+ENV_TOTAL_MAX = 1 * MiB
+"""Most bytes a session's environment may take in ``execve`` (each string, its NUL and
+its pointer). Linux allows argv + env together a quarter of the stack limit (2 MiB by
+default); the rest is left for the command line and the variables the kernel adds."""
 """Most refused variable names an outcome's ``env_refused`` lists."""
 PROTECTED_ENV = (
     # bash itself

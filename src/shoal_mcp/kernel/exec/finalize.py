@@ -110,6 +110,9 @@ class Finalizer:
             for p in placed:
                 self.cas.unplace(p)
             raise
+        finally:
+            for p in placed:  # committed or undone: gc may judge them by references again
+                self.cas.release(p)
         spools = spool_bin(self.spool_dir, task.principal)
         for path in spare:
             spools.give_back(path)

@@ -95,8 +95,12 @@ class WarmPool:
             entry = self._entry(key)
             zygote = entry.zygote
             if zygote is not None and zygote.alive():
-                self.hits += 1
-                return zygote
+                if zygote.fresh():
+                    self.hits += 1
+                    return zygote
+                # A directory its view bound was replaced: the view is stale.
+                entry.zygote = None
+                self._retire(zygote)
             self.misses += 1
         self.prestart(principal, spec_bytes)
         return None

@@ -7,7 +7,17 @@ environment as they are now, reused spools and its own supervisor (a job like an
 other), and blocks reading one byte from a pipe; an exec arriving while it starts
 waits for it, up to ``READY_SHELL_WAIT_S``.  An exec whose cwd, environment, sandbox
 spec and output cap are exactly those hands it the source (through a memfd) and the
-go byte; anything else discards it (the pipe closes, bash exits) and starts cold.  Each
+go byte; anything else discards it (the pipe closes, bash exits) and starts cold.
+
+Equal strings are not the same state (issue 31): when taken, a shell is also
+re-validated against the files themselves, and any doubt is a cold start: the
+directory bash sits in must be the one the session's cwd resolves to now (same path,
+device and inode, not deleted: a cwd removed and re-created, moved aside, or a
+re-pointed symlink all fail), its spool files must still be the ones it writes to
+(a spool dir removed under the kernel), and the sandbox's granted paths the same
+inodes its rules were made for.  No ready shell is made while ``BASH_ENV`` is set:
+bash reads that file when it starts, so a ready shell would run it ahead of time (and
+once more for every shell discarded unused).  Each
 ready shell runs one source, so nothing passes between execs; its source runs through
 ``eval`` at line 1, which differs from ``bash -c`` only in the word ``eval`` instead of
 ``-c`` in syntax error messages.  See docs/decisions.md, "Exec round trip", second and
@@ -57,6 +67,39 @@ LOADER = (
 
 
 ReadyKey = tuple[str, str]  # (principal, session)
+FileId = tuple[int, int] | None
+"""(device, inode) of a path, None when it cannot be stat'ed."""
+
+
+def file_ids(paths: dict[str, FileId] | list[str]) -> dict[str, FileId]:
+    """(device, inode) of each path now (symlinks followed)."""
+    ids: dict[str, FileId] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            ids[path] = None
+            continue
+        ids[path] = (st.st_dev, st.st_ino)
+    return ids
+
+
+def in_directory(pid: int, cwd: str) -> bool:
+    """Whether process ``pid`` sits in the directory ``cwd`` names now: the same path
+    after resolving symlinks, the same device and inode, and not deleted (a directory
+    removed and made again may get the freed inode number back)."""
+    try:
+        where = os.readlink(f"/proc/{pid}/cwd")
+        here = os.stat(f"/proc/{pid}/cwd")
+        real = os.path.realpath(cwd)
+        there = os.stat(real)
+    except OSError:
+        return False
+    return (
+        where == real
+        and here.st_nlink > 0
+        and (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+    )
 
 
 @dataclass
@@ -74,6 +117,8 @@ class ReadyShell:
     script_fd: int
     go_fd: int
     made: float = field(default_factory=time.monotonic)
+    files: dict[str, FileId] = field(default_factory=dict)
+    """Spools and granted paths as they were when the shell started (``file_ids``)."""
 
     def matches(self, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int) -> bool:
         return self.job.exit is None and (cwd, env, spec_bytes, cap) == (
@@ -82,6 +127,14 @@ class ReadyShell:
             self.spec_bytes,
             self.cap,
         )
+
+    def still_valid(self) -> bool:
+        """The files under the strings are still those the shell started with: its
+        working directory is what the cwd resolves to now, its spools and the sandbox's
+        granted paths the same inodes. Any doubt (an unreadable /proc entry) is False."""
+        if self.env.get("BASH_ENV") or self.job.pid is None:
+            return False
+        return in_directory(self.job.pid, self.cwd) and file_ids(self.files) == self.files
 
     def start(self, src: str) -> RunningCommand | None:
         """Run ``src`` in it; None when it is gone (then it was discarded)."""
@@ -136,6 +189,8 @@ def prepare(
     owner: str = "",
 ) -> ReadyShell:
     """Start a bash under ``supervisor`` that waits for its source (OSError if not)."""
+    if env.get("BASH_ENV"):
+        raise OSError("BASH_ENV is set: a ready shell would read it before its exec")
     fds: list[int] = []
     paths: list[Path] = []
     keep: list[int] = []
@@ -166,9 +221,10 @@ def prepare(
             if fd not in keep:
                 os.close(fd)
     spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
+    granted = [] if sandbox is None else [*sandbox.read, *sandbox.write, *sandbox.delete]
     shell = ReadyShell(
         cwd, dict(env), spec_bytes, max_output_bytes, job, paths[0], paths[1],
-        state_fd, script_fd, go_w,
+        state_fd, script_fd, go_w, files=file_ids([*map(str, paths), *granted]),
     )  # fmt: skip
     if job.exit is not None:  # it could not start (sandbox not applied, exec failed)
         shell.discard()
@@ -210,7 +266,7 @@ class ReadyShells:
         if shell is None:
             self.misses += 1
             return None
-        if not shell.matches(cwd, env, spec_bytes, cap):
+        if not (shell.matches(cwd, env, spec_bytes, cap) and shell.still_valid()):
             self.misses += 1
             shell.discard()
             return None

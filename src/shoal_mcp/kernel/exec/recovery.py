@@ -115,3 +115,6 @@ def _recover_one(
         for p in placed:
             cas.unplace(p)
         raise
+    finally:
+        for p in placed:
+            cas.release(p)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import wcmatch.fnmatch as fnmatch
 
 from ...protocol.limits import ENV_REFUSED_MAX, PROTECTED_ENV, PROTECTED_ENV_PREFIXES
+from ..store.envlimits import refused_sets
 from ..store.sessions import StateDelta, diff
 
 
@@ -57,9 +58,17 @@ def filter_report(
         warnings.append(f"reported cwd {cwd!r} is not a directory; the session keeps its cwd")
         cwd = None
     if trusted:
-        return Filtered(StateDelta(cwd, delta.set, delta.unset), [], warnings)
-    grants = tuple(env_grants)
-    refused = sorted({n for n in (*delta.set, *delta.unset) if not env_writable(n, grants)})
-    kept_set = {k: v for k, v in delta.set.items() if k not in refused}
-    kept_unset = frozenset(n for n in delta.unset if n not in refused)
+        refused: list[str] = []
+        kept_set, kept_unset = dict(delta.set), delta.unset
+    else:
+        grants = tuple(env_grants)
+        refused = sorted({n for n in (*delta.set, *delta.unset) if not env_writable(n, grants)})
+        kept_set = {k: v for k, v in delta.set.items() if k not in refused}
+        kept_unset = frozenset(n for n in delta.unset if n not in refused)
+    # A state that could not be exec'd is never stored (store/envlimits.py).
+    too_big, why = refused_sets(start[1], kept_set, kept_unset)
+    if too_big:
+        kept_set = {k: v for k, v in kept_set.items() if k not in too_big}
+        refused = sorted({*refused, *too_big})
+        warnings += why
     return Filtered(StateDelta(cwd, kept_set, kept_unset), refused[:ENV_REFUSED_MAX], warnings)

@@ -62,7 +62,12 @@ class Supervisor:
         self.spec_bytes = spec_bytes
         # Its jobs run in a pid namespace of their own: their pids mean nothing here, so
         # signals go through each job's socket (supervise.py) instead of kill(2).
-        self.own_pids = bool(spec_bytes) and SandboxSpec.from_bytes(spec_bytes).view is not None
+        spec = SandboxSpec.from_bytes(spec_bytes) if spec_bytes else None
+        self.own_pids = spec is not None and spec.view is not None
+        # The directories its view bound: replaced since (rm -r, mv, a new mkdir), the
+        # view would show the old ones (or read-only nothing); see fresh().
+        self._bound = tuple(spec.view["write"] + spec.view["reveal"]) if self.own_pids else ()
+        self._stamp = _identities(self._bound)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         try:
@@ -94,6 +99,10 @@ class Supervisor:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def fresh(self) -> bool:
+        """Every path its namespaced view bound is still the same file or directory."""
+        return not self._bound or _identities(self._bound) == self._stamp
 
     def alive(self) -> bool:
         return not self.closed and self.proc.poll() is None
@@ -174,6 +183,17 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             pass
         self.sock.close()
+
+
+def _identities(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
+    out: list[tuple[int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 class Job:

@@ -62,16 +62,22 @@ class CpuBucket:
         self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def admit(self, stop: threading.Event) -> None:
-        """Wait while in debt (or until ``stop``)."""
-        with self._cond:
-            while not stop.is_set():
+    def admit(self, stop: threading.Event, on_wait: Callable[[float], None] | None = None) -> None:
+        """Wait while in debt (or until ``stop``); ``on_wait(seconds of debt left)`` before
+        each slice of waiting, outside the lock (the server tells the client it is
+        throttled, not stalled, and a write may block)."""
+        while not stop.is_set():
+            with self._cond:
                 self._refill()
                 if self.tokens >= 0 or self.rate <= 0:
                     return
+                debt_s = -self.tokens / self.rate
+            if on_wait is not None:
+                on_wait(debt_s)
+            with self._cond:
                 # Woken early by set_rate; sliced so ``stop`` (a closed connection) is seen.
                 began = time.monotonic()
-                self._cond.wait(min(-self.tokens / self.rate, CPU_WAIT_SLICE_S))
+                self._cond.wait(min(debt_s, CPU_WAIT_SLICE_S))
                 self.held_s += time.monotonic() - began
 
     def charge(self, seconds: float) -> None:
@@ -110,12 +116,17 @@ class CpuBudgets:
         with self._lock:
             return {p: b.held_s for p, b in self._buckets.items() if b.held_s > 0}
 
-    def admit(self, principal: str, stop: threading.Event) -> None:
+    def admit(
+        self,
+        principal: str,
+        stop: threading.Event,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> None:
         """Before a principal's work: wait while it is over its CPU rate."""
         bucket = self.bucket(principal)
         if bucket is None:
             return
-        bucket.admit(stop)
+        bucket.admit(stop, on_wait)
 
     def charge(self, principal: str, seconds: float) -> None:
         """After a principal's work: the thread CPU seconds it used."""

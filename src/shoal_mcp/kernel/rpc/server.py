@@ -106,6 +106,11 @@ class Connection:
     def notify_event(self, event: dict) -> None:
         self.send({"jsonrpc": "2.0", "method": "event", "params": event})
 
+    def notify_throttled(self, wait_s: float) -> None:
+        """Tell the client its frames wait for its CPU budget: its liveness pings go
+        unanswered meanwhile, and it must not call that a stalled kernel."""
+        self.send({"jsonrpc": "2.0", "method": "throttled", "params": {"wait_s": round(wait_s, 3)}})
+
 
 class InflightCall:
     """A blocking call known by its request id, from receipt to reply.
@@ -289,7 +294,7 @@ class KernelServer:
                 for i, event in enumerate(events):
                     principal = _principal_of(conn)
                     if principal is not None:
-                        self.cpu.admit(principal, conn.closed)
+                        self.cpu.admit(principal, conn.closed, conn.notify_throttled)
                     blocking = None
                     if isinstance(event, Oversize):
                         ok = self._oversize(conn, event)

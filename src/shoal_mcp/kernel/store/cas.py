@@ -12,7 +12,8 @@ import itertools
 import mmap
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,6 +338,11 @@ class ContentStore:
         # Recorded metadata of recently used blobs: a blob never changes under its hash,
         # and each reply reads the info of the blobs it shows (a query each, before).
         self._infos: Lru[str, BlobInfo] = Lru(BLOB_INFOS_REMEMBERED)
+        # The store's generation: a blob placed for a value being stored is pinned from
+        # before its file is looked up until its row is committed (``release``), and gc
+        # deletes only under this lock, only what is neither pinned nor referenced.
+        self._generation = threading.Lock()
+        self._pins: dict[str, int] = {}
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest
@@ -352,15 +358,30 @@ class ContentStore:
             if is_disk_full(exc):
                 raise state_dir_full(f"cannot store output blob: {exc.strerror}") from exc
             raise
+        finally:
+            self.release(placed)
         return placed.info
 
     def place(self, spool: Path, recycle: Callable[[Path], None] | None = None) -> Placed:
         """Hash ``spool`` (one streaming pass) and move it to ``cas/ab/<hash>``.
 
         A spool whose blob is already stored is removed, or handed to ``recycle`` (the
-        exec spools are reused: creating and deleting a file per exec is costly)."""
+        exec spools are reused: creating and deleting a file per exec is costly).
+
+        The blob stays pinned (gc keeps it) until the caller ``release``s it, once the
+        value referencing it is committed or given up."""
         info = scan_file(spool)
         target = self.path_of(info.hash)
+        self._pin(info.hash)
+        try:
+            return self._place_pinned(spool, info, target, recycle)
+        except BaseException:
+            self._unpin(info.hash)
+            raise
+
+    def _place_pinned(
+        self, spool: Path, info: BlobInfo, target: Path, recycle: Callable[[Path], None] | None
+    ) -> Placed:
         try:
             try:
                 stored_size: int | None = os.stat(target).st_size
@@ -391,6 +412,36 @@ class ContentStore:
             "INSERT OR IGNORE INTO blobs(hash, size, lines, chars, utf8) VALUES (?,?,?,?,?)",
             (info.hash, info.size, info.lines, info.chars, int(info.utf8)),
         )
+
+    def _pin(self, digest: str) -> None:
+        with self._generation:
+            self._pins[digest] = self._pins.get(digest, 0) + 1
+
+    def _unpin(self, digest: str) -> None:
+        with self._generation:
+            left = self._pins.get(digest, 0) - 1
+            if left > 0:
+                self._pins[digest] = left
+            else:
+                self._pins.pop(digest, None)
+
+    def release(self, placed: Placed) -> None:
+        """The value that references ``placed`` is committed (or given up): gc may judge
+        the blob by its references again."""
+        self._unpin(placed.info.hash)
+
+    def delete_unreferenced(self, digest: str, referenced: Callable[[str], bool]) -> bool:
+        """Delete a blob (row and file) unless it is pinned or ``referenced(digest)``,
+        both judged under the store's generation lock, so no value being stored now can
+        come to reference a deleted blob (``store.gc``). True when it was deleted."""
+        with self._generation:
+            if self._pins.get(digest) or referenced(digest):
+                return False
+            with self.db.transaction() as conn:
+                conn.execute("DELETE FROM blobs WHERE hash = ?", (digest,))
+            self.forget_info(digest)
+            self.path_of(digest).unlink(missing_ok=True)
+        return True
 
     def unplace(self, placed: Placed) -> None:
         """Undo ``place`` after the recording transaction failed: never leave a blob on
@@ -443,19 +494,29 @@ class ContentStore:
     def _remember(self, digest: str, st: os.stat_result) -> None:
         self._verified.put((digest, st.st_ino, st.st_mtime_ns, st.st_size), None)
 
-    def verify_all(self) -> dict:
-        """Every recorded blob checked (length and hash): ``shoal doctor --verify``."""
+    def verify_all(self, references: Iterable[tuple[str, str]] = ()) -> dict:
+        """Every recorded blob checked (length and hash), and every blob a stored value
+        references (``(ref, hash)`` pairs) recorded: ``shoal doctor --verify``."""
         checked = 0
         bad: list[dict] = []
         damaged = 0
+        recorded: set[str] = set()
         for row in self.db.query("SELECT hash, size FROM blobs ORDER BY hash"):
             checked += 1
+            recorded.add(row["hash"])
             reason = self._check_file(row["hash"], row["size"])
             if reason is not None:
                 damaged += 1
                 if len(bad) < VERIFY_REPORT_MAX:
                     bad.append({"hash": row["hash"], "reason": reason})
-        return {"checked": checked, "corrupted": damaged, "bad": bad}
+        dangling = 0
+        for ref, digest in references:
+            if digest in recorded:
+                continue
+            dangling += 1
+            if len(bad) < VERIFY_REPORT_MAX:
+                bad.append({"hash": digest, "ref": ref, "reason": "referenced but not stored"})
+        return {"checked": checked, "corrupted": damaged, "dangling": dangling, "bad": bad}
 
     def _check_file(self, digest: str, size: int) -> str | None:
         try:

@@ -74,6 +74,16 @@ class GcPlan:
         }
 
 
+def value_references(db: Database) -> Iterator[tuple[str, str]]:
+    """``(session:out:N, hash)`` for every blob a stored value (not a tombstone) references."""
+    for r in db.query("SELECT session, n, value FROM transcript ORDER BY session, n"):
+        value = orjson.loads(r["value"])
+        if isinstance(value, dict) and value.get("gc_removed"):
+            continue
+        for digest in blob_hashes(value):
+            yield f"{r['session']}:out:{r['n']}", digest
+
+
 def blob_hashes(value: Any) -> Iterator[str]:
     """Every ``{"$": "blob", "hash": H}`` inside a stored value."""
     if isinstance(value, dict):
@@ -180,13 +190,11 @@ class GarbageCollector:
                 )
         self._remove_entries(plan)
         for digest in list(plan.blobs):
-            if self._still_referenced(digest):
-                del plan.blobs[digest]  # a value stored meanwhile shares this output
-                continue
-            with self.db.transaction() as conn:
-                conn.execute("DELETE FROM blobs WHERE hash = ?", (digest,))
-            self.cas.forget_info(digest)
-            self.cas.path_of(digest).unlink(missing_ok=True)
+            # Judged again at the moment of deletion, under the store's generation lock:
+            # an exec finalizing now pins its blobs before it looks for them, so a value
+            # stored meanwhile that shares this output keeps it.
+            if not self.cas.delete_unreferenced(digest, self._still_referenced):
+                del plan.blobs[digest]
         with self.db.transaction() as conn:  # one statement: a journal row and its text
             # are inserted in one transaction, so a text being recorded is never seen alone
             gone = {r["hash"] for r in conn.execute(ORPHAN_TEXTS)}

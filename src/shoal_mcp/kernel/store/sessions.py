@@ -26,6 +26,7 @@ import orjson
 
 from ...protocol.wiretext import from_bytes, to_bytes
 from .db import Database
+from .envlimits import repaired_env
 
 # Variables bash maintains itself (or, PS1/PS2, unsets in every non-interactive shell),
 # and SHOAL_OUT (set per exec);
@@ -205,7 +206,10 @@ class SessionTable:
                 return session
             rows = self.db.query("SELECT cwd, env FROM sessions WHERE name = ?", (name,))
             if rows:
-                session = Session(name, decode_cwd(rows[0]["cwd"]), decode_env(rows[0]["env"]))
+                # A session stored before exports were bounded may hold an env no program
+                # can start with: repaired here, said in its next outcome (envlimits.py).
+                env, repaired = repaired_env(decode_env(rows[0]["env"]))
+                session = Session(name, decode_cwd(rows[0]["cwd"]), env, warnings=repaired)
                 for row in self.db.query(
                     "SELECT principal, cwd, sets, unsets FROM session_overlays WHERE session = ?",
                     (name,),
