@@ -574,6 +574,39 @@ def test_network_families(world: World) -> None:
         net.close()
 
 
+def test_network_with_a_tcp_grant(world: World, unix_listeners: UnixListeners) -> None:
+    """agent:net may connect to one TCP port, so it runs in the host's network: the
+    granted port works; another port, MPTCP, a listener, raw sockets and the host's
+    abstract unix sockets do not.  (UDP stays open there, and caps say so: the network
+    layer is ``landlock-tcp``, TCP by port.)"""
+    assert world.granted is not None
+    port = world.granted.getsockname()[1]
+    net = NetTargets()
+    try:
+        f = Findings(world)
+        cases = [f"tcp-connect:{port}", f"tcp-connect:{net.tcp_port}", f"mptcp-connect:{port}",
+                 "raw-socket", "packet-socket", f"abstract-connect:{unix_listeners.abstract}",
+                 f"dgram-send:{unix_listeners.dgram_path}", "socketpair-dgram"]  # fmt: skip
+        got = world.probe("agent:net", cases)
+        f.check(got.pop(f"tcp-connect:{port}")["done"], "the granted port does not work")
+        f.contained("agent:net", got)
+        with world.background("agent:net", "listen-nobind") as listener:
+            if listener.ready_text:
+                try:
+                    socket.create_connection(("127.0.0.1", int(listener.ready_text)), 2).close()
+                except OSError:
+                    pass
+        f.contained("agent:net", {"listen-nobind": listener.outcome or {"done": False}})
+        f.check(net.drain()[0] == 0, "a connection reached the ungranted port")
+        f.check(unix_listeners.accepted == [], f"unix connections: {unix_listeners.accepted}")
+        attach = {"session": "net-caps", "token": world.tokens["agent:net"]}
+        caps = world.call("agent:net", "net-caps", "session.attach", attach)["caps"]["enforced"]
+        f.check(caps.get("net") == "landlock-tcp", f"caps for agent:net: {caps}")
+        f.done()
+    finally:
+        net.close()
+
+
 # --- the kernel surface -------------------------------------------------------------------
 
 SURFACE = ["realtime", "nice-negative", "keyring", "bpf", "perf", "userfaultfd", "io-uring", "unshare-user",

@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +51,7 @@ from .unprivileged import (
 
 PROBES = Path(__file__).with_name("isolation_probes.py")
 PYTHON = "/usr/bin/python3"
-AGENTS = ("agent:a", "agent:b", "agent:tmp", "agent:ask")
+AGENTS = ("agent:a", "agent:b", "agent:tmp", "agent:ask", "agent:net")
 STEER_NAMES = (
     "PATH",
     "LD_PRELOAD",
@@ -92,6 +93,14 @@ ungranted = "ask"
 read = [{reads}]
 write = ["{proj}/**", "{rt}/**"]
 
+[principal."agent:net"]
+proc_spawn = ["*"]
+opaque = "allow"
+net_connect = ["127.0.0.1:{granted_port}"]
+[principal."agent:net".fs]
+read = [{reads}]
+write = ["{proj}/**"]
+
 [principal."agent:tmp"]
 proc_spawn = ["*"]
 opaque = "allow"
@@ -124,6 +133,7 @@ class World:
     tokens: dict[str, str]
     paths: dict[str, Path]
     _clients: dict[tuple[str, str], KernelClient] = field(default_factory=dict)
+    granted: socket.socket | None = None  # agent:net's one granted TCP port listens here
     _uid_caller: UidCaller | None = None
     _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -281,12 +291,17 @@ def isolation_world(mode: str) -> Iterator[World]:
         tmp.chmod(0o711)
         paths = _populate(tmp)
         pythonpath = build_runtime(paths["rt"])
+        granted = socket.socket()
+        granted.bind(("127.0.0.1", 0))
+        granted.listen(16)
+        granted.setblocking(False)
         reads = ", ".join(
             f'"{paths[n]}/**"' for n in ("proj", "home", "out", "attacks", "rt", "cfg")
         )
         paths["policy"].write_text(
             POLICY.format(
                 steer=", ".join(f'"{n}"' for n in STEER_NAMES),
+                granted_port=granted.getsockname()[1],
                 reads=reads,
                 **{n: paths[n] for n in ("proj", "rt", "cfg")},
             )
@@ -305,7 +320,7 @@ def isolation_world(mode: str) -> Iterator[World]:
             chown_tree(tmp, uid)
             check_runtime(pythonpath, uid, paths["home"])
         kernel.start()
-        world = World(mode, tmp, kernel, uid, tokens, paths)
+        world = World(mode, tmp, kernel, uid, tokens, paths, granted=granted)
         if mode == "user":
             world._uid_caller = UidCaller(kernel.socket, uid, child_env(env))
         try:
@@ -313,3 +328,4 @@ def isolation_world(mode: str) -> Iterator[World]:
         finally:
             world.close()
             kernel.stop()
+            granted.close()
