@@ -319,11 +319,11 @@ def isolation_world(mode: str) -> Iterator[World]:
         if mode == "user":
             chown_tree(tmp, uid)
             check_runtime(pythonpath, uid, paths["home"])
-        kernel.start()
         world = World(mode, tmp, kernel, uid, tokens, paths, granted=granted)
-        if mode == "user":
-            world._uid_caller = UidCaller(kernel.socket, uid, child_env(env))
         try:
+            kernel.start()
+            if mode == "user":
+                world._uid_caller = UidCaller(kernel.socket, uid, child_env(env))
             yield world
         finally:
             world.close()
