@@ -492,6 +492,20 @@ def test_fork_bomb_and_rlimits(world: World) -> None:
     f.done()
 
 
+def test_per_uid_limits_are_not_exhausted_for_others(world: World) -> None:
+    """An agent holding every inotify instance it can get (``fs.inotify.max_user_instances``
+    counts per uid) leaves the human able to make one."""
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    f = Findings(world)
+    f.works("human", world.probe("human", ["inotify-init"]))  # the control: it can before
+    with world.background("agent:a", f"hold-inotify:{limit + 16}") as held:
+        got = world.probe("human", ["inotify-init"])
+    f.check(got["inotify-init"]["done"], f"the human got none while agent:a held {held.ready_text}: "
+            f"{got['inotify-init']['detail']}")  # fmt: skip
+    f.check(bool(held.outcome and held.outcome["done"]), f"the agent's probe: {held.outcome}")
+    f.done()
+
+
 # --- network ------------------------------------------------------------------------------
 
 

@@ -826,6 +826,32 @@ def lower_nofile(arg: str) -> str:
     return "RLIMIT_NOFILE of this process lowered to 8"
 
 
+def hold_inotify(arg: str) -> str:
+    """Take every inotify instance this tree can get (a per-uid limit the kernel and the
+    human share, unless the tree's are its own), hold them until stopped."""
+    fds = []
+    try:
+        while len(fds) < int(arg):
+            fd = libc.inotify_init1(os.O_CLOEXEC)
+            if fd < 0:
+                break
+            fds.append(fd)
+        _ready(str(len(fds)))
+        _wait_stop()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return f"held {len(fds)} inotify instances"
+
+
+def inotify_init(arg: str) -> str:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    os.close(fd)
+    return "made an inotify instance"
+
+
 # --- the kernel surface ------------------------------------------------------------------
 
 
