@@ -840,7 +840,8 @@ def _via_pty(world: World, result: Path, cases: list[str]) -> None:
 
 def _via_plan_apply(world: World, result: Path, cases: list[str]) -> None:
     """agent:ask's command touches a path outside its grants: approved by the human,
-    then applied (the whole source runs under plan.apply, still in the sandbox)."""
+    then applied (the whole source runs under plan.apply, in the sandbox widened by
+    exactly that path: the probe's attacks are refused as in an exec)."""
     src = f"touch {world.paths['out']}/asked; " + world.probe_src(result, cases)
     with pytest.raises(RpcError) as exc:
         world.exec("agent:ask", "tree-plan", src)
@@ -881,8 +882,8 @@ def test_every_sandboxed_tree_is_isolated(world: World, tree: str) -> None:
     f.check(not (world.paths["proj"] / "suid" / "core").exists()
             or not os.stat(world.paths["proj"] / "suid" / "core").st_mode & stat.S_ISUID,
             "a setuid file in the project")  # fmt: skip
-    if tree == "plan.apply":  # it ran (the result is there); approval widens no grant
-        f.check(not (world.paths["out"] / "asked").exists(), "the approved touch escaped")
+    if tree == "plan.apply":  # it ran; the approval granted exactly the named target (#26)
+        f.check((world.paths["out"] / "asked").exists(), "the approved target was not granted")
     f.done()
 
 
