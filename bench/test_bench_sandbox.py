@@ -9,6 +9,10 @@ one attached client each, round by round in turn (A B A B …, so a noisy machin
 on both alike); the ratio of medians (sandboxed / unsandboxed; issue 25's target:
 <= 1.3) is printed and written to bench/.results/sandbox.json.
 ``SHOAL_BENCH_QUICK=1`` runs a handful of rounds.
+
+Beside them, in the same rounds: the default agent (``agent:mcp``, what an MCP client
+without a token attaches as: sandboxed, in a git project) against the local human (no
+policy table: unconfined), issue 26's target: <= 1.15.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,6 +39,7 @@ QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 ROUNDS = 20 if QUICK else 300
 WARMUP = 3 if QUICK else 20
 TARGET_RATIO = 1.3
+AGENT_TARGET_RATIO = 1.15
 
 POLICY = """
 [principal."bench:boxed"]
@@ -68,6 +74,10 @@ def clients():
         tokens = {name: store.create(f"bench:{name}")[1] for name in ("boxed", "open")}
         kernel.start()
         made = {name: kernel.client(f"bench-{name}", token=tok) for name, tok in tokens.items()}
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
+        made["human"] = kernel.client("bench-human")
+        made["agent"] = kernel.client("bench-agent-unused")
+        made["agent"].call("session.attach", {"agent": True, "cwd": str(work)})
         try:
             yield made
         finally:
@@ -79,9 +89,10 @@ def clients():
 @pytest.fixture(scope="module", autouse=True)
 def ratio_report(request):
     yield
-    if not {"boxed", "open"} <= MEDIANS.keys():
+    if not {"boxed", "open", "agent", "human"} <= MEDIANS.keys():
         return
     ratio = MEDIANS["boxed"] / MEDIANS["open"]
+    agent_ratio = MEDIANS["agent"] / MEDIANS["human"]
     results = {
         "what": 'median seconds per exec "true" round trip over the kernel socket',
         "quick": QUICK,
@@ -90,21 +101,26 @@ def ratio_report(request):
         "medians_s": MEDIANS,
         "sandboxed_over_unsandboxed": ratio,
         "target": TARGET_RATIO,
+        "default_agent_over_local_human": agent_ratio,
+        "agent_target": AGENT_TARGET_RATIO,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    lines = [f"{n:>6}: {MEDIANS[n] * 1e3:8.3f} ms median" for n in ("open", "boxed")]
+    names = ("open", "boxed", "human", "agent")
+    lines = [f"{n:>6}: {MEDIANS[n] * 1e3:8.3f} ms median" for n in names]
     lines.append(f"sandboxed/unsandboxed: {ratio:.2f} (target <= {TARGET_RATIO})")
+    lines.append(f"agent:mcp/local human: {agent_ratio:.2f} (target <= {AGENT_TARGET_RATIO})")
     lines.append(f"saved to {RESULTS}")
     register_summary(request.config, "sandbox exec cost (median)", lines)
 
 
 def test_bench_exec_true_sandboxed_vs_unsandboxed(clients):
-    times: dict[str, list[float]] = {"open": [], "boxed": []}
+    names = ["open", "boxed", "human", "agent"]
+    times: dict[str, list[float]] = {name: [] for name in names}
     for c in clients.values():
         assert c.call("exec", {"src": "true", "position": "value"}, timeout=60)["value"]["ok"]
     for i in range(WARMUP + ROUNDS):
-        order = ("open", "boxed") if i % 2 == 0 else ("boxed", "open")
+        order = names[i % 4 :] + names[: i % 4]  # each contender first in turn
         for name in order:
             start = time.perf_counter()
             clients[name].call("exec", {"src": "true"}, timeout=60)

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -40,7 +40,7 @@ from tests.support.tmp import short_tmp
 
 pytestmark = pytest.mark.landlock
 
-DENIED, APPROVAL_REQUIRED = -32010, -32011
+DENIED, APPROVAL_REQUIRED, INVALID_PARAMS = -32010, -32011, -32602
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
 
 POLICY = """
@@ -196,6 +196,7 @@ class World:
     outs: dict[str, Path]  # principal -> its own "outside" dir
     listener: Listener
     other: Listener
+    approved: set[str] = field(default_factory=set)  # fs targets of approved plans
 
     def fmt(self, src: str, who: str) -> str:
         return src.format(
@@ -282,7 +283,17 @@ def _run(w: World, who: str, session: str, src: str) -> str:
         c.call("cap.request", {"plan_ref": ref})
         human = w.client("human", "approver")
         try:
-            human.call("cap.decide", {"plan_ref": ref, "approve": True})
+            decided = human.call("cap.decide", {"plan_ref": ref, "approve": True})
+            # An approval grants the targets the plan names (issue 26), nothing hidden.
+            w.approved.update(
+                e["target"] for e in decided["effects"] if e["kind"] in ("fs_write", "fs_delete")
+            )
+        except RpcError as e:
+            # A plan the analysis cannot name (opaque) is approvable only as an unconfined
+            # run (issue 26), which this human does not give: nothing runs.
+            if e.code != INVALID_PARAMS or "unconfined" not in str(e):
+                raise
+            return "opaque: approvable only unconfined"
         finally:
             human.close()
         c.call("plan.apply", {"plan_ref": ref, "position": "value"}, timeout=60)
@@ -319,11 +330,14 @@ def _reset_repo(w: World) -> None:
 def test_corpus_cannot_leave_the_grants(world: World, who: str) -> None:
     _reset_repo(world)
     outcomes = _run_corpus(world, who)
-    written = sorted(p.name for p in world.outs[who].iterdir())
+    # Written outside the grants: only what an approved plan named as its target (the
+    # human approved exactly that write); nothing the analysis could not see.
+    written = sorted(p.name for p in world.outs[who].iterdir() if str(p) not in world.approved)
     assert written == [], f"{who} wrote outside its grants: {written}; outcomes {outcomes}"
     assert _leaks(world) == [], f"{who} read the state dir; outcomes {outcomes}"
     if who == "agent:all":  # nothing was refused: the sandbox alone stopped every case
-        refused = {n: o for n, o in outcomes.items() if any(x != "ran" for x in o)}
+        ran = ("ran", "opaque: approvable only unconfined")  # opaque: not run at all
+        refused = {n: o for n, o in outcomes.items() if any(x not in ran for x in o)}
         assert refused == {}, refused
 
 

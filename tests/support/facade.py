@@ -29,13 +29,17 @@ CALL_TIMEOUT_S = 60.0
 
 
 def facade_env(
-    kernel: KernelProcess, session: str | None = "default", **extra: str
+    kernel: KernelProcess, session: str | None = "default", *, agent: bool = False, **extra: str
 ) -> dict[str, str]:
     """Environment for a ``shoal-mcp`` that talks to ``kernel`` and never autostarts one
     (pass ``SHOAL_NO_AUTOSTART="0"`` to allow it); ``session`` sets ``SHOAL_SESSION``:
     ``default`` unless told, the session ``KernelProcess.client()`` attaches to, so a
     test can mix raw clients and facades; None leaves it unset (the facade then gets
-    the session of its working directory)."""
+    the session of its working directory).
+
+    ``agent``: attach as the sandboxed default agent, as a client configured by ``shoal
+    mcp-config`` does; tests of everything else opt out (``SHOAL_UNCONFINED=1``) and run
+    as the local human, the unconfined principal they were written for."""
     env = child_env(
         {
             "SHOAL_SOCKET": str(kernel.socket),
@@ -43,6 +47,9 @@ def facade_env(
             "SHOAL_NO_AUTOSTART": "1",
         }
     )
+    env.pop("SHOAL_UNCONFINED", None)
+    if not agent:
+        env["SHOAL_UNCONFINED"] = "1"
     env.pop("SHOAL_SESSION", None)
     if session is not None:
         env["SHOAL_SESSION"] = session
@@ -61,9 +68,10 @@ class FacadeProcess:
         env: dict[str, str],
         cwd: str | Path | None = None,
         stderr: int | IO[bytes] = subprocess.PIPE,
+        command: list[str] | None = None,
     ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal_mcp.facade"],
+            command or [sys.executable, "-m", "shoal_mcp.facade"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -123,12 +131,17 @@ class FacadeProcess:
 class RawFacade(FacadeProcess):
     """``shoal-mcp`` over raw pipes: write bytes, read parsed frames, keep every line."""
 
-    def __init__(self, env: dict[str, str], cwd: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        cwd: str | Path | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.lines: list[bytes] = []
         self.messages: queue.Queue[dict] = queue.Queue()
         self.stderr = bytearray()
         self._ids = iter(range(1000, 10**9))
-        super().__init__(env, cwd)
+        super().__init__(env, cwd, command=command)
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
     def on_line(self, line: bytes) -> None:

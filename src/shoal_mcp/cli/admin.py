@@ -271,12 +271,18 @@ def _sandbox(ctx: Ctx, found: KernelProbe) -> str:
     except KernelLost as exc:
         _warn(f"not checked, no kernel reachable ({exc})")
     try:
-        box = client.call("ping", None, CALL_TIMEOUT_S).get("kernel", {}).get("sandbox") or {}
+        info = client.call("ping", None, CALL_TIMEOUT_S).get("kernel", {})
     finally:
         client.close()
+    box = info.get("sandbox") or {}
+    agent = info.get("agent") or {}
     if not box.get("enforced"):
         _warn(f"{box.get('mode', '?')}: not enforcing ({box.get('reason') or 'not reported'})")
-    return f"{box['mode']}: {box['enforced']}"
+    who = agent.get("principal", "?")
+    if not agent.get("confined"):
+        why = agent.get("opt_out") or agent.get("why") or "not reported"
+        _warn(f"{box['mode']}: {box['enforced']}; MCP agents ({who}) run UNCONFINED: {why}")
+    return f"{box['mode']}: {box['enforced']}; MCP agents run as {who}, confined"
 
 
 def _pyte() -> str:

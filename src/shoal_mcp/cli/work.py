@@ -324,6 +324,10 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
         click.echo(f"  src: {p.get('src_display') or escape_controls(p['src'])}")
         for e in p["effects"]:
             click.echo(f"    {e['kind']} {escape_controls(str(e.get('target', '')))}")
+        for e in p.get("requested", []):  # what the sandbox refused a run of it
+            click.echo(f"    asks: {e['kind']}:{escape_controls(str(e.get('target', '')))}")
+        if p.get("unconfined"):
+            click.echo("    approved to run UNCONFINED, once")
 
 
 @click.command("approve")
@@ -331,14 +335,66 @@ def plans_cmd(ctx: Ctx, show_all: bool, as_json: bool) -> None:
 @click.option(
     "--effects", help="comma-separated effect kinds to approve (default: all of the plan's)"
 )
+@click.option(
+    "--only",
+    "only",
+    multiple=True,
+    metavar="KIND:TARGET",
+    help="approve only this target (repeatable; as `shoal plans` lists them); the rest stay refused",
+)
+@click.option(
+    "--session", "for_session", is_flag=True, help="keep the targets granted in the session"
+)
+@click.option(
+    "--unconfined",
+    is_flag=True,
+    help="run it once WITHOUT the sandbox (the only way to approve an opaque plan)",
+)
 @pass_ctx
-def approve_cmd(ctx: Ctx, plan: str, effects: str | None) -> None:
-    """Approve PLAN (you must be an approver)."""
+def approve_cmd(
+    ctx: Ctx,
+    plan: str,
+    effects: str | None,
+    only: tuple[str, ...],
+    for_session: bool,
+    unconfined: bool,
+) -> None:
+    """Approve PLAN (you must be an approver): its one apply may do exactly its targets."""
     params: dict = {"plan_ref": plan, "approve": True}
     if effects:
         params["effects"] = [e.strip() for e in effects.split(",") if e.strip()]
+    if only:
+        params["targets"] = list(only)
+    if for_session:
+        params["scope"] = "session"
+    if unconfined:
+        params["unconfined"] = True
     result = ctx.call("cap.decide", params)
     click.echo(f"{result['plan_ref']}: {state_colour(result['state'])}")
+
+
+@click.command("grants")
+@click.option("--revoke", "revoke", metavar="PRINCIPAL", help="take back its session grants")
+@click.option("--target", metavar="PATH", help="with --revoke: only this path")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def grants_cmd(ctx: Ctx, revoke: str | None, target: str | None, as_json: bool) -> None:
+    """Targets approved for a whole session (shoal approve --session); --revoke takes them back."""
+    if revoke:
+        params = {"principal": revoke, **({"target": target} if target else {})}
+        done = ctx.call("grants.revoke", params)
+        click.echo(f"{done['principal']}: {done['revoked']} grant(s) revoked in {done['session']}")
+        return
+    grants = ctx.call("grants.list", {})["grants"]
+    if as_json:
+        emit_json(grants)
+        return
+    for g in grants:
+        click.echo(f"{g['session']}  {g['principal']}")
+        for path in g["write"]:
+            click.echo(f"    write {escape_controls(path)}")
+        for path in g["read"]:
+            click.echo(f"    read  {escape_controls(path)}")
 
 
 @click.command("deny")

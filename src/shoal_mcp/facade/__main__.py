@@ -14,8 +14,10 @@ def main() -> None:
         sys.exit(0)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         print(
-            "shoal-mcp: MCP stdio server for shoal. Configure with SHOAL_SOCKET, SHOAL_SESSION, "
-            "SHOAL_TOKEN, SHOAL_NO_AUTOSTART."
+            "shoal-mcp [--unconfined]: MCP stdio server for shoal. Without SHOAL_TOKEN the "
+            "agent's commands run sandboxed (writes in the project, no network); "
+            "--unconfined (or SHOAL_UNCONFINED=1) runs them as you instead. Configure with "
+            "SHOAL_SOCKET, SHOAL_SESSION, SHOAL_TOKEN, SHOAL_NO_AUTOSTART."
         )
         sys.exit(0)
     from .server import main_loop

@@ -29,6 +29,18 @@ LogSink = Callable[[str, str], None]
 """(level, message): an MCP log line (level is an RFC 5424 name)."""
 
 
+UNCONFINED_ENV = "SHOAL_UNCONFINED"
+UNCONFINED_FLAG = "--unconfined"
+
+
+def unconfined_requested() -> bool:
+    """``shoal-mcp --unconfined`` or ``SHOAL_UNCONFINED=1``: attach as the local human."""
+    import sys
+
+    env = os.environ.get(UNCONFINED_ENV, "") not in ("", "0")
+    return env or UNCONFINED_FLAG in sys.argv[1:]
+
+
 class KernelLink:
     def __init__(
         self, client_info: dict | None = None, on_event: Callable[[dict], None] | None = None
@@ -37,6 +49,10 @@ class KernelLink:
         # MCP client started us in), the one the human's `shoal` there joins too.
         self.session = os.environ.get("SHOAL_SESSION") or None
         self.token = os.environ.get("SHOAL_TOKEN")
+        # Without a token the facade attaches as the sandboxed agent (AGENT_PRINCIPAL), a
+        # downgrade; ``--unconfined`` / SHOAL_UNCONFINED=1 is the explicit opt-out that
+        # attaches as the local human instead (docs/security.md, "The default agent").
+        self.unconfined = unconfined_requested()
         self.client_info = client_info or {}
         self.on_event = on_event
         self.on_log: LogSink = lambda level, message: None
@@ -58,6 +74,8 @@ class KernelLink:
             params["session"] = self.session
         if self.token:
             params["token"] = self.token
+        elif not self.unconfined:
+            params["agent"] = True
         info = client.call("session.attach", params)
         mismatch = version_mismatch(info.get("kernel"))
         if mismatch:

@@ -13,6 +13,7 @@ served are listed in docs/protocol.md, "MCP surface".
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -77,6 +78,33 @@ INSTRUCTIONS = (
     "commands with head/tail. cd and export persist. Long jobs: background:true, then shoal_get "
     "task:N with wait_ms."
 )
+AGENT_INSTRUCTIONS = (
+    " Your commands run as the sandboxed agent {principal}: they read what the user can "
+    "read except secrets (keys, credentials, histories), write only in the project "
+    "({project}), $TMPDIR and ~/.cache, and have no network. A command the sandbox "
+    "refused says so in sandbox_denied; to do it, plan it (shoal_plan) and ask the human "
+    "with shoal_cap_request."
+)
+UNCONFINED_INSTRUCTIONS = (
+    " Your commands run unconfined, as the local user (shoal-mcp --unconfined: the user "
+    "opted out of the sandbox)."
+)
+TOKEN_INSTRUCTIONS = " Your commands run as the principal of SHOAL_TOKEN, under its policy."
+
+
+def instructions(link: object) -> str:
+    """What ``initialize`` tells the model, including who its commands run as."""
+    from ..protocol.discovery import project_root
+    from ..protocol.limits import AGENT_PRINCIPAL
+
+    if getattr(link, "token", None):
+        return INSTRUCTIONS + TOKEN_INSTRUCTIONS
+    if getattr(link, "unconfined", False):
+        return INSTRUCTIONS + UNCONFINED_INSTRUCTIONS
+    project = project_root(os.getcwd()) or "none: started outside a project"
+    return INSTRUCTIONS + AGENT_INSTRUCTIONS.format(principal=AGENT_PRINCIPAL, project=project)
+
+
 KERNEL_LOST_HINT = (
     "the next call reconnects (and autostarts the kernel unless SHOAL_NO_AUTOSTART=1)"
 )
@@ -493,7 +521,7 @@ class McpSession:
             "protocolVersion": rev.name,
             "capabilities": capabilities,
             "serverInfo": server_info,
-            "instructions": INSTRUCTIONS,
+            "instructions": instructions(self.link),
         }
 
     def _discover(self, params: dict) -> dict:

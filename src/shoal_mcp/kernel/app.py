@@ -20,7 +20,7 @@ from .. import __version__
 from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
-from ..protocol.limits import DURABLE_CHANNELS
+from ..protocol.limits import AGENT_PRINCIPAL, DURABLE_CHANNELS
 from ..protocol.paths import ensure_private_dir, local_principal
 from .access.budgets import StateBudget, over_budget
 from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root, trusted_base
@@ -165,7 +165,23 @@ class Kernel:
             # another state dir (protocol/discovery, "misrouted").
             "state_dir": os.path.realpath(self.config.state_dir),
             "sandbox": self.confinement.status(),
+            "agent": self.agent_status(),
         }
+
+    def agent_status(self) -> dict[str, Any]:
+        """Who an MCP client without a token runs as, and whether it is confined; an
+        opt-out (``sandbox = false`` in its policy table) says so."""
+        policy = self.guard.for_principal(AGENT_PRINCIPAL)
+        status: dict[str, Any] = {
+            "principal": AGENT_PRINCIPAL,
+            "confined": self.guard.isolated(AGENT_PRINCIPAL),
+            "enforced": self.confinement.enforced(policy),
+        }
+        if not policy.sandboxed:
+            status["opt_out"] = f'policy: [principal."{AGENT_PRINCIPAL}"] sandbox = false'
+        elif not status["confined"]:
+            status["why"] = self.confinement.status()["reason"] or "the sandbox is off"
+        return status
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)

@@ -98,3 +98,22 @@ def project_session(cwd: str) -> str:
     base = _UNSAFE.sub("-", os.path.basename(real)).strip("-.") or "root"
     digest = hashlib.blake2b(os.fsencode(real), digest_size=8).hexdigest()
     return f"{base[:SESSION_BASE_MAX]}-{digest[:SESSION_HASH_HEX]}"
+
+
+def project_root(cwd: str, home: str | None = None) -> str | None:
+    """The project a directory belongs to, for a sandboxed agent's write grant: the git
+    work tree holding ``cwd`` (its top, where ``.git`` is), else ``cwd`` itself.
+
+    None when that would be ``/``, ``$HOME`` or an ancestor of ``$HOME``: an agent
+    started in the home directory must not get all of it to write.
+    """
+    real = os.path.realpath(cwd)
+    top = real
+    for d in (real, *(str(p) for p in Path(real).parents)):
+        if os.path.lexists(os.path.join(d, ".git")):
+            top = d
+            break
+    home_real = os.path.realpath(home or os.path.expanduser("~"))
+    if top == "/" or home_real == top or home_real.startswith(top.rstrip("/") + "/"):
+        return None
+    return top

@@ -38,6 +38,10 @@ ELIDE_PREVIEW_ITEMS = 5
 ELIDE_PREVIEW_CHARS = 256
 ELIDE_RENDER_HEAD = 10
 STDERR_TAIL_BYTES = 2 * KiB
+STDERR_DENIALS_BYTES = 16 * KiB
+"""The end of a failed sandboxed exec's stderr read for what the sandbox refused."""
+SANDBOX_DENIED_MAX = 32
+"""Most ``sandbox_denied`` entries one reply lists."""
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
@@ -220,6 +224,14 @@ PTY_MAX_INPUT_ITEMS = 4096
 
 # --- sessions / ids ----------------------------------------------------------------
 DEFAULT_SESSION = "default"
+AGENT_PRINCIPAL = "agent:mcp"
+"""The sandboxed agent an MCP client attaches as without a token (docs/security.md,
+"The default agent"): a downgrade any client may ask for, so it needs no secret."""
+PROJECT_POLICIES_KEPT = 256
+"""Rules of principals with ``{project}`` globs, kept per (principal, project)."""
+PROJECT_PLACEHOLDER = "{project}"
+"""In a policy's fs globs: the session's project (the client's roots, else the git work
+tree of the directory the facade started in)."""
 PLAN_REF_HEX = 32
 REEF_VERSIONS_REMEMBERED = 1024
 """``session.reef`` tool versions kept (per tool, mtime and sandbox: per principal)."""

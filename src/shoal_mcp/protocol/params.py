@@ -124,6 +124,16 @@ SESSION_ATTACH = closed(
         "token": {"type": "string", "maxLength": 512},
         "client": closed({"kind": STR, "tty": BOOL, "name": STR, "version": STR}),
         "cwd": {"type": "string", "maxLength": 4096},
+        "agent": {
+            "type": "boolean",
+            "description": "without a token: attach as the sandboxed agent principal",
+        },
+        "roots": {
+            "type": "array",
+            "maxItems": 64,
+            "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+            "description": "the client's project directories (absolute): where the agent writes",
+        },
     }
 )
 PARSE = closed({"src": SRC}, ("src",))
@@ -163,7 +173,34 @@ PLAN_APPLY = closed(
 )
 CAP_REQUEST = closed({"plan_ref": PLAN_REF, "effects": EFFECT_KINDS}, ("plan_ref",))
 CAP_DECIDE = closed(
-    {"plan_ref": PLAN_REF, "approve": BOOL, "effects": EFFECT_KINDS}, ("plan_ref", "approve")
+    {
+        "plan_ref": PLAN_REF,
+        "approve": BOOL,
+        "effects": EFFECT_KINDS,
+        "targets": {
+            "type": "array",
+            "maxItems": 256,
+            "items": {"type": "string", "minLength": 1, "maxLength": 4200},
+            "description": "approve only these of the plan's targets (kind:target)",
+        },
+        "unconfined": {
+            "type": "boolean",
+            "description": "run it once without the sandbox (required for opaque plans)",
+        },
+        "scope": {
+            "type": "string",
+            "enum": ["once", "session"],
+            "description": "session: its targets stay granted in the session until revoked",
+        },
+    },
+    ("plan_ref", "approve"),
+)
+GRANTS_REVOKE = closed(
+    {
+        "principal": {"type": "string", "minLength": 1, "maxLength": 256},
+        "target": {"type": "string", "minLength": 1, "maxLength": 4200},
+    },
+    ("principal",),
 )
 CAP_ASK = closed({"plan_ref": PLAN_REF}, ("plan_ref",))
 CAP_ANSWER = closed(
@@ -318,6 +355,8 @@ PARAMS: dict[str, dict] = {
     "cap.decide": CAP_DECIDE,
     "cap.ask": CAP_ASK,
     "cap.answer": CAP_ANSWER,
+    "grants.list": NONE,
+    "grants.revoke": GRANTS_REVOKE,
     "value.get": VALUE_GET,
     "blob.get": BLOB_GET,
     "task.list": TASK_LIST,

@@ -114,6 +114,7 @@ class Confinement:
         *,
         ttys: tuple[str, ...] = (),
         also_read: tuple[str, ...] = (),
+        also_write: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The spec for one process of ``policy``'s principal, or None when unconfined.
         ``also_read``: exact kernel-made paths it may read even inside the state dir
@@ -122,13 +123,13 @@ class Confinement:
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
-        key = (policy.principal, ttys, also_read)
+        key = (policy.principal, policy.grant_key(), ttys, also_read, also_write)
         now = time.monotonic()
         with self._lock:
             cached = self._specs.get(key)
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
-        spec = self._fit_network(self._build(policy, ttys, also_read))
+        spec = self._fit_network(self._build(policy, ttys, also_read, also_write))
         if not all(os.path.exists(p) for p in also_read):
             return spec  # made later (a session's $SHOAL_OUT): not kept without it
         with self._lock:
@@ -138,7 +139,11 @@ class Confinement:
         return spec
 
     def _build(
-        self, policy: PrincipalPolicy, ttys: tuple[str, ...], also_read: tuple[str, ...]
+        self,
+        policy: PrincipalPolicy,
+        ttys: tuple[str, ...],
+        also_read: tuple[str, ...],
+        also_write: tuple[str, ...],
     ) -> SandboxSpec:
         try:
             return policy.sandbox_spec(
@@ -146,6 +151,7 @@ class Confinement:
                 forbidden=self.forbidden,
                 ttys=ttys,
                 also_read=also_read,
+                also_write=also_write,
                 view_scratch=self._scratch,
                 protect=self.protect,
                 max_procs=SANDBOX_MAX_PROCS,

@@ -35,22 +35,40 @@ class Guard:
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._quota_guard = threading.Lock()
 
-    def for_principal(self, principal: str) -> PrincipalPolicy:
-        return self.policy.for_principal(principal, self.local_principal)
+    def for_principal(self, principal: str, project: tuple[str, ...] = ()) -> PrincipalPolicy:
+        """``principal``'s rules; ``project``: its session's project roots, which its
+        ``{project}`` globs stand for (the default agent's write grant)."""
+        return self.policy.for_principal(principal, self.local_principal, project)
 
-    def evaluate(self, principal: str, effects: list[dict], reversibility: str) -> Verdict:
+    def evaluate(
+        self,
+        principal: str,
+        effects: list[dict],
+        reversibility: str,
+        project: tuple[str, ...] = (),
+    ) -> Verdict:
         """The policy's verdict; ``opaque`` means "run sandboxed" where the sandbox holds."""
-        return self.for_principal(principal).evaluate(
+        return self.for_principal(principal, project).evaluate(
             effects, reversibility, enforcing=self.confinement.enforcing
         )
 
     def sandbox_spec(
-        self, principal: str, *, ttys: tuple[str, ...] = (), also_read: tuple[str, ...] = ()
+        self,
+        principal: str,
+        *,
+        ttys: tuple[str, ...] = (),
+        also_read: tuple[str, ...] = (),
+        also_write: tuple[str, ...] = (),
+        project: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The sandbox for one process ``principal`` starts, or None when unconfined;
-        ``also_read``: kernel-made paths it may read (``$SHOAL_OUT``)."""
+        ``also_read``/``also_write``: paths it may read (``$SHOAL_OUT``, approved
+        secrets) or write (approved targets) besides its grants."""
         return self.confinement.spec_for(
-            self.for_principal(principal), ttys=ttys, also_read=also_read
+            self.for_principal(principal, project),
+            ttys=ttys,
+            also_read=also_read,
+            also_write=also_write,
         )
 
     def isolated(self, principal: str) -> bool:

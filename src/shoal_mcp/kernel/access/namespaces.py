@@ -234,10 +234,10 @@ def build_view(view: View) -> None:
     _mount("tmpfs", base, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700,size=64k")
     root = base + "/root"
     os.mkdir(root, 0o755)
+    # A hidden file's stand-in: empty and mode 000, so reading it fails (Permission
+    # denied) instead of quietly reading nothing, and the reply can say so.
     empty = base + "/empty"
-    os.close(os.open(empty, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
-    empty_dir = base + "/empty.d"
-    os.mkdir(empty_dir, 0o555)
+    os.close(os.open(empty, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o000))
 
     _mount("/", root, None, _MS_BIND | _MS_REC)
     _setattr(root, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True)

@@ -68,7 +68,12 @@ class Plan:
     created: float = field(default_factory=time.time)
     env_hash: str = ""
     generation: int = 0  # > 0: planned again after an apply (a fresh ref)
-    scope: str | None = None  # "session": the human allowed it for this session (cap.answer)
+    requested: list[dict] = field(default_factory=list)
+    """Targets the sandbox refused a run of this source (``sandbox_denied``), asked for
+    besides its predicted effects: what an approval grants (access/widen.py)."""
+    approved_targets: list[str] | None = None  # None: every target; else ``kind:target``s
+    unconfined: bool = False  # approved as an explicit unconfined run, once
+    scope: str | None = None  # "session": its targets stay granted in the session
     decided_via: str | None = None  # "client": decided through the MCP client (cap.answer)
 
     @property
@@ -92,8 +97,14 @@ class Plan:
             "state": self.state,
             "created": self.created,
         }
+        if self.requested:
+            out["requested"] = self.requested
         if self.approved_kinds:
             out["approved_effects"] = self.approved_kinds
+        if self.approved_targets is not None:
+            out["approved_targets"] = self.approved_targets
+        if self.unconfined:
+            out["unconfined"] = True  # shown as such: this run will not be sandboxed
         if self.decided_by:
             out["decided_by"] = self.decided_by
         if self.decided_via:
@@ -104,6 +115,11 @@ class Plan:
 
     def effect_kinds(self) -> set[str]:
         return {e["kind"] for e in self.effects}
+
+    def targets(self) -> list[dict]:
+        """Everything an approval of this plan can grant: predicted effects and the
+        targets a sandboxed run was refused."""
+        return [*self.effects, *self.requested]
 
 
 REQUEST_STATE_TTL_S = 600.0
@@ -360,7 +376,21 @@ class PlanStore:
             plan.state = REQUESTED
 
     @staticmethod
-    def decide(plan: Plan, approver: str, approve: bool, kinds: builtins.list[str] | None) -> None:
+    def decide(
+        plan: Plan,
+        approver: str,
+        approve: bool,
+        kinds: builtins.list[str] | None,
+        *,
+        targets: builtins.list[str] | None = None,
+        unconfined: bool = False,
+        scope: str = "once",
+    ) -> None:
+        """Approve or deny ``plan``.  ``targets`` (``kind:target`` strings): approve only
+        these of its targets (the rest stay refused by the sandbox); ``unconfined``: run
+        it once without the sandbox (the only way to approve a plan whose targets the
+        analysis cannot name); ``scope`` ``"session"``: its targets stay granted to the
+        principal in the session until revoked."""
         if plan.state == DENIED:
             raise RpcError(
                 ErrorCode.DENIED, f"{plan.ref} was denied and stays denied", {"plan_ref": plan.ref}
@@ -386,18 +416,38 @@ class PlanStore:
             raise invalid_params(
                 "effects", f"must cover every plan effect kind; missing {sorted(missing)}"
             )
+        named = {f"{e.get('kind')}:{e.get('target')}" for e in plan.targets()}
+        if targets is not None and not set(targets) <= named:
+            raise invalid_params(
+                "targets", f"not targets of this plan: {sorted(set(targets) - named)[:10]}"
+            )
+        opaque = "opaque" in needed and not plan.requested
+        if opaque and not unconfined:
+            raise invalid_params(
+                "unconfined",
+                "this plan does things the analysis cannot name (opaque): it can only be "
+                "approved as an explicit unconfined run (unconfined: true)",
+            )
         plan.approved_kinds = sorted(granted & needed) if needed else []
+        plan.approved_targets = sorted(targets) if targets is not None else None
+        plan.unconfined = unconfined
+        plan.scope = scope if scope == "session" else None
         plan.state = APPROVED
         plan.decided_by = approver
 
 
 def answer(plan: Plan, principal: str, decision: str) -> None:
     """Record the human's ``decision`` (``once``, ``session``, ``deny``) on ``plan``, as
-    relayed by the plan owner's MCP client (``cap.answer``)."""
-    PlanStore.decide(plan, principal, decision != "deny", None)
+    relayed by the plan owner's MCP client (``cap.answer``): an approval grants exactly
+    the plan's targets, for its one apply or for the session (``PlanStore.decide``)."""
+    PlanStore.decide(
+        plan,
+        principal,
+        decision != "deny",
+        None,
+        scope="session" if decision == "session" else "once",
+    )
     plan.decided_via = "client"
-    if decision == "session":
-        plan.scope = "session"
 
 
 def _bad_state(why: str) -> RpcError:

@@ -8,7 +8,9 @@ One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAM
     env_write   = []
     session_write = true               may `cd` (default true: cwd is the agent's own)
     auto_apply  = "in-grant"           never | in-grant | reversible (default in-grant)
-    ungranted   = "deny"               effect outside the grants: deny | ask (default deny)
+    ungranted   = "deny"               effect outside the grants: deny | ask | sandbox
+                                       (default deny; sandbox: run it confined, the
+                                       sandbox refuses it and says what to ask for)
     opaque      = "deny"               deny | ask | allow | sandbox (default: see below)
     sandbox     = true                 run this principal's processes in the OS sandbox
     approver    = false
@@ -58,6 +60,7 @@ from typing import Any
 
 from wcmatch import fnmatch, glob
 
+from ...protocol.limits import AGENT_PRINCIPAL, PROJECT_PLACEHOLDER, PROJECT_POLICIES_KEPT
 from ..effects.analyzer import SHELL_BUILTINS
 from .budgets import (
     KERNEL_BUDGETS,
@@ -65,21 +68,21 @@ from .budgets import (
     BudgetValueError,
     check_budget_value,
     kernel_budgets,
-    local_defaults,
-    token_defaults,
 )
+from .profiles import AGENT_DEFAULTS as _AGENT_DEFAULTS
+from .profiles import ALLOW, ASK, DENY, SANDBOX
+from .profiles import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
+from .profiles import TOKEN_DEFAULTS as _TABLE_DEFAULTS
 from .sandbox import SandboxSpec
 from .sandbox_build import build_spec
 
-ALLOW, ASK, DENY = "allow", "ask", "deny"
-SANDBOX = "sandbox"  # opaque work runs inside the OS sandbox (when it enforces)
 _RANK = {ALLOW: 0, ASK: 1, DENY: 2}
 MAX_REASONS = 100
 
 _LIST_KEYS = ("proc_spawn", "net_connect", "env_read", "env_write")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "auto_apply": ("never", "in-grant", "reversible"),
-    "ungranted": (DENY, ASK),
+    "ungranted": (DENY, ASK, SANDBOX),
     "opaque": (DENY, ASK, ALLOW, SANDBOX),
     "journal_read": ("own", "all"),
     "tasks_read": ("own", "all"),
@@ -89,31 +92,6 @@ _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
 _FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
 
-_TABLE_DEFAULTS: dict[str, Any] = {
-    "auto_apply": "in-grant",
-    "ungranted": DENY,
-    "opaque": None,  # unset: decided by opaque_mode() from sandbox and enforcement
-    "sandbox": True,
-    "approver": False,
-    "journal_read": "own",
-    "tasks_read": "own",
-    "session_write": True,
-    "max_tasks": 8,
-    "max_ptys": 2,
-    "max_subscriptions": 16,
-    **token_defaults(),
-}
-_LOCAL_DEFAULTS: dict[str, Any] = {
-    **_TABLE_DEFAULTS,
-    "sandbox": False,
-    "approver": True,
-    "journal_read": "all",
-    "tasks_read": "all",
-    "max_tasks": 64,
-    "max_ptys": 16,
-    "max_subscriptions": 256,
-    **local_defaults(),
-}
 SECRET_ENV = re.compile(
     r"SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL"
     r"|^SSH_AUTH_SOCK$|^GPG_AGENT_INFO$|^SSH_AGENT_PID$",
@@ -197,8 +175,10 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
                     raise PolicyError(fwhere, "unknown key")
                 globs = _string_list(fwhere, fv)
                 for g in globs:
-                    if not g.startswith(("/", "~")):
-                        raise PolicyError(fwhere, f"{g!r}: must be absolute or start with ~")
+                    if not g.startswith(("/", "~", PROJECT_PLACEHOLDER)):
+                        raise PolicyError(
+                            fwhere, f"{g!r}: must be absolute or start with ~ or {{project}}"
+                        )
                 out[f"fs_{fk}"] = globs
         else:
             raise PolicyError(where, "unknown key")
@@ -273,6 +253,35 @@ class PrincipalPolicy:
             for k in ("fs_read", "fs_write", "fs_delete")
         }
 
+    @property
+    def uses_project(self) -> bool:
+        """Some fs glob names ``{project}``: the rules depend on the session."""
+        return any(
+            g.startswith(PROJECT_PLACEHOLDER)
+            for k in ("fs_read", "fs_write", "fs_delete")
+            for g in self._s.get(k, ())
+        )
+
+    def in_project(self, roots: tuple[str, ...]) -> PrincipalPolicy:
+        """These rules with ``{project}`` replaced by each of ``roots`` (none: those
+        globs grant nothing)."""
+        settings = dict(self._s)
+        for k in ("fs_read", "fs_write", "fs_delete"):
+            globs: list[str] = []
+            for g in self._s.get(k, ()):
+                if g.startswith(PROJECT_PLACEHOLDER):
+                    globs += [root.rstrip("/") + g[len(PROJECT_PLACEHOLDER) :] for root in roots]
+                else:
+                    globs.append(g)
+            settings[k] = tuple(globs)
+        return PrincipalPolicy(
+            self.principal,
+            settings,
+            home=self.home,
+            permissive=self.permissive,
+            defined=self.defined,
+        )
+
     # settings the kernel reads directly
 
     @property
@@ -339,6 +348,11 @@ class PrincipalPolicy:
     @property
     def net_grants(self) -> tuple[str, ...]:
         return tuple(self._s.get("net_connect", ()))
+
+    def grant_key(self) -> tuple[tuple[str, ...], ...]:
+        """What the sandbox is built from (the fs and network grants): equal keys, equal
+        sandboxes."""
+        return (*(self.fs_grants(k) for k in _FS_KEYS), self.net_grants)
 
     def sandbox_spec(
         self,
@@ -411,7 +425,11 @@ class PrincipalPolicy:
             if decision is None:
                 ungranted.append(e)
                 decision = self._s["ungranted"]
-                why = f"{why} (ungranted = {decision})"
+                if decision == SANDBOX:
+                    # Runs confined: the sandbox refuses it, and the reply's sandbox_denied
+                    # names what to ask for.  Without an enforcing sandbox: ask.
+                    decision = ALLOW if enforcing and self.sandboxed else ASK
+                why = f"{why} (ungranted = {self._s['ungranted']})"
             if decision != ALLOW and len(reasons) < MAX_REASONS:
                 reasons.append(f"{kind} {target}: {why}")
             if _RANK[decision] > _RANK[worst]:
@@ -425,6 +443,10 @@ class PrincipalPolicy:
                 worst = ASK
                 reasons.append(f"auto_apply = reversible and the plan is {reversibility}")
         return Verdict(worst, reasons, ungranted[:MAX_REASONS])
+
+    def grants(self, kind: str, target: str) -> bool:
+        """Whether ``fs.read|write|delete`` (``kind`` ``fs_…``) covers ``target``."""
+        return self.permissive or any(p.covers(target) for p in self._fs[kind])
 
     def _decide(self, kind: str, target: str, enforcing: bool) -> tuple[str | None, str]:
         """(allow|ask|deny, why) for a settled effect, or (None, why) when ungranted."""
@@ -498,6 +520,7 @@ class Policy:
         self.kernel: dict[str, int] = {**KERNEL_BUDGETS, **(kernel or {})}  # [kernel] budgets
         self.home = home or os.path.expanduser("~")
         self._cache: dict[tuple[str, str], PrincipalPolicy] = {}
+        self._project_cache: dict[tuple[str, ...], PrincipalPolicy] = {}
 
     @classmethod
     def load(cls, path: str | None, home: str | None = None) -> Policy:
@@ -532,17 +555,33 @@ class Policy:
     def principals(self) -> list[str]:
         return sorted(self.tables)
 
-    def for_principal(self, principal: str, local_principal: str) -> PrincipalPolicy:
+    def for_principal(
+        self, principal: str, local_principal: str, project: tuple[str, ...] = ()
+    ) -> PrincipalPolicy:
+        """The rules for ``principal``; with ``project`` (a session's project roots), its
+        ``{project}`` globs stand for those directories."""
         key = (principal, local_principal)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._build(principal, local_principal)
-        return cached
+        if not cached.uses_project:
+            return cached
+        pkey = (principal, local_principal, *project)
+        found = self._project_cache.get(pkey)
+        if found is None:
+            found = cached.in_project(project)
+            if len(self._project_cache) >= PROJECT_POLICIES_KEPT:
+                self._project_cache.pop(next(iter(self._project_cache)))
+            self._project_cache[pkey] = found
+        return found
 
     def _build(self, principal: str, local_principal: str) -> PrincipalPolicy:
         is_local = principal == local_principal
         table = self.tables.get(principal)
         defaults = _LOCAL_DEFAULTS if is_local else _TABLE_DEFAULTS
+        if principal == AGENT_PRINCIPAL:
+            # Its built-in profile, which a table of its own overrides key by key.
+            return PrincipalPolicy(principal, {**_AGENT_DEFAULTS, **(table or {})}, home=self.home)
         if table is None:
             return PrincipalPolicy(
                 principal, defaults, home=self.home, permissive=is_local, defined=is_local

@@ -14,23 +14,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import STDERR_TAIL_BYTES
+from ...protocol.limits import STDERR_DENIALS_BYTES, STDERR_TAIL_BYTES
+from ..access import widen
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
 from ..access.sandbox import SandboxSpec
+from ..access.widen import Widening
 from ..effects import analyzer
 from ..store.sessions import Session, SessionTable
-from ..values.elision import ElideOptions
 from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
+from .calls import Caller, Judgement, RunOptions
+from .escalation import Escalation, RunGrants
 from .finalize import Finalizer
 from .pool import WarmPool
 from .ready import ReadyShell, prepare
@@ -39,55 +40,6 @@ from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
 """How often a foreground exec checks that its caller is still connected."""
-
-
-class Caller(Protocol):
-    """What the exec service needs to know about the call it serves."""
-
-    def gone(self) -> bool:
-        """True once nobody will read the reply (the connection closed)."""
-        ...
-
-    def spawned(self, task: Task) -> bool:
-        """Record the spawned task; True when a cancel for this call already arrived."""
-        ...
-
-    def cancelled(self) -> bool:
-        """True when a cancel for this call arrived (before anything was spawned)."""
-        ...
-
-    def after_reply(self, work: Callable[[], None]) -> None:
-        """Run ``work`` once the reply is written (housekeeping the caller need not wait
-        for); it runs even when no reply could be written."""
-        ...
-
-
-class Judgement(NamedTuple):
-    """What the gate decides on: ``src``'s effects where the session is, and the verdict."""
-
-    analysis: analyzer.Analysis
-    cwd: str
-    env_hash: str
-    verdict: Any
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run and answer: ``exec``'s and ``plan.apply``'s shared params."""
-
-    background: bool = False
-    timeout_ms: int | None = None
-    position: str = "stmt"
-    elide: ElideOptions = field(default_factory=ElideOptions)
-
-    @classmethod
-    def from_params(cls, params: dict) -> RunOptions:
-        return cls(
-            background=params.get("background", False),
-            timeout_ms=params.get("timeout_ms"),
-            position=params.get("position", "stmt"),
-            elide=ElideOptions.from_params(params.get("elide")),
-        )
 
 
 class ExecService:
@@ -112,6 +64,7 @@ class ExecService:
         self.pool = pool  # warm supervisors (docs/architecture.md, Processes)
         self._starting: dict[str, int] = {}  # principal -> spawns past the quota check
         self.finalizer = finalizer  # also writes the journal rows of plans and refusals
+        self.escalation = Escalation(guard, plans)  # denials asked for, approvals granted
 
     # -- analysis and the gate ------------------------------------------------------------
 
@@ -123,7 +76,9 @@ class ExecService:
     def _judge(self, who: Principal, src: str) -> Judgement:
         """``analyze``, and the policy's verdict on those effects."""
         analysis, cwd, env_hash = self.analyze(who, src)
-        verdict = self.guard.evaluate(who.principal, analysis.effects, analysis.reversibility)
+        verdict = self.guard.evaluate(
+            who.principal, analysis.effects, analysis.reversibility, self.project_of(who)
+        )
         return Judgement(analysis, cwd, env_hash, verdict)
 
     def evaluate(self, who: Principal, src: str) -> tuple[Plan, Any]:
@@ -205,12 +160,25 @@ class ExecService:
         plan = self.plans.get_own(ref, who.session, who.principal)
         self._check_applicable(who, plan)
         previous = self.plans.claim(plan)  # atomic: concurrent applies run it once
+        # What the approval grants this one run (access/widen.py), or an explicit
+        # unconfined run.
+        grants = RunGrants(
+            self.escalation.for_apply(
+                who, plan, self.project_of(who), approved=previous == APPROVED
+            ),
+            unconfined=previous == APPROVED and plan.unconfined,
+        )
         try:
-            return self._start_and_wait(who, plan.src, plan.effects, opts, caller, time.time())
+            return self._start_and_wait(
+                who, plan.src, plan.effects, opts, caller, time.time(), grants
+            )
         except RpcError as exc:
             if exc.code == ErrorCode.QUOTA or isinstance(exc, CancelledBeforeStart):
                 self.plans.unclaim(plan, previous)  # refused or cancelled before it started
             raise
+        finally:
+            if grants.extra is not None and not opts.background:
+                widen.remove_unused(grants.extra.created)
 
     def _check_applicable(self, who: Principal, plan: Plan) -> None:
         if plan.state == "denied":
@@ -268,8 +236,9 @@ class ExecService:
         opts: RunOptions,
         caller: Caller,
         started: float,
+        grants: RunGrants | None = None,
     ) -> dict:
-        task = self._start(who, src, effects, opts.background, caller)
+        task = self._start(who, src, effects, opts.background, caller, grants)
         if opts.background:
             return task_handle(task)
         # A foreground exec is watched (and finalized) on this thread, which then writes
@@ -306,7 +275,13 @@ class ExecService:
         self.tasks.forget(task)
 
     def _start(
-        self, who: Principal, src: str, effects: list[dict], background: bool, caller: Caller
+        self,
+        who: Principal,
+        src: str,
+        effects: list[dict],
+        background: bool,
+        caller: Caller,
+        grants: RunGrants | None = None,
     ) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,
         start the task; the task remembers that state (its delta is computed from it).
@@ -331,7 +306,7 @@ class ExecService:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
             if caller.cancelled():
                 raise CancelledBeforeStart()
-            run, start_env = self._launch(who, src, cwd, env, outputs)
+            run, start_env = self._launch(who, src, cwd, env, outputs, grants)
             try:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
             except BaseException:
@@ -373,11 +348,28 @@ class ExecService:
         )
         return session.snapshot(principal)
 
-    def _sandbox_for(self, who: Principal, outputs: str) -> SandboxSpec | None:
+    def project_of(self, who: Principal) -> tuple[str, ...]:
+        """The project roots of ``who``'s session (what ``{project}`` grants name)."""
+        return self.sessions.get_or_create(who.session).project
+
+    def _sandbox_for(
+        self, who: Principal, outputs: str, grants: RunGrants | None = None
+    ) -> SandboxSpec | None:
         """The OS sandbox spec ``who``'s processes run in (None: not confined), with
-        read access to ``outputs`` ($SHOAL_OUT); the spawn and the warm zygote's key both
-        follow it, so a grant change (or another session's outputs) is another zygote."""
-        return self.guard.sandbox_spec(who.principal, also_read=(outputs,))
+        read access to ``outputs`` ($SHOAL_OUT), the session's grants and this run's
+        approved ones; the spawn and the warm zygote's key both follow it, so a grant
+        change (or another session's outputs) is another zygote."""
+        if grants is not None and grants.unconfined:
+            return None
+        extra = self.escalation.session_grants(who)
+        if grants is not None and grants.extra is not None:
+            extra = Widening((*extra.write, *grants.extra.write), (*extra.read, *grants.extra.read))
+        return self.guard.sandbox_spec(
+            who.principal,
+            also_read=(outputs, *extra.read),
+            also_write=extra.write,
+            project=self.project_of(who),
+        )
 
     def _confined_env(self, who: Principal, env: dict[str, str]) -> dict[str, str]:
         """A sandboxed principal's processes see only the env it may read, no secrets
@@ -396,11 +388,17 @@ class ExecService:
             self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
 
     def _launch(
-        self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
+        self,
+        who: Principal,
+        src: str,
+        cwd: str,
+        env: dict[str, str],
+        outputs: str,
+        grants: RunGrants | None = None,
     ) -> tuple[RunningCommand, dict[str, str]]:
         """Under the principal's warm zygote when there is one, else a cold supervisor;
         also the env the command got (TMPDIR of its sandbox included)."""
-        sandbox = self._sandbox_for(who, outputs)
+        sandbox = self._sandbox_for(who, outputs, grants)
         spec_bytes = b""
         if sandbox is not None:
             spec_bytes = sandbox.to_bytes()
@@ -509,9 +507,32 @@ class ExecService:
             "render": self.values.render(sel, opts.elide),
             "elapsed_ms": round((time.time() - started) * 1000, 3),
         }
+        if not task.result["ok"]:
+            self._explain_denials(who, task, result)
         if opts.position == "stmt" and not task.result["ok"]:
             raise self._raised(who, task, result)
         return result
+
+    def _explain_denials(self, who: Principal, task: Task, result: dict) -> None:
+        """A sandboxed run that failed because the sandbox refused something: say what
+        (``sandbox_denied``), and the one call that asks for it (escalation.py)."""
+        if not self.guard.isolated(who.principal) or task.start_state is None:
+            return
+        assert task.result is not None
+        err = self.values.select(who, task.result["ref"], ".err", None).node
+        tail = err.read(max(0, err.size - STDERR_DENIALS_BYTES))
+        home = task.start_state[1].get("HOME") or os.path.expanduser("~")
+        result.update(
+            self.escalation.explain(
+                who,
+                task.src,
+                self.analyze(who, task.src),
+                home,
+                tail,
+                self.project_of(who),
+                lambda plan: self.plans.put(plan, self._plan_budget(who)),
+            )
+        )
 
     def _raised(self, who: Principal, task: Task, result: dict) -> RpcError:
         """-32002 for a failed command in statement position, with a bounded stderr tail."""
@@ -530,6 +551,7 @@ class ExecService:
                 "stderr_tail": tail,
                 "render": result["render"],
                 **({"output_capped": True} if task.result.get("output_capped") else {}),
+                **{k: result[k] for k in ("sandbox_denied", "ask") if k in result},
             },
         )
 

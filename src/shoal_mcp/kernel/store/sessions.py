@@ -106,6 +106,9 @@ class Session:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     warnings: list[str] = field(default_factory=list, repr=False)
     """Said once, in the next exec's outcome (e.g. the cwd vanished)."""
+    project: tuple[str, ...] = ()
+    """The project's root directories, as the last attaching MCP client gave them (its
+    roots, else the git work tree it started in): a ``{project}`` grant's directories."""
     _hashed: tuple[dict[str, str], str] | None = field(default=None, repr=False)
     """``env`` and its digest: every exec's gate asks for it, and ``env`` is only ever
     replaced whole (``SessionTable.adopt``), never changed in place."""

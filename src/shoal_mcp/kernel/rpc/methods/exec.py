@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ....protocol.errors import invalid_params
 from ....protocol.params import EXEC
-from ...exec.service import RunOptions
+from ...exec.calls import RunOptions
 from ..registry import method
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""explain, plan.get / list / apply, cap.request, cap.decide, cap.ask, cap.answer."""
+"""explain, plan.get / list / apply, cap.request, cap.decide, cap.ask, cap.answer,
+grants.list / revoke."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from ....protocol.params import (
     CAP_DECIDE,
     CAP_REQUEST,
     EXPLAIN,
+    GRANTS_REVOKE,
+    NONE,
     PLAN_APPLY,
     PLAN_GET,
     PLAN_LIST,
 )
 from ...access.plans import APPLIED, APPROVED, Plan, PlanStore, answer, plan_display
-from ...exec.service import RunOptions
+from ...exec.calls import RunOptions
 from ..paging import bounded_page
 from ..registry import method
 
@@ -140,7 +143,15 @@ def cap_decide(call: Call, params: dict) -> dict:
             {"principal": call.who.principal},
         )
     plan = kernel.plans.find(params["plan_ref"])
-    PlanStore.decide(plan, call.who.principal, params["approve"], params.get("effects"))
+    PlanStore.decide(
+        plan,
+        call.who.principal,
+        params["approve"],
+        params.get("effects"),
+        targets=params.get("targets"),
+        unconfined=params.get("unconfined", False),
+        scope=params.get("scope", "once"),
+    )
     kernel.events.publish(
         "approval",
         {"kind": "decided", "plan_ref": plan.ref, "state": plan.state, "by": call.who.principal},
@@ -156,3 +167,28 @@ def _visible_plan(call: Call, ref: str):
         if kernel.guard.for_principal(call.who.principal).approver:
             return kernel.plans.find(ref)
         raise
+
+
+@method("grants.list", NONE)
+def grants_list(call: Call, params: dict) -> dict:
+    """Targets approved for a whole session (``shoal grants``); approvers only."""
+    _require_approver(call, "grants.list")
+    return {"grants": call.kernel.exec.escalation.listed()}
+
+
+@method("grants.revoke", GRANTS_REVOKE)
+def grants_revoke(call: Call, params: dict) -> dict:
+    """Take back a principal's session grants in this session (one ``target`` path, or
+    all); its next exec's sandbox no longer has them.  Approvers only."""
+    _require_approver(call, "grants.revoke")
+    gone = call.kernel.exec.escalation.revoke(
+        call.who.session, params["principal"], params.get("target")
+    )
+    return {"session": call.who.session, "principal": params["principal"], "revoked": gone}
+
+
+def _require_approver(call: Call, what: str) -> None:
+    if not call.kernel.guard.for_principal(call.who.principal).approver:
+        raise RpcError(
+            ErrorCode.DENIED, f"{what} is for approvers", {"principal": call.who.principal}
+        )

@@ -38,9 +38,12 @@ def pty_open(call: Call, params: dict) -> dict:
         session = kernel.sessions.get_or_create(who.session)
         cwd, env = session.snapshot(call.who.principal)
         env.update(variables)
-        sandbox = kernel.guard.sandbox_spec(who.principal)  # None: unconfined
+        sandbox = kernel.guard.sandbox_spec(
+            who.principal, project=kernel.exec.project_of(who)
+        )  # None: unconfined
         if sandbox is not None:  # only the env it may read, no secrets (as for exec)
-            env = {**kernel.guard.for_principal(who.principal).confined_env(env), **variables}
+            policy = kernel.guard.for_principal(who.principal)
+            env = {**policy.confined_env(env), **variables}
         return kernel.ptys.open(
             cmd=params["cmd"],
             args=params.get("args"),

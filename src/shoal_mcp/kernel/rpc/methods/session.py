@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from ....protocol.discovery import project_session
+from ....protocol.discovery import project_root, project_session
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
-from ....protocol.limits import DEFAULT_SESSION
+from ....protocol.limits import AGENT_PRINCIPAL, DEFAULT_SESSION
 from ....protocol.params import PARSE, SESSION_ADOPT, SESSION_ATTACH
 from ...access.identity import Principal
 from ...effects import analyzer
@@ -23,6 +24,20 @@ def ping(call: Call, params: dict) -> dict:
     return {"pong": True, "kernel": call.kernel.info()}
 
 
+def project_roots(params: dict) -> tuple[str, ...]:
+    """The project an attaching client works in: its ``roots`` (absolute directories
+    that exist), else the git work tree of its ``cwd`` (``discovery.project_root``);
+    never ``/`` or the home directory, and no path with glob characters."""
+    given = [r for r in params.get("roots", ()) if os.path.isabs(r) and os.path.isdir(r)]
+    if not given and params.get("cwd"):
+        top = project_root(params["cwd"])
+        given = [top] if top else []
+    return tuple(sorted({os.path.realpath(r) for r in given if not _GLOB_CHARS.intersection(r)}))
+
+
+_GLOB_CHARS = frozenset("*?[]{}")
+
+
 @method("session.attach", SESSION_ATTACH)
 def attach(call: Call, params: dict) -> dict:
     kernel = call.kernel
@@ -32,7 +47,12 @@ def attach(call: Call, params: dict) -> dict:
         project_session(params["cwd"]) if params.get("cwd") else DEFAULT_SESSION
     )
     principal = kernel.guard.authenticate(params.get("token"))
+    if params.get("agent") and "token" not in params:
+        principal = AGENT_PRINCIPAL  # the downgrade an MCP client asks for: no secret
     session = kernel.sessions.get_or_create(name, params.get("cwd"))
+    roots = project_roots(params)
+    if roots:
+        session.project = roots
     # Counted and taken as one step, so parallel attaches cannot overshoot the budget.
     with kernel.guard.quota_lock(principal, "max_connections"):
         was = call.conn.who
@@ -81,7 +101,7 @@ def session_reef(call: Call, params: dict) -> dict:
     guard = call.kernel.guard
     # Version probes run programs from the session's PATH: confined like the principal's
     # exec, or not at all when its policy wants a sandbox this kernel cannot give.
-    spec = guard.sandbox_spec(call.who.principal)
+    spec = guard.sandbox_spec(call.who.principal, project=call.kernel.exec.project_of(call.who))
     wants_box = guard.for_principal(call.who.principal).sandboxed
     return reef(cwd_now, env_vars, sandbox=spec, probe=spec is not None or not wants_box)
 

@@ -1,0 +1,64 @@
+"""The calling side of an exec: how to run and answer (``RunOptions``), what the service
+needs to know about the call it serves (``Caller``), and what the gate decides on
+(``Judgement``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from ..effects import analyzer
+from ..values.elision import ElideOptions
+
+if TYPE_CHECKING:
+    from .tasks import Task
+
+
+class Caller(Protocol):
+    """What the exec service needs to know about the call it serves."""
+
+    def gone(self) -> bool:
+        """True once nobody will read the reply (the connection closed)."""
+        ...
+
+    def spawned(self, task: Task) -> bool:
+        """Record the spawned task; True when a cancel for this call already arrived."""
+        ...
+
+    def cancelled(self) -> bool:
+        """True when a cancel for this call arrived (before anything was spawned)."""
+        ...
+
+    def after_reply(self, work: Callable[[], None]) -> None:
+        """Run ``work`` once the reply is written (housekeeping the caller need not wait
+        for); it runs even when no reply could be written."""
+        ...
+
+
+class Judgement(NamedTuple):
+    """What the gate decides on: ``src``'s effects where the session is, and the verdict."""
+
+    analysis: analyzer.Analysis
+    cwd: str
+    env_hash: str
+    verdict: Any
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run and answer: ``exec``'s and ``plan.apply``'s shared params."""
+
+    background: bool = False
+    timeout_ms: int | None = None
+    position: str = "stmt"
+    elide: ElideOptions = field(default_factory=ElideOptions)
+
+    @classmethod
+    def from_params(cls, params: dict) -> RunOptions:
+        return cls(
+            background=params.get("background", False),
+            timeout_ms=params.get("timeout_ms"),
+            position=params.get("position", "stmt"),
+            elide=ElideOptions.from_params(params.get("elide")),
+        )
