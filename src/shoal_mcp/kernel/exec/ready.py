@@ -134,6 +134,11 @@ class ReadyShell:
         granted paths the same inodes. Any doubt (an unreadable /proc entry) is False."""
         if self.env.get("BASH_ENV") or self.job.pid is None:
             return False
+        if self.job.own_pids:
+            # A sandboxed bash's pid is its own namespace's: its /proc entry is not ours
+            # to read.  Its cwd is checked by path and inode (in ``files``) instead, and
+            # the zygote's view by ``Supervisor.fresh``.
+            return file_ids(self.files) == self.files
         return in_directory(self.job.pid, self.cwd) and file_ids(self.files) == self.files
 
     def start(self, src: str) -> RunningCommand | None:
@@ -221,7 +226,12 @@ def prepare(
             if fd not in keep:
                 os.close(fd)
     spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
-    granted = [] if sandbox is None else [*sandbox.read, *sandbox.write, *sandbox.delete]
+    # The paths it may change: a write grant replaced under it would make "Permission
+    # denied" inside its own grant.  (Not every read rule: a default agent reads "/**",
+    # split around the kernel's directories into hundreds of rules to stat per take.)
+    granted = [] if sandbox is None else [*sandbox.write, *sandbox.delete]
+    if job.own_pids:
+        granted.append(cwd)  # its cwd, by the inode it names now (see still_valid)
     shell = ReadyShell(
         cwd, dict(env), spec_bytes, max_output_bytes, job, paths[0], paths[1],
         state_fd, script_fd, go_w, files=file_ids([*map(str, paths), *granted]),
