@@ -12,7 +12,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -27,6 +27,14 @@ _MATCH_HINT = re.compile(r'shoal_get \{"ref": "([^"\s]+)", "match": "REGEX"\}')
 _OUT_LINES = re.compile(r"^\.out\.lines\[(-?\d*\.\.-?\d*)\]$")
 
 Call = Callable[[str, dict], Any]
+
+
+class ByteSink(Protocol):
+    """Where raw pages go: a binary stream or anything that writes and flushes bytes."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 def get_command(ref: str, path: str | None, target_uri: str | None = None) -> str:
@@ -72,7 +80,7 @@ def copy_raw(
     call: Call,
     ref: str,
     path: str,
-    out: BinaryIO,
+    out: ByteSink,
     offset: int = 0,
     limit: int | None = None,
 ) -> tuple[int, int]:

@@ -134,6 +134,8 @@ EXEC = closed(
         "background": BOOL,
         "timeout_ms": TIMEOUT_MS,
         "elide": ELIDE,
+        # A FIFO (of the kernel's user) the command reads as stdin: `shoal exec -i`.
+        "stdin": {"type": "string", "minLength": 1, "maxLength": 4096},
     },
     ("src",),
 )

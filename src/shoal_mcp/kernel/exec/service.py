@@ -35,6 +35,7 @@ from .finalize import Finalizer
 from .pool import WarmPool
 from .ready import ReadyShell, prepare
 from .runner import MAX_ARG_BYTES, RunningCommand, spawn
+from .stdin import StdinSupervisor, open_stdin_fifo
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -79,6 +80,8 @@ class RunOptions:
     timeout_ms: int | None = None
     position: str = "stmt"
     elide: ElideOptions = field(default_factory=ElideOptions)
+    stdin: str | None = None
+    """A FIFO the command reads as its stdin (``shoal exec -i``); else /dev/null."""
 
     @classmethod
     def from_params(cls, params: dict) -> RunOptions:
@@ -87,6 +90,7 @@ class RunOptions:
             timeout_ms=params.get("timeout_ms"),
             position=params.get("position", "stmt"),
             elide=ElideOptions.from_params(params.get("elide")),
+            stdin=params.get("stdin"),
         )
 
 
@@ -269,7 +273,12 @@ class ExecService:
         caller: Caller,
         started: float,
     ) -> dict:
-        task = self._start(who, src, effects, opts.background, caller)
+        stdin_fd = open_stdin_fifo(opts.stdin) if opts.stdin else None
+        try:
+            task = self._start(who, src, effects, opts.background, caller, stdin_fd)
+        finally:
+            if stdin_fd is not None:
+                os.close(stdin_fd)  # the command holds its own copy now
         if opts.background:
             return task_handle(task)
         # A foreground exec is watched (and finalized) on this thread, which then writes
@@ -306,7 +315,13 @@ class ExecService:
         self.tasks.forget(task)
 
     def _start(
-        self, who: Principal, src: str, effects: list[dict], background: bool, caller: Caller
+        self,
+        who: Principal,
+        src: str,
+        effects: list[dict],
+        background: bool,
+        caller: Caller,
+        stdin_fd: int | None = None,
     ) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,
         start the task; the task remembers that state (its delta is computed from it).
@@ -331,7 +346,7 @@ class ExecService:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
             if caller.cancelled():
                 raise CancelledBeforeStart()
-            run, start_env = self._launch(who, src, cwd, env, outputs)
+            run, start_env = self._launch(who, src, cwd, env, outputs, stdin_fd)
             try:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
             except BaseException:
@@ -382,7 +397,13 @@ class ExecService:
             self.pool.prestart(who.principal, spec.to_bytes() if spec is not None else b"")
 
     def _launch(
-        self, who: Principal, src: str, cwd: str, env: dict[str, str], outputs: str
+        self,
+        who: Principal,
+        src: str,
+        cwd: str,
+        env: dict[str, str],
+        outputs: str,
+        stdin_fd: int | None = None,
     ) -> tuple[RunningCommand, dict[str, str]]:
         """Under the principal's warm zygote when there is one, else a cold supervisor;
         also the env the command got (TMPDIR of its sandbox included)."""
@@ -396,7 +417,11 @@ class ExecService:
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
-        if warm is not None and ready is not None and _short(src):
+        if stdin_fd is not None:
+            # A ready shell's stdin is /dev/null already: this one gets the FIFO, placed at
+            # descriptor 0 through the supervisor's own extra-descriptor mechanism.
+            warm = StdinSupervisor(warm, spec_bytes, stdin_fd)
+        elif warm is not None and ready is not None and _short(src):
             shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap)
             started = shell.start(src) if shell is not None else None
             if started is not None:
@@ -408,7 +433,7 @@ class ExecService:
             self.spool_dir,
             sandbox=sandbox,
             max_output_bytes=cap,
-            supervisor=warm,
+            supervisor=warm,  # type: ignore[arg-type]  # StdinSupervisor has its run()
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
 
