@@ -16,6 +16,7 @@ from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
 from .gc_cmd import gc_cmd
 from .kernel_cmds import kernel_group
+from .pty_cmd import pty_group
 from .work import (
     approve_cmd,
     deny_cmd,
@@ -53,6 +54,7 @@ for command in (
     tasks_group,
     journal_cmd,
     events_group,
+    pty_group,
     plans_cmd,
     approve_cmd,
     deny_cmd,

@@ -137,8 +137,7 @@ def exec_cmd(
     if not as_json and sys.stderr.isatty():
         cwd = to_plain(value).get("cwd", "")
         footer = (
-            f"── {result['ref']}  exit {value.get('status')}  "
-            f"{result['elapsed_ms']:.0f} ms  {cwd}"
+            f"── {result['ref']}  exit {value.get('status')}  {result['elapsed_ms']:.0f} ms  {cwd}"
         )
         click.echo(style(footer.rstrip(), dim=True), err=True)
     sys.exit(exit_status(value))

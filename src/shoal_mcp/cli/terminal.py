@@ -106,7 +106,9 @@ class Mirror:
                 resized["due"] = False
                 size = terminal_size(self.out_fd)
                 if size is not None:
-                    self.call("pty.resize", {"pty_id": self.pty_id, "cols": size[0], "rows": size[1]})
+                    self.call(
+                        "pty.resize", {"pty_id": self.pty_id, "cols": size[0], "rows": size[1]}
+                    )
             screen = self.call("pty.read", {"pty_id": self.pty_id})
             if screen.get("changed") or not painted:
                 painted[:] = self._paint(screen)

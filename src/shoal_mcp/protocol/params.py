@@ -239,6 +239,7 @@ PTY_RESIZE = closed(
     {"pty_id": PTY_ID, "cols": PTY_DIM, "rows": PTY_DIM}, ("pty_id", "cols", "rows")
 )
 PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
+PTY_LIST = closed({"all": BOOL})  # all: every principal's PTYs (approvers only)
 
 STORE_GC = closed(
     {
@@ -290,7 +291,7 @@ PARAMS: dict[str, dict] = {
     "pty.read": PTY_READ,
     "pty.resize": PTY_RESIZE,
     "pty.close": PTY_CLOSE,
-    "pty.list": NONE,
+    "pty.list": PTY_LIST,
     "store.gc": STORE_GC,
 }
 """Every kernel method's params schema, by method name."""

@@ -417,10 +417,11 @@ class ExecService:
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
+        supervisor: Any = warm
         if stdin_fd is not None:
             # A ready shell's stdin is /dev/null already: this one gets the FIFO, placed at
             # descriptor 0 through the supervisor's own extra-descriptor mechanism.
-            warm = StdinSupervisor(warm, spec_bytes, stdin_fd)
+            supervisor = StdinSupervisor(warm, spec_bytes, stdin_fd)
         elif warm is not None and ready is not None and _short(src):
             shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap)
             started = shell.start(src) if shell is not None else None
@@ -433,7 +434,7 @@ class ExecService:
             self.spool_dir,
             sandbox=sandbox,
             max_output_bytes=cap,
-            supervisor=warm,  # type: ignore[arg-type]  # StdinSupervisor has its run()
+            supervisor=supervisor,  # a Supervisor, or one wrapped to add stdin
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
 

@@ -58,6 +58,4 @@ class StdinSupervisor:
     ) -> Job:
         if self.cold:
             kwargs["last"] = True
-        return self.inner.run(
-            argv, cwd, env, [*fds, self.fd], [*targets, STDIN_FD], cap, **kwargs
-        )
+        return self.inner.run(argv, cwd, env, [*fds, self.fd], [*targets, STDIN_FD], cap, **kwargs)
