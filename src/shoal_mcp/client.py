@@ -320,8 +320,10 @@ def version_mismatch(kernel_info: dict | None) -> str | None:
     )
 
 
-def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
-    """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir."""
+def spawn_kernel(sock: Path, state: Path, flags: list[str] | None = None) -> subprocess.Popen:
+    """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir;
+    ``flags``: more arguments (a restart passes on the flags the old kernel had). The
+    kernel reads kernel.toml itself (docs/configuration.md, "Kernel config file")."""
     ensure_private_dir(state)
     log = os.fdopen(
         os.open(state / "kernel.out", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600), "ab"
@@ -336,6 +338,7 @@ def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
                 str(sock),
                 "--state-dir",
                 str(state),
+                *(flags or []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -409,10 +412,11 @@ def start_and_wait(
     state: Path,
     attempt: Callable[[], KernelClient | None],
     timeout: float = AUTOSTART_TIMEOUT_S,
+    flags: list[str] | None = None,
 ) -> KernelClient:
     """Spawn a kernel on ``target`` for ``state`` and return the first client ``attempt``
     makes; a kernel that exits first is reported with its reason and log file."""
-    proc = spawn_kernel(target, state)
+    proc = spawn_kernel(target, state, flags)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         client = attempt()
@@ -428,7 +432,11 @@ def start_and_wait(
     )
 
 
-def start_kernel(sock: str | Path | None = None, state: str | Path | None = None) -> KernelClient:
+def start_kernel(
+    sock: str | Path | None = None,
+    state: str | Path | None = None,
+    flags: list[str] | None = None,
+) -> KernelClient:
     """``shoal kernel start``: connect to the running kernel or start one, whatever
     ``SHOAL_NO_AUTOSTART`` says (starting is what was asked for)."""
     try:
@@ -449,7 +457,7 @@ def start_kernel(sock: str | Path | None = None, state: str | Path | None = None
         except KernelLost:
             return None
 
-    return start_and_wait(target, state_path, attempt)
+    return start_and_wait(target, state_path, attempt, flags=flags)
 
 
 def autostart_failure(state: Path, code: int) -> str:

@@ -15,7 +15,7 @@ from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
 from .gc_cmd import gc_cmd
-from .kernel_cmds import kernel_group
+from .kernel_cmds import kernel_group, policy_group
 from .pty_cmd import pty_group
 from .work import (
     approve_cmd,
@@ -60,6 +60,7 @@ for command in (
     deny_cmd,
     token_group,
     kernel_group,
+    policy_group,
     doctor,
     mcp_config,
     gc_cmd,
