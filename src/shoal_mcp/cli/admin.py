@@ -44,14 +44,16 @@ def _store(ctx: Ctx) -> TokenStore:
 @click.option("--label", default=None)
 @pass_ctx
 def token_create(ctx: Ctx, principal: str, ttl: float | None, label: str | None) -> None:
-    """Create a token for PRINCIPAL; the bearer is printed once, alone on the last line."""
+    """Create a token for PRINCIPAL; the bearer is printed once, alone on stdout (what it
+    is goes to stderr), so ``SHOAL_TOKEN=$(shoal token create NAME)`` captures it."""
     try:
         record, bearer = _store(ctx).create(principal, ttl, label)
     except TokenStoreError as exc:
         raise click.ClickException(str(exc)) from exc
     expires = record.get("expires", "never")
     click.echo(
-        f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:"
+        f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:",
+        err=True,
     )
     click.echo(bearer)
 

@@ -187,7 +187,9 @@ class ExecService:
         self.finalizer.journal_plan(who, plan, "approval_required", plan.ref, ok=False)
         raise RpcError(
             ErrorCode.APPROVAL_REQUIRED,
-            "approval required: call cap.request, then plan.apply once approved",
+            # Agents reach the kernel through MCP or directly: name both spellings.
+            "approval required: request it (MCP: shoal_cap_request; kernel: cap.request) "
+            "with this plan_ref, then run it once approved (shoal_apply; plan.apply)",
             {
                 "plan_ref": plan.ref,
                 "uri": plan.uri,
