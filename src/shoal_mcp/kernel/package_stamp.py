@@ -2,13 +2,14 @@
 
 A ``pip install`` over a running kernel replaces the files it has not loaded yet (and the
 helper scripts it runs by path). The kernel takes a stamp of its package at start (the
-installed distribution's version, and the newest modification time and number of its
-Python files) and compares on request: ``kernel.status`` reports it and ``shoal doctor``
+installed distribution's version, the number of its Python files and a digest of their
+names, sizes and modification times) and compares on request: ``kernel.status`` reports it and ``shoal doctor``
 says ``shoal kernel restart`` when it differs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 from dataclasses import dataclass
@@ -25,26 +26,29 @@ DISTRIBUTION = "shoal-mcp"
 class Stamp:
     version: str | None
     files: int
-    newest_mtime_ns: int
+    digest: str
 
 
 def take_stamp(root: Path = PACKAGE_DIR) -> Stamp:
-    """The installed version and the package's ``.py`` files' count and newest mtime."""
+    """The installed version, and the package's ``.py`` files' count and a digest of their
+    paths, sizes and mtimes (any one file replaced or touched changes it)."""
     try:
         version: str | None = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         version = None
-    files = 0
-    newest = 0
+    entries = []
     for folder, _dirs, names in os.walk(root):
         for name in names:
             if name.endswith(".py"):
+                path = os.path.join(folder, name)
                 try:
-                    newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime_ns)
+                    st = os.stat(path)
                 except OSError:
-                    continue  # removed while walking: the count below differs anyway
-                files += 1
-    return Stamp(version, files, newest)
+                    continue  # removed while walking: the count differs anyway
+                entries.append(f"{path}\0{st.st_size}\0{st.st_mtime_ns}")
+    entries.sort()
+    digest = hashlib.blake2b("\n".join(entries).encode(), digest_size=16).hexdigest()
+    return Stamp(version, len(entries), digest)
 
 
 def compare(started: Stamp, now: Stamp) -> dict[str, Any]:
@@ -54,7 +58,7 @@ def compare(started: Stamp, now: Stamp) -> dict[str, Any]:
         reasons.append(f"installed version {now.version} (the kernel runs {__version__})")
     if now.files != started.files:
         reasons.append(f"{now.files} Python files where there were {started.files}")
-    elif now.newest_mtime_ns != started.newest_mtime_ns:
+    elif now.digest != started.digest:
         reasons.append("its files were modified")
     return {
         "changed": bool(reasons),
