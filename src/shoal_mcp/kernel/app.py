@@ -28,14 +28,14 @@ from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
 from .access.policy import Policy, PolicyError
-from .config_file import ConfigError, resolve
+from .admin.config_file import ConfigError, resolve
+from .admin.package_stamp import compare, take_stamp
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
 from .exec.pool import WarmPool, warm_shells_enabled
 from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
-from .package_stamp import compare, take_stamp
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated

@@ -260,6 +260,7 @@ STORE_GC = closed(
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
     "store.verify": NONE,
+    "kernel.reload": NONE,
     "ping": NONE,
     "session.attach": SESSION_ATTACH,
     "session.cwd": NONE,

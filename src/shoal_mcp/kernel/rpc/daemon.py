@@ -28,7 +28,7 @@ from ... import __version__
 from ...protocol import discovery
 from ...protocol.limits import LISTEN_BACKLOG, SHUTDOWN_DRAIN_S
 from ...protocol.paths import ensure_private_dir, socket_path, state_dir
-from ..config_file import ConfigError, Settings, settings_of
+from ..admin.config_file import ConfigError, Settings, settings_of
 
 log = logging.getLogger("shoal.kernel")
 

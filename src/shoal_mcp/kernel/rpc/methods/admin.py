@@ -8,7 +8,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError
-from ...config_file import ConfigError
+from ....protocol.params import NONE
+from ...admin.config_file import ConfigError
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def _approver_only(call: Call, what: str) -> None:
         raise RpcError(ErrorCode.DENIED, f"{what} is for approvers")
 
 
-@method("kernel.reload", blocking=True)
+@method("kernel.reload", NONE, blocking=True)
 def kernel_reload(call: Call, params: dict) -> dict:
     """kernel.toml and the policy read again and applied; a bad file is refused (-32602,
     data: file, key, why) and the running settings stay."""

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol.paths import kernel_config_path
-from .access.budgets import KERNEL_BUDGETS, BudgetValueError, check_budget_value
+from ...protocol.paths import kernel_config_path
+from ..access.budgets import KERNEL_BUDGETS, BudgetValueError, check_budget_value
 
 SANDBOX_MODES = ("auto", "required", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
