@@ -15,14 +15,13 @@ from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
 from .gc_cmd import gc_cmd
+from .journal_cmd import events_group, journal_cmd
 from .kernel_cmds import kernel_group, policy_group
 from .pty_cmd import pty_group
 from .work import (
     approve_cmd,
     deny_cmd,
-    events_group,
     get_cmd,
-    journal_cmd,
     plans_cmd,
     tasks_group,
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 from typing import NoReturn
 
@@ -20,11 +19,9 @@ from .common import (
     EXIT_STILL_RUNNING,
     Ctx,
     command_exit_codes,
-    fail,
     pass_ctx,
 )
 from .exec_cmd import exit_status, write_preview
-from .gc_cmd import parse_duration
 from .output import emit_json, state_colour, style, table, when
 from .streams import cli_hints, copy_raw, lines_to_slice, next_page, stdout_bytes
 
@@ -242,7 +239,7 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
     """Wait for a task and print its output; exit with its status like `shoal exec`
     (124 when it is still running at the timeout, 125 when shoal failed)."""
     command_exit_codes()
-    record = ctx.call("task.await", {"task": task, "timeout_ms": int(timeout * 1000)})
+    record = _await_with_progress(ctx, task, timeout)
     if not record.get("done"):
         click.echo(f"{record['task']} still {record['state']}", err=True)
         sys.exit(EXIT_STILL_RUNNING)
@@ -258,152 +255,33 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
     sys.exit(exit_status(result["value"]))
 
 
-# -- journal and events -----------------------------------------------------------------------
+WAIT_STEP_S = 1.0
+"""On a terminal ``tasks wait`` awaits in steps this long, redrawing its progress line."""
 
 
-def _time_arg(text: str | None) -> float | None:
-    """``--since``/``--until``: a duration back from now (``5m``, ``2h``, ``7d``, as
-    ``shoal gc`` takes) or a unix time (a number past a year of seconds)."""
-    if text is None:
-        return None
-    try:
-        number = float(text)
-    except ValueError:
-        return time.time() - parse_duration(text)
-    return number if number > UNIX_TIME_FLOOR else time.time() - number
-
-
-UNIX_TIME_FLOOR = 365 * 86400.0
-"""A bare number above this is a unix time; below it, seconds back from now."""
-
-
-@click.command("journal")
-@click.option("--since", help="rows from this long ago (5m, 2h, 7d) or this unix time")
-@click.option("--until", help="rows until this long ago (5m, 2h) or this unix time")
-@click.option("--principal")
-@click.option(
-    "--session", "session_filter", help="only this session's rows (see the SESSION column)"
-)
-@click.option("--head", help="first command word")
-@click.option("--ok/--failed", "ok", default=None)
-@click.option("--effect", "effects", multiple=True, help="effect kind (repeatable)")
-@click.option(
-    "-n", "--limit", "limit", type=int, default=20, show_default=True, help="the newest N rows"
-)
-@click.option("--follow", "-f", is_flag=True, help="keep printing new rows")
-@click.option("--json", "as_json", is_flag=True, help="a JSON array (with -f: one object a line)")
-@pass_ctx
-def journal_cmd(
-    ctx: Ctx, since, until, principal, session_filter, head, ok, effects, limit, follow, as_json
-) -> None:
-    """What ran: the newest N rows (-n), printed oldest first like a log (the newest
-    last, where --follow appends), with filters."""
-    params = {
-        k: v
-        for k, v in {
-            "since": _time_arg(since),
-            "until": _time_arg(until),
-            "principal": principal,
-            "session": session_filter,
-            "head": head,
-            "ok": ok,
-            "limit": limit,
-        }.items()
-        if v is not None
-    }
-    if effects:
-        params["effects"] = list(effects)
-    rows = list(reversed(ctx.call_paged("journal.query", params, "rows", limit)))
-    if as_json and not follow:
-        emit_json(rows)
-        return
-    widths = _print_rows(rows, as_json)
-    if not follow:
-        return
-    last_id = max((r["id"] for r in rows), default=0)
-    wake = threading.Event()
-    ctx.client(on_event=lambda e: wake.set()).call("events.subscribe", {"channel": "journal"})
+def _await_with_progress(ctx: Ctx, task: str, timeout: float) -> dict:
+    """``task.await`` up to ``timeout``; on a terminal in steps, with a progress line on
+    stderr (elapsed, bytes so far) so a long wait is visibly alive."""
+    if not sys.stderr.isatty():
+        return ctx.call("task.await", {"task": task, "timeout_ms": int(timeout * 1000)})
+    start = time.monotonic()
+    err = sys.stderr
     try:
         while True:
-            wake.wait(1.0)
-            wake.clear()
-            new = ctx.call("journal.query", {**params, "limit": 1000})["rows"]
-            new = [r for r in reversed(new) if r["id"] > last_id]
-            if new:
-                last_id = new[-1]["id"]
-                widths = _print_rows(new, as_json, widths)
-    except KeyboardInterrupt:
-        return
-
-
-JOURNAL_HEADERS = ["ID", "TIME", "SESSION", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "CWD", "SRC"]
-JOURNAL_MIN_WIDTHS = [5, 19, 12, 9, 4, 4, 7, 8, 10, 0]
-"""Columns at least this wide, so rows ``-f`` appends later line up with the first ones."""
-
-
-def _print_rows(rows: list[dict], as_json: bool, widths: list[int] | None = None) -> list[int]:
-    """Print rows (a header first when ``widths`` is None); the column widths used, which
-    the next call (``--follow``) keeps so its rows stay aligned."""
-    if as_json:
-        for row in rows:
-            click.echo(orjson.dumps(row).decode())  # one object a line: a stream
-        return widths or []
-    table_rows = [
-        [
-            r["id"],
-            when(r["ts"]),
-            r.get("session"),
-            r["principal"],
-            r.get("kind"),
-            r.get("status"),
-            f"{r.get('duration_ms', 0) or 0:.0f}ms",
-            r.get("ref"),
-            r.get("cwd"),
-            # a long source is journaled by hash: its length first, then its head
-            (f"[{r['src_len']} chars] " if "src_len" in r else "") + r["src"],
-        ]
-        for r in rows
-    ]
-    if widths is None:
-        widths = table(table_rows, JOURNAL_HEADERS, min_widths=JOURNAL_MIN_WIDTHS)
-        return widths
-    table(table_rows, JOURNAL_HEADERS, min_widths=widths, header=False)
-    return widths
-
-
-@click.group("events")
-def events_group() -> None:
-    """Read event channels."""
-
-
-@events_group.command("tail")
-@click.argument("channel")
-@click.option("--since", type=int, default=None, help="replay events after this seq")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def events_tail(ctx: Ctx, channel: str, since: int | None, as_json: bool) -> None:
-    """Print events of CHANNEL as they arrive (Ctrl-C stops)."""
-
-    def show(event: dict) -> None:
-        if as_json:
-            emit_json(event)
-        else:
-            payload = orjson.dumps(event.get("payload"), option=orjson.OPT_NON_STR_KEYS).decode()
-            click.echo(f"{event.get('seq')}  {when(event.get('ts'))}  {escape_controls(payload)}")
-
-    params: dict = {"channel": channel}
-    if since is not None:
-        params["since"] = since
-    client = ctx.client(on_event=show)
-    try:
-        client.call("events.subscribe", params)
-    except RpcError as exc:
-        fail(exc)
-    try:
-        while not client.closed.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        return
+            left = timeout - (time.monotonic() - start)
+            step = max(0.0, min(WAIT_STEP_S, left))
+            record = ctx.call("task.await", {"task": task, "timeout_ms": int(step * 1000)})
+            if record.get("done") or left <= step:
+                return record
+            elapsed = time.monotonic() - start
+            err.write(
+                f"\rwaiting for {record.get('task', task)}: {elapsed:5.1f} s, "
+                f"{record.get('out_bytes', 0)} bytes so far (Ctrl-C stops waiting)\033[K"
+            )
+            err.flush()
+    finally:
+        err.write("\r\033[K")
+        err.flush()
 
 
 # -- plans and approvals -------------------------------------------------------------------------
