@@ -8,12 +8,16 @@ autostart, a bad policy refused by ``policy check`` and ``kernel reload``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
 import shlex
+import signal
+import struct
 import subprocess
+import termios
 import threading
 from pathlib import Path
 
@@ -58,10 +62,6 @@ class OnTerminal:
 
     def __init__(self, env: dict, *args: str, cols: int = 100, rows: int = 30) -> None:
         master, slave = pty.openpty()
-        import fcntl
-        import struct
-        import termios
-
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.proc = subprocess.Popen(
             [*CLI, *args], env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
@@ -97,10 +97,12 @@ class OnTerminal:
     def type(self, data: bytes) -> None:
         os.write(self.master, data)
 
+    def resize(self, cols: int, rows: int) -> None:
+        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
     def wait(self, timeout: float = WAIT_S) -> int:
-        code = self.proc.wait(timeout)
-        wait_until(lambda: True)  # the reader thread drains what is left below
-        return code
+        """The exit status (what it wrote last may still be on its way: ``wait_for``)."""
+        return self.proc.wait(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -164,6 +166,35 @@ def test_exec_it_python_evaluates_six_times_seven(env):
         term.wait_for("KeyboardInterrupt")
         term.type(b"exit(7)\r")
         assert term.wait() == 7
+    finally:
+        term.close()
+
+
+def test_exec_it_follows_the_terminal_size(env):
+    """The PTY starts at the terminal's size and follows a resize (SIGWINCH)."""
+    term = OnTerminal(
+        env, "exec", "-it", "PS1='ready$ ' bash --norc --noprofile", cols=100, rows=30
+    )
+    try:
+        term.wait_for("ready$")
+        term.type(b"stty size\r")
+        term.wait_for("30 100")
+        term.resize(120, 40)
+        term.proc.send_signal(signal.SIGWINCH)  # what the terminal sends its foreground job
+        term.type(b"stty size\r")
+        term.wait_for("40 120")
+        term.type(b"exit 3\r")
+        assert term.wait() == 3
+    finally:
+        term.close()
+
+
+def test_exec_preview_on_a_terminal_is_the_bounded_preview(env):
+    term = OnTerminal(env, "exec", "--preview", "seq 1 300000")
+    try:
+        assert term.wait() == 0
+        term.wait_for("── out:")
+        assert "lines elided" in term.text() and "\n150000\r" not in term.text()
     finally:
         term.close()
 
@@ -416,7 +447,11 @@ def test_doctor_reports_a_kernel_whose_package_changed_on_disk(env):
     os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     try:
         checks = json.loads(shoal(env, "doctor", "--json", check=False).stdout)
+        ran = shoal(env, "exec", "echo still-runs")
     finally:
         os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     package = next(c for c in checks if c["check"] == "kernel package")
     assert package["status"] == "fail" and "shoal kernel restart" in package["detail"]
+    # Every client says so too, once, at attach.
+    assert ran.stdout == "still-runs\n"
+    assert "package changed on disk" in ran.stderr and "shoal kernel restart" in ran.stderr

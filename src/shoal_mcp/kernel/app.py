@@ -48,6 +48,9 @@ from .values.service import ValueService
 
 log = logging.getLogger(__name__)
 
+PACKAGE_CHECK_INTERVAL_S = 1.0
+"""How stale ``package_state`` may be: a walk of the package's files (~140 stats)."""
+
 
 @dataclass
 class KernelConfig:
@@ -73,6 +76,7 @@ class Kernel:
         self.config = config
         self.started = time.time()
         self.package_stamp = take_stamp()  # doctor: was the package replaced under us?
+        self._package_checked: tuple[float, dict[str, Any]] | None = None
         state = ensure_private_dir(config.state_dir)
         self.spool_dir = ensure_private_dir(state / "spool")
         db_path = state / "journal.sqlite3"
@@ -172,9 +176,15 @@ class Kernel:
             "sandbox": self.confinement.status(),
         }
 
-    def package_state(self) -> dict[str, Any]:
-        """Whether this kernel's package changed on disk since it started (package_stamp.py)."""
-        return compare(self.package_stamp, take_stamp())
+    def package_state(self, fresh: bool = False) -> dict[str, Any]:
+        """Whether this kernel's package changed on disk since it started (package_stamp.py);
+        walked at most once per ``PACKAGE_CHECK_INTERVAL_S`` (every attach asks) unless
+        ``fresh`` (``kernel.status``, which ``shoal doctor`` reads)."""
+        now = time.monotonic()
+        cached = self._package_checked
+        if fresh or cached is None or now - cached[0] >= PACKAGE_CHECK_INTERVAL_S:
+            cached = self._package_checked = (now, compare(self.package_stamp, take_stamp()))
+        return cached[1]
 
     def reload(self) -> dict[str, Any]:
         """``kernel.reload``: kernel.toml and the policy it names read again and applied

@@ -40,7 +40,7 @@ def kernel_status(call: Call, params: dict) -> dict:
         "policy": str(kernel.config.policy_path) if kernel.config.policy_path else None,
         "require_token": kernel.config.require_token,
         "flags": kernel.config.flags,  # what `shoal kernel restart` passes on
-        "package": kernel.package_state(),
+        "package": kernel.package_state(fresh=True),
     }
 
 
