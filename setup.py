@@ -34,9 +34,21 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _warn(exc):
-        sys.stderr.write(
-            f"WARNING: shoal_mcp.protocol.framing._frame not built ({exc}); using the pure-Python framing.\n"
-        )
+        fallback_notice(f"the compiled framing core could not be built: {exc}")
+
+
+def fallback_notice(why):
+    """Said on stderr whenever the package installs without its compiled core. pip shows
+    a build's output only with -v; `shoal --version` and `shoal doctor` say it too."""
+    bar = "=" * 72
+    sys.stderr.write(
+        f"\n{bar}\nshoal-mcp: NOTE: installing the pure-Python framing (slower), because\n"
+        f"  {why}\n"
+        "Everything works; to get the compiled core, install a C compiler and the Python\n"
+        "headers (e.g. apt install build-essential python3-dev) and reinstall.\n"
+        "`shoal doctor` reports which framing backend is in use.\n"
+        f"{bar}\n\n"
+    )
 
 
 def pure_python_requested():
@@ -46,12 +58,14 @@ def pure_python_requested():
 
 def extensions():
     if pure_python_requested():
+        fallback_notice("SHOAL_PURE_PYTHON is set")
         return []
     try:
         from Cython.Build import cythonize
     except ImportError:
         if os.path.exists(os.path.join(HERE, C_FILE)):
             return [Extension("shoal_mcp.protocol.framing._frame", [C_FILE])]
+        fallback_notice(f"neither Cython nor the generated {C_FILE} is available")
         return []
     return cythonize(
         [Extension("shoal_mcp.protocol.framing._frame", [PYX], extra_compile_args=["-O3"])],

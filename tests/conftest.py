@@ -19,6 +19,10 @@ from tests.support.landlock import landlock_evidence
 
 pytest_plugins = ("tests.support.fixtures",)
 
+# Kernels started by tests read no kernel.toml of the developer's (~/.config/shoal): a
+# test of the config file names its own (tests/test_cli_human.py).
+os.environ["SHOAL_KERNEL_CONFIG"] = ""
+
 FRAMING_BACKENDS = _framing_backends()
 FRAMING_BACKEND_IDS = ("python", "cython")
 _REQUIRE_COMPILED = os.environ.get("SHOAL_REQUIRE_COMPILED", "") not in ("", "0")

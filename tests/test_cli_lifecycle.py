@@ -16,7 +16,7 @@ from shoal_mcp.client import KernelClient
 from tests.support.kernel import child_env, close_client
 from tests.support.procfs import kill_pids, pids_with_arg
 from tests.support.tmp import short_tmp
-from tests.test_cli import CLI, _json_objects, shoal
+from tests.test_cli import CLI, shoal
 
 
 @pytest.fixture()
@@ -60,12 +60,12 @@ def test_gc_frees_space_and_keeps_what_live_sessions_reference(env):
         # The live session's output, and the blob the pruned one shared with it, remain.
         tail = shoal(env, "--session", "live", "get", "out:1", "--lines", "-1..").stdout
         assert tail == "300000\n"
-        gone = shoal(env, "--session", "old", "get", "out:2").stdout
-        assert "removed by shoal gc" in gone
+        gone = shoal(env, "--session", "old", "get", "out:2", check=False)
+        assert gone.returncode == 2 and "removed by shoal gc" in gone.stderr
         # Numbers are not reused: the next output of the pruned session is out:3.
         nxt = json.loads(shoal(env, "--session", "old", "exec", "--json", "echo new").stdout)
         assert nxt["ref"] == "out:3"
-        rows = _json_objects(shoal(env, "journal", "--json", "-n", "10").stdout)
+        rows = json.loads(shoal(env, "journal", "--json", "-n", "10").stdout)
         assert rows[0]["src"] == shared  # the journal (history) is kept
     finally:
         close_client(live)
@@ -76,7 +76,8 @@ def test_gc_by_total_size_prunes_oldest_first(env):
         shoal(env, "--session", f"s{i}", "exec", f"head -c 1000000 /dev/zero | tr '\\0' {i}")
     report = json.loads(shoal(env, "gc", "--max-size", "1.5M", "--delete", "--json").stdout)
     assert report["values"] == 2 and report["bytes_after"] <= 1.5 * 1024 * 1024
-    assert "removed" in shoal(env, "--session", "s0", "get", "out:1").stdout
+    pruned = shoal(env, "--session", "s0", "get", "out:1", check=False)
+    assert pruned.returncode == 2 and "removed" in pruned.stderr
     kept = shoal(env, "--session", "s2", "get", "out:1", "--format", "raw", "--path", ".out")
     assert kept.stdout.startswith("222")
     bad = shoal(env, "gc", "--older-than", "soon", check=False)

@@ -154,8 +154,33 @@ def test_bad_keys_and_values_are_rejected_with_key_named(
 
 
 def test_unknown_key_message_format(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match=r'^principal\."agent:x"\.fs\.rread: unknown key$'):
+    with pytest.raises(
+        PolicyError,
+        match=r'^principal\."agent:x"\.fs\.rread: unknown key \(did you mean read\?\)$',
+    ):
         load('[principal."agent:x".fs]\nrread = []', tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text, suggestion",
+    [
+        ('[principal."agent:x"]\nproc_spwan = []', "proc_spawn"),
+        ("[kernal]\n", "kernel"),
+        ("[kernel]\nmax_conections = 3", "max_connections"),
+    ],
+)
+def test_unknown_keys_suggest_the_nearest_known_one(
+    tmp_path: Path, text: str, suggestion: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        load(text, tmp_path)
+    assert info.value.why == f"unknown key (did you mean {suggestion}?)"
+
+
+def test_an_unknown_key_like_nothing_known_gets_no_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError) as info:
+        load('[principal."agent:x"]\nzzzz = 1', tmp_path)
+    assert info.value.why == "unknown key"
 
 
 def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:

@@ -392,21 +392,30 @@ _version_reported = False
 
 
 def version_mismatch(kernel_info: dict | None) -> str | None:
-    """A message when the kernel runs another shoal version than this client, reported
-    once per process (later calls return None)."""
+    """A message when the kernel runs another shoal version than this client, or its
+    package was replaced on disk since it started, reported once per process (later
+    calls return None)."""
     global _version_reported
     version = (kernel_info or {}).get("version")
-    if _version_reported or version is None or version == __version__:
+    replaced = bool((kernel_info or {}).get("package_changed"))
+    if _version_reported or version is None or (version == __version__ and not replaced):
         return None
     _version_reported = True
+    if version == __version__:
+        return (
+            "shoal: the running kernel's package changed on disk since it started (a "
+            "reinstall?); run `shoal kernel restart` to use the installed files"
+        )
     return (
         f"shoal: the running kernel is version {version}, this client is {__version__}; "
         "run `shoal kernel restart` to use the installed version"
     )
 
 
-def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
-    """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir."""
+def spawn_kernel(sock: Path, state: Path, flags: list[str] | None = None) -> subprocess.Popen:
+    """Start ``shoal-kernel`` detached (own session), its stdio going to the state dir;
+    ``flags``: more arguments (a restart passes on the flags the old kernel had). The
+    kernel reads kernel.toml itself (docs/configuration.md, "Kernel config file")."""
     ensure_private_dir(state)
     log = os.fdopen(
         os.open(state / "kernel.out", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600), "ab"
@@ -421,6 +430,7 @@ def spawn_kernel(sock: Path, state: Path) -> subprocess.Popen:
                 str(sock),
                 "--state-dir",
                 str(state),
+                *(flags or []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -525,10 +535,11 @@ def start_and_wait(
     state: Path,
     attempt: Callable[[], KernelClient | None],
     timeout: float = AUTOSTART_TIMEOUT_S,
+    flags: list[str] | None = None,
 ) -> KernelClient:
     """Spawn a kernel on ``target`` for ``state`` and return the first client ``attempt``
     makes; a kernel that exits first is reported with its reason and log file."""
-    proc = spawn_kernel(target, state)
+    proc = spawn_kernel(target, state, flags)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         client = attempt()
@@ -544,7 +555,11 @@ def start_and_wait(
     )
 
 
-def start_kernel(sock: str | Path | None = None, state: str | Path | None = None) -> KernelClient:
+def start_kernel(
+    sock: str | Path | None = None,
+    state: str | Path | None = None,
+    flags: list[str] | None = None,
+) -> KernelClient:
     """``shoal kernel start``: connect to the running kernel or start one, whatever
     ``SHOAL_NO_AUTOSTART`` says (starting is what was asked for)."""
     try:
@@ -565,7 +580,7 @@ def start_kernel(sock: str | Path | None = None, state: str | Path | None = None
         except KernelLost:
             return None
 
-    return start_and_wait(target, state_path, attempt)
+    return start_and_wait(target, state_path, attempt, flags=flags)
 
 
 def autostart_failure(state: Path, code: int) -> str:

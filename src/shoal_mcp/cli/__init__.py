@@ -16,14 +16,14 @@ from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
 from .gc_cmd import gc_cmd
 from .grep_cmd import grep_cmd
-from .kernel_cmds import kernel_group
+from .journal_cmd import events_group, journal_cmd
+from .kernel_cmds import kernel_group, policy_group
+from .pty_cmd import pty_group
 from .work import (
     approve_cmd,
     deny_cmd,
-    events_group,
     get_cmd,
     grants_cmd,
-    journal_cmd,
     plans_cmd,
     tasks_group,
 )
@@ -56,12 +56,14 @@ for command in (
     tasks_group,
     journal_cmd,
     events_group,
+    pty_group,
     plans_cmd,
     approve_cmd,
     deny_cmd,
     grants_cmd,
     token_group,
     kernel_group,
+    policy_group,
     doctor,
     mcp_config,
     gc_cmd,

@@ -44,14 +44,16 @@ def _store(ctx: Ctx) -> TokenStore:
 @click.option("--label", default=None)
 @pass_ctx
 def token_create(ctx: Ctx, principal: str, ttl: float | None, label: str | None) -> None:
-    """Create a token for PRINCIPAL; the bearer is printed once, alone on the last line."""
+    """Create a token for PRINCIPAL; the bearer is printed once, alone on stdout (what it
+    is goes to stderr), so ``SHOAL_TOKEN=$(shoal token create NAME)`` captures it."""
     try:
         record, bearer = _store(ctx).create(principal, ttl, label)
     except TokenStoreError as exc:
         raise click.ClickException(str(exc)) from exc
     expires = record.get("expires", "never")
     click.echo(
-        f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:"
+        f"token {record['id']} for {record['principal']} (expires {expires}); keep the bearer secret:",
+        err=True,
     )
     click.echo(bearer)
 
@@ -126,6 +128,7 @@ def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool) -> None:
         _check("bash", lambda: shutil.which("bash") or _raise("bash not on PATH")),
         _check("kernel", lambda: _kernel(found)),
         _check("kernel version", lambda: _kernel_version(found)),
+        _check("kernel package", lambda: _kernel_package(ctx, found)),
         grammar,
         _check("pyte", _pyte),
         _check("sandbox", lambda: _sandbox(ctx, found)),
@@ -240,6 +243,21 @@ def _kernel_version(found: KernelProbe) -> str:
     if found.version is None:
         _warn("no kernel answered; nothing to compare")
     return f"{__version__} (kernel and client agree)"
+
+
+def _kernel_package(ctx: Ctx, found: KernelProbe) -> str:
+    """The running kernel's own files replaced under it (``pip install`` over it)?"""
+    if not found.running or found.stalled or found.untrusted:
+        _warn("no kernel answered; nothing to compare")
+    package = ctx.call("kernel.status").get("package")
+    if not isinstance(package, dict):
+        _warn("the kernel does not report its package (an older kernel): `shoal kernel restart`")
+    if package.get("changed"):
+        raise RuntimeError(
+            f"the kernel's package changed on disk since it started ({package.get('detail')}; "
+            f"{package.get('dir')}): run `shoal kernel restart`"
+        )
+    return f"{package.get('dir')}: {package.get('detail')}"
 
 
 def _grammar(ctx: Ctx, found: KernelProbe) -> str:

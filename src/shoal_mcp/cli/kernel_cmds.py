@@ -7,8 +7,10 @@ comes from the socket's peer credentials or ``kernel.json``, so even a stopped
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -19,11 +21,14 @@ import click
 from .. import __version__
 from ..client import KernelClient, KernelLost, KernelStalled, KernelUntrusted, start_kernel
 from ..protocol import discovery
+from ..protocol.errors import RpcError
 from ..protocol.limits import KERNEL_STOP_TIMEOUT_S, STATUS_PROBE_TIMEOUT_S
 from .common import EXIT_FAILED, Ctx, pass_ctx
 from .output import emit_json, style
 
 STOP_POLL_S = 0.05
+KERNEL_CHECK_TIMEOUT_S = 60.0
+"""``shoal-kernel --check`` loads the policy (bash grammar included) and exits."""
 
 
 @dataclass
@@ -125,14 +130,95 @@ def kernel_stop(ctx: Ctx) -> None:
 @kernel_group.command("restart")
 @pass_ctx
 def kernel_restart(ctx: Ctx) -> None:
-    """Stop the running kernel and start the installed version (after an upgrade)."""
+    """Stop the running kernel and start the installed version (after an upgrade), with
+    the flags the old one had and kernel.toml. The new start's config and policy are
+    checked first: a bad one leaves the running kernel as it is."""
+    checked = preflight(ctx)
+    if not checked.get("ok"):
+        click.echo(
+            f"shoal: not restarting, the new kernel would refuse to start: {checked.get('error')}"
+            "\nthe running kernel was left as it is; fix the file, then: shoal kernel restart",
+            err=True,
+        )
+        sys.exit(EXIT_FAILED)
+    flags = running_flags(ctx)
     old = stop(ctx)
-    client = start_kernel(ctx.socket, ctx.state_dir)
+    client = start_kernel(ctx.socket, ctx.state_dir, flag_args(flags))
     pid = client.peer_pid
     info = client.call("ping", {})["kernel"]
     client.close()
     was = "" if old is None else f" (was pid {old})"
     click.echo(f"kernel restarted: pid {pid}, version {info['version']}{was}")
+
+
+def kernel_check(ctx: Ctx, policy: str | None = None, flags: dict | None = None) -> dict:
+    """``shoal-kernel --check``: what a start with ``flags`` here would make of its
+    kernel.toml and policy (``policy``: this file instead). Run as a process of its own:
+    the CLI does not import the kernel."""
+    argv = [sys.executable, "-m", "shoal_mcp.kernel", "--check", "--state-dir", str(ctx.state_path)]
+    argv += flag_args({**(flags or {}), **({"policy": policy} if policy else {})})
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=KERNEL_CHECK_TIMEOUT_S)
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {
+            "ok": False,
+            "error": (proc.stderr or proc.stdout).strip() or f"exit {proc.returncode}",
+        }
+    return result if isinstance(result, dict) else {"ok": False, "error": str(result)}
+
+
+def preflight(ctx: Ctx) -> dict:
+    """The check a restart makes before stopping anything."""
+    return kernel_check(ctx, flags=running_flags(ctx))
+
+
+def running_flags(ctx: Ctx) -> dict:
+    """The flags the running kernel was started with (none when it does not answer)."""
+    found = probe(ctx)
+    if not found.running or found.stalled:
+        return {}
+    try:
+        client = KernelClient(found.socket, liveness_timeout=STATUS_PROBE_TIMEOUT_S)
+    except KernelLost:
+        return {}
+    try:
+        client.call("session.attach", {"client": {"kind": "cli"}}, STATUS_PROBE_TIMEOUT_S)
+        flags = client.call("kernel.status", {}, STATUS_PROBE_TIMEOUT_S).get("flags") or {}
+    except (RpcError, KernelLost):
+        flags = {}
+    finally:
+        client.close()
+    return flags if isinstance(flags, dict) else {}
+
+
+def flag_args(flags: dict) -> list[str]:
+    """``shoal-kernel`` arguments for settings given as flags."""
+    args: list[str] = []
+    if flags.get("require_token"):
+        args.append("--require-token")
+    for key in ("sandbox", "policy", "log_level"):
+        if flags.get(key):
+            args += [f"--{key.replace('_', '-')}", str(flags[key])]
+    return args
+
+
+@kernel_group.command("reload")
+@pass_ctx
+def kernel_reload(ctx: Ctx) -> None:
+    """Read kernel.toml and the policy again without a restart; a bad file is refused
+    and the running settings stay."""
+    result = ctx.call("kernel.reload")
+    click.echo(
+        f"reloaded: config {result.get('config')}, policy {result.get('policy') or '(defaults)'}, "
+        f"require_token {str(result.get('require_token')).lower()}"
+    )
+    if result.get("restart_needed"):
+        click.echo(
+            f"changed, applied at the next start: {', '.join(result['restart_needed'])} "
+            "(shoal kernel restart)",
+            err=True,
+        )
 
 
 def stop(ctx: Ctx) -> int | None:
@@ -219,6 +305,9 @@ def kernel_status(ctx: Ctx, as_json: bool) -> None:
         "ptys",
         "connections",
         "framing_backend",
+        "config",
+        "policy",
+        "require_token",
     ):
         click.echo(f"{style(key.ljust(16), bold=True)}{status.get(key)}")
     if found.stale_version:
@@ -230,3 +319,30 @@ def kernel_status(ctx: Ctx, as_json: bool) -> None:
             ),
             err=True,
         )
+
+
+@click.group("policy")
+def policy_group() -> None:
+    """The policy file (docs/security.md): check it before a restart or reload."""
+
+
+@policy_group.command("check")
+@click.argument("file", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def policy_check(ctx: Ctx, file: str | None, as_json: bool) -> None:
+    """Check FILE (default: the policy a kernel start would use, with kernel.toml) as the
+    kernel would load it; unknown keys get the nearest known one suggested. Exits 1 when
+    it would be refused."""
+    result = kernel_check(ctx, policy=str(Path(file).absolute()) if file else None)
+    if as_json:
+        emit_json(result)
+    elif result.get("ok"):
+        names = ", ".join(result.get("principals") or []) or "none"
+        click.echo(
+            f"ok: {result.get('policy') or '(no policy file: defaults)'}; principals: {names}"
+        )
+    else:
+        click.echo(f"refused: {result.get('error')}", err=True)
+    if not result.get("ok"):
+        sys.exit(EXIT_FAILED)

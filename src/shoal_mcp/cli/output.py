@@ -25,20 +25,30 @@ def emit_json(data: Any) -> None:
     click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
 
 
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], max_width: int = 60) -> None:
-    """Aligned columns; headers bold on a TTY; cells cut to ``max_width``."""
+def table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    max_width: int = 60,
+    min_widths: Sequence[int] | None = None,
+    header: bool = True,
+) -> list[int]:
+    """Aligned columns; headers bold on a TTY; cells cut to ``max_width``; each column
+    at least ``min_widths`` wide. Returns the widths used (a follow-up call passes them
+    as ``min_widths`` with ``header=False`` to append aligned rows)."""
     cells = [[_cell(v, max_width) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
+    widths = [max(len(h), (min_widths or [0] * len(headers))[i]) for i, h in enumerate(headers)]
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    click.echo(
-        "  ".join(
-            style(h.ljust(w), bold=True) for h, w in zip(headers, widths, strict=True)
-        ).rstrip()
-    )
+    if header:
+        click.echo(
+            "  ".join(
+                style(h.ljust(w), bold=True) for h, w in zip(headers, widths, strict=True)
+            ).rstrip()
+        )
     for row in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return widths
 
 
 def _cell(value: Any, max_width: int) -> str:

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
+import time
+from typing import NoReturn
 
 import click
+import orjson
 
 from ..protocol.display import escape_controls
-from ..protocol.errors import RpcError
+from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.plain import dumps, to_plain
-from .common import EXIT_SHOAL_ERROR, EXIT_STILL_RUNNING, Ctx, command_exit_codes, fail, pass_ctx
+from .common import (
+    EXIT_KERNEL_ERROR,
+    EXIT_SHOAL_ERROR,
+    EXIT_STILL_RUNNING,
+    Ctx,
+    command_exit_codes,
+    pass_ctx,
+)
 from .exec_cmd import exit_status, write_preview
 from .output import emit_json, state_colour, style, table, when
-from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
+from .streams import cli_hints, copy_raw, lines_to_slice, next_page, stdout_bytes
 
 
 @click.command("get")
@@ -24,7 +33,7 @@ from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
     "--lines",
     "line_range",
     default=None,
-    help="A..B: those lines of stdout (of --path's text when given); negative counts from the end",
+    help="A..B: lines A to B of stdout (of --path's text), from 1, inclusive; -1 is the last",
 )
 @click.option(
     "--format",
@@ -32,7 +41,7 @@ from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
     type=click.Choice(["json", "render", "raw"]),
     default="render",
     show_default=True,
-    help="render: text for people; json: plain JSON; raw: the bytes themselves",
+    help="render: text for people; json: plain JSON; raw: the bytes themselves, all of them",
 )
 @click.option("--wire", is_flag=True, help="json: the kernel's tagged wire form, not plain JSON")
 @click.option(
@@ -41,10 +50,10 @@ from .streams import cli_hints, copy_raw, page_bytes, stdout_bytes
 @click.option("-i", "--ignore-case", is_flag=True, help="match: ignore case")
 @click.option("-v", "--invert", is_flag=True, help="match: the lines that do not match")
 @click.option("-C", "--context", type=int, default=0, help="match: lines of context around each")
+@click.option("--from-line", type=int, default=None, help="match: start at this line (from 1)")
+@click.option("--max", "max_matches", type=int, default=None, help="match: at most N matches")
 @click.option("--offset", type=int, default=None, help="raw: byte offset")
-@click.option(
-    "--length", type=int, default=None, help="raw: bytes to write (default: one page, 48 KiB)"
-)
+@click.option("--length", type=int, default=None, help="raw: at most N bytes (default: to the end)")
 @pass_ctx
 def get_cmd(
     ctx: Ctx,
@@ -57,19 +66,29 @@ def get_cmd(
     ignore_case: bool,
     invert: bool,
     context: int,
+    from_line: int | None,
+    max_matches: int | None,
     offset: int | None,
     length: int | None,
 ) -> None:
     """Fetch a stored value (out:N, task:N, shoal://…) or a part of it.
 
-    ``--format raw --length N`` writes up to N bytes, paging through the kernel; without
-    ``--length`` one page is written and the next one named on stderr.
+    Lines are numbered from 1 here as in every preview and match result (``--lines
+    11..20`` is what a preview calls "lines 11-20"). ``--lines`` and ``--format raw``
+    write all that was asked, paging through the kernel; ``--length`` bounds raw.
     """
     if line_range is not None:
         base = path if path else (".out" if _is_outcome_ref(ref) else "")
-        path = f"{base}.lines[{line_range}]"
-    if fmt == "raw" and length is not None:
-        copy_raw(ctx.call, ref, path or "", stdout_bytes(), offset or 0, max(0, length))
+        try:
+            path = f"{base}.lines[{lines_to_slice(line_range)}]"
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    if fmt == "raw":
+        raw_path = path if path else (".out" if _is_outcome_ref(ref) else "")
+        try:
+            copy_raw(ctx.client().call, ref, raw_path, stdout_bytes(), offset or 0, length)
+        except RpcError as exc:
+            _fail_removed(ctx, ref, exc)
         return
     params: dict = {"ref": ref, "format": fmt}
     if path:
@@ -80,25 +99,78 @@ def get_cmd(
             "ignore_case": ignore_case,
             "invert": invert,
             "context": context,
+            **({"from_line": from_line} if from_line else {}),
+            **({"max": max_matches} if max_matches else {}),
         }
     if offset is not None:
         params["offset"] = offset
     if length is not None:
         params["length"] = length
-    result = ctx.call("value.get", params)
+    try:
+        result = ctx.client().call("value.get", params)
+    except RpcError as exc:
+        _fail_removed(ctx, ref, exc)
     if fmt == "render" or regex is not None:
-        text = cli_hints(result["render"])
-        click.echo(text, nl=not text.endswith("\n"))
-    elif fmt == "raw":
-        out = stdout_bytes()
-        out.write(page_bytes(result))
-        out.flush()
-        if "next" in result:
-            more = f"--offset {result['offset'] + result['length']}"
-            click.echo(style(f"── more: the same with {more}", dim=True), err=True)
+        _check_removed(result.get("render", ""))
+        if line_range is not None and regex is None:
+            _write_pages(ctx, result["render"])
+        else:
+            text = cli_hints(result["render"])
+            click.echo(text, nl=not text.endswith("\n"))
     else:
+        _check_removed_value(result.get("value"))
         click.echo(dumps(result["value"] if wire else to_plain(result["value"])))
     _say_where(ref, result)
+
+
+def _write_pages(ctx: Ctx, render: str) -> None:
+    """A ``--lines`` render and every next page the kernel names, to the end."""
+    while True:
+        text, following = next_page(render)
+        click.echo(text, nl=not text.endswith("\n"))
+        if following is None:
+            return
+        render = ctx.call("value.get", {**following, "format": "render"})["render"]
+
+
+def _tombstone(ctx: Ctx, ref: str) -> dict | None:
+    """The record ``shoal gc`` left in place of ``ref``'s value, if it was pruned."""
+    try:
+        value = ctx.client().call("value.get", {"ref": ref, "format": "json"}).get("value")
+    except RpcError:
+        return None
+    return value if isinstance(value, dict) and value.get("$") == "error" else None
+
+
+def _fail_removed(ctx: Ctx, ref: str, exc: RpcError) -> NoReturn:
+    """A selection that failed on a pruned output says it was pruned, not "no field"."""
+    removed = _tombstone(ctx, ref) if exc.code == ErrorCode.BAD_SELECTION else None
+    if removed is not None:
+        _removed(removed)
+    ctx.fail(exc)
+
+
+def _check_removed(render: str) -> None:
+    if render.startswith("{") and '"$": "error"' in render[:40]:
+        try:
+            value = orjson.loads(render)
+        except orjson.JSONDecodeError:
+            return
+        _check_removed_value(value)
+
+
+def _check_removed_value(value: object) -> None:
+    if isinstance(value, dict) and value.get("$") == "error":
+        _removed(value)
+
+
+def _removed(value: dict) -> NoReturn:
+    message = value.get("msg") or value.get("message") or "the value is an error"
+    hint = value.get("hint")
+    click.echo(
+        f"shoal: error {value.get('code')}: {message}" + (f" ({hint})" if hint else ""), err=True
+    )
+    sys.exit(EXIT_KERNEL_ERROR)
 
 
 def _is_outcome_ref(ref: str) -> bool:
@@ -167,7 +239,7 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
     """Wait for a task and print its output; exit with its status like `shoal exec`
     (124 when it is still running at the timeout, 125 when shoal failed)."""
     command_exit_codes()
-    record = ctx.call("task.await", {"task": task, "timeout_ms": int(timeout * 1000)})
+    record = _await_with_progress(ctx, task, timeout)
     if not record.get("done"):
         click.echo(f"{record['task']} still {record['state']}", err=True)
         sys.exit(EXIT_STILL_RUNNING)
@@ -183,119 +255,33 @@ def tasks_wait(ctx: Ctx, task: str, timeout: float) -> None:
     sys.exit(exit_status(result["value"]))
 
 
-# -- journal and events -----------------------------------------------------------------------
+WAIT_STEP_S = 1.0
+"""On a terminal ``tasks wait`` awaits in steps this long, redrawing its progress line."""
 
 
-@click.command("journal")
-@click.option("--since", type=float, help="unix time")
-@click.option("--until", type=float, help="unix time")
-@click.option("--principal")
-@click.option("--head", help="first command word")
-@click.option("--ok/--failed", "ok", default=None)
-@click.option("--effect", "effects", multiple=True, help="effect kind (repeatable)")
-@click.option(
-    "-n", "--limit", "limit", type=int, default=20, show_default=True, help="the newest N rows"
-)
-@click.option("--follow", "-f", is_flag=True, help="keep printing new rows")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def journal_cmd(
-    ctx: Ctx, since, until, principal, head, ok, effects, limit, follow, as_json
-) -> None:
-    """What ran: the newest N rows (-n), printed oldest first like a log (the newest
-    last, where --follow appends), with filters."""
-    params = {
-        k: v
-        for k, v in {
-            "since": since,
-            "until": until,
-            "principal": principal,
-            "head": head,
-            "ok": ok,
-            "limit": limit,
-        }.items()
-        if v is not None
-    }
-    if effects:
-        params["effects"] = list(effects)
-    rows = ctx.call_paged("journal.query", params, "rows", limit)
-    _print_rows(list(reversed(rows)), as_json)
-    if not follow:
-        return
-    last_id = max((r["id"] for r in rows), default=0)
-    wake = threading.Event()
-    ctx.client(on_event=lambda e: wake.set()).call("events.subscribe", {"channel": "journal"})
+def _await_with_progress(ctx: Ctx, task: str, timeout: float) -> dict:
+    """``task.await`` up to ``timeout``; on a terminal in steps, with a progress line on
+    stderr (elapsed, bytes so far) so a long wait is visibly alive."""
+    if not sys.stderr.isatty():
+        return ctx.call("task.await", {"task": task, "timeout_ms": int(timeout * 1000)})
+    start = time.monotonic()
+    err = sys.stderr
     try:
         while True:
-            wake.wait(1.0)
-            wake.clear()
-            new = ctx.call("journal.query", {**params, "limit": 1000})["rows"]
-            new = [r for r in reversed(new) if r["id"] > last_id]
-            if new:
-                last_id = new[-1]["id"]
-                _print_rows(new, as_json, header=False)
-    except KeyboardInterrupt:
-        return
-
-
-def _print_rows(rows: list[dict], as_json: bool, header: bool = True) -> None:
-    if as_json:
-        for row in rows:
-            emit_json(row)
-        return
-    table_rows = [
-        [
-            r["id"],
-            when(r["ts"]),
-            r["principal"],
-            r.get("kind"),
-            r.get("status"),
-            f"{r.get('duration_ms', 0) or 0:.0f}ms",
-            r.get("ref"),
-            # a long source is journaled by hash: its length first, then its head
-            (f"[{r['src_len']} chars] " if "src_len" in r else "") + r["src"],
-        ]
-        for r in rows
-    ]
-    if header:
-        table(table_rows, ["ID", "TIME", "PRINCIPAL", "KIND", "EXIT", "DUR", "REF", "SRC"])
-    else:
-        for cells in table_rows:
-            click.echo("  ".join("-" if v is None else escape_controls(str(v)) for v in cells))
-
-
-@click.group("events")
-def events_group() -> None:
-    """Read event channels."""
-
-
-@events_group.command("tail")
-@click.argument("channel")
-@click.option("--since", type=int, default=None, help="replay events after this seq")
-@click.option("--json", "as_json", is_flag=True)
-@pass_ctx
-def events_tail(ctx: Ctx, channel: str, since: int | None, as_json: bool) -> None:
-    """Print events of CHANNEL as they arrive (Ctrl-C stops)."""
-
-    def show(event: dict) -> None:
-        if as_json:
-            emit_json(event)
-        else:
-            click.echo(f"{event.get('seq')}  {when(event.get('ts'))}  {event.get('payload')}")
-
-    params: dict = {"channel": channel}
-    if since is not None:
-        params["since"] = since
-    client = ctx.client(on_event=show)
-    try:
-        client.call("events.subscribe", params)
-    except RpcError as exc:
-        fail(exc)
-    try:
-        while not client.closed.wait(1.0):
-            pass
-    except KeyboardInterrupt:
-        return
+            left = timeout - (time.monotonic() - start)
+            step = max(0.0, min(WAIT_STEP_S, left))
+            record = ctx.call("task.await", {"task": task, "timeout_ms": int(step * 1000)})
+            if record.get("done") or left <= step:
+                return record
+            elapsed = time.monotonic() - start
+            err.write(
+                f"\rwaiting for {record.get('task', task)}: {elapsed:5.1f} s, "
+                f"{record.get('out_bytes', 0)} bytes so far (Ctrl-C stops waiting)\033[K"
+            )
+            err.flush()
+    finally:
+        err.write("\r\033[K")
+        err.flush()
 
 
 # -- plans and approvals -------------------------------------------------------------------------
@@ -359,8 +345,9 @@ def approve_cmd(
     for_session: bool,
     unconfined: bool,
 ) -> None:
-    """Approve PLAN (you must be an approver): its one apply may do exactly its targets."""
-    params: dict = {"plan_ref": plan, "approve": True}
+    """Approve PLAN, its ref or a unique prefix of it (you must be an approver): its one
+    apply may do exactly its targets."""
+    params: dict = {"plan_ref": _plan_ref(ctx, plan), "approve": True}
     if effects:
         params["effects"] = [e.strip() for e in effects.split(",") if e.strip()]
     if only:
@@ -401,6 +388,22 @@ def grants_cmd(ctx: Ctx, revoke: str | None, target: str | None, as_json: bool) 
 @click.argument("plan")
 @pass_ctx
 def deny_cmd(ctx: Ctx, plan: str) -> None:
-    """Deny PLAN; it stays denied."""
-    result = ctx.call("cap.decide", {"plan_ref": plan, "approve": False})
+    """Deny PLAN (its ref or a unique prefix); it stays denied."""
+    result = ctx.call("cap.decide", {"plan_ref": _plan_ref(ctx, plan), "approve": False})
     click.echo(f"{result['plan_ref']}: {state_colour(result['state'])}")
+
+
+def _plan_ref(ctx: Ctx, given: str) -> str:
+    """The full plan ref ``given`` names: itself, or the one plan whose ref starts with it
+    (as git takes a short hash); an ambiguous or unknown prefix is an error."""
+    given = given.strip()
+    plans = ctx.call_paged("plan.list", {"all": True}, "plans")
+    refs = [p["plan_ref"] for p in plans]
+    if given in refs:
+        return given
+    matches = [r for r in refs if r.startswith(given) or r.rpartition(":")[2].startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise click.UsageError(f"{given!r} names {len(matches)} plans: {', '.join(matches[:5])}")
+    return given  # unknown here: the kernel says so

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,9 @@ from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root, tru
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
+from .access.policy import Policy, PolicyError
+from .admin.config_file import ConfigError, resolve
+from .admin.package_stamp import compare, take_stamp
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
 from .exec.pool import WarmPool, warm_shells_enabled
@@ -46,6 +49,9 @@ from .values.service import ValueService
 
 log = logging.getLogger(__name__)
 
+PACKAGE_CHECK_INTERVAL_S = 1.0
+"""How stale ``package_state`` may be: a walk of the package's files (~140 stats)."""
+
 
 @dataclass
 class KernelConfig:
@@ -54,6 +60,12 @@ class KernelConfig:
     policy_path: Path | None = None
     require_token: bool = False
     sandbox: str = "auto"  # --sandbox auto | required | off (access/confine.py)
+    limits: dict[str, int] = field(default_factory=dict)
+    """kernel.toml's [limits]: kernel-wide budgets over the policy's [kernel] table."""
+    config_path: Path | None = None
+    """The kernel.toml this kernel read (``kernel.reload`` reads it again)."""
+    flags: dict[str, Any] = field(default_factory=dict)
+    """Settings given as flags at start; they win over kernel.toml on a reload too."""
 
 
 class Kernel:
@@ -64,6 +76,8 @@ class Kernel:
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
         self.started = time.time()
+        self.package_stamp = take_stamp()  # doctor: was the package replaced under us?
+        self._package_checked: tuple[float, dict[str, Any]] | None = None
         state = ensure_private_dir(config.state_dir)
         self.spool_dir = ensure_private_dir(state / "spool")
         db_path = state / "journal.sqlite3"
@@ -90,6 +104,7 @@ class Kernel:
             config.require_token,
             self.confinement,
         )
+        self.guard.policy.kernel.update(config.limits)
         self.events = EventBus(
             self.event_store, total_bytes=self.guard.policy.kernel["max_event_bytes"]
         )
@@ -182,6 +197,54 @@ class Kernel:
         elif not status["confined"]:
             status["why"] = self.confinement.status()["reason"] or "the sandbox is off"
         return status
+
+    def package_state(self, fresh: bool = False) -> dict[str, Any]:
+        """Whether this kernel's package changed on disk since it started (package_stamp.py);
+        walked at most once per ``PACKAGE_CHECK_INTERVAL_S`` (every attach asks) unless
+        ``fresh`` (``kernel.status``, which ``shoal doctor`` reads)."""
+        now = time.monotonic()
+        cached = self._package_checked
+        if fresh or cached is None or now - cached[0] >= PACKAGE_CHECK_INTERVAL_S:
+            cached = self._package_checked = (now, compare(self.package_stamp, take_stamp()))
+        return cached[1]
+
+    def reload(self) -> dict[str, Any]:
+        """``kernel.reload``: kernel.toml and the policy it names read again and applied
+        at once, or refused (ConfigError, naming the file and key) with the running ones kept.
+        The sandbox mode and ``limits.max_event_bytes`` are fixed for a kernel's life:
+        a change is reported as needing ``shoal kernel restart``."""
+        settings = resolve(self.config.flags, self.config.config_path)
+        policy_path = settings.policy_path(self.config.state_dir)
+        try:
+            policy = Policy.load(str(policy_path) if policy_path else None)
+        except PolicyError as exc:
+            where = policy_path or Path("policy")
+            raise ConfigError(where, exc.key, exc.why) from None
+        policy.kernel.update(settings.limits)
+        restart = []
+        if settings.sandbox != self.config.sandbox:
+            restart.append("sandbox")
+        live = self.guard.policy.kernel
+        if policy.kernel["max_event_bytes"] != live["max_event_bytes"]:
+            restart.append("limits.max_event_bytes")
+        # The kernel-wide budgets are read through this one dict (StateBudget holds it).
+        live.clear()
+        live.update(policy.kernel)
+        policy.kernel = live
+        self.guard.policy = policy
+        self.guard.require_token = settings.require_token
+        self.config.policy_path = policy_path
+        self.config.require_token = settings.require_token
+        self.config.limits = settings.limits
+        log.info("reloaded %s and policy %s", self.config.config_path, policy_path)
+        return {
+            "config": str(self.config.config_path) if self.config.config_path else None,
+            "policy": str(policy_path) if policy_path else None,
+            "require_token": settings.require_token,
+            "sandbox": self.config.sandbox,
+            "principals": policy.principals,
+            "restart_needed": restart,
+        }
 
     def _pty_event(self, pty_id: str, payload: dict) -> None:
         self.events.publish(uri.pty_channel(uri.ref_number(pty_id, uri.PTY)), payload)

@@ -146,6 +146,8 @@ EXEC = closed(
         "background": BOOL,
         "timeout_ms": TIMEOUT_MS,
         "elide": ELIDE,
+        # A FIFO (of the kernel's user) the command reads as stdin: `shoal exec -i`.
+        "stdin": {"type": "string", "minLength": 1, "maxLength": 4096},
     },
     ("src",),
 )
@@ -307,6 +309,7 @@ PTY_RESIZE = closed(
     {"pty_id": PTY_ID, "cols": PTY_DIM, "rows": PTY_DIM}, ("pty_id", "cols", "rows")
 )
 PTY_CLOSE = closed({"pty_id": PTY_ID}, ("pty_id",))
+PTY_LIST = closed({"all": BOOL})  # all: every principal's PTYs (approvers only)
 
 STORE_GC = closed(
     {
@@ -339,6 +342,7 @@ SESSION_ADOPT = closed(
 PARAMS: dict[str, dict] = {
     "kernel.status": NONE,
     "store.verify": NONE,
+    "kernel.reload": NONE,
     "ping": NONE,
     "session.attach": SESSION_ATTACH,
     "session.cwd": NONE,
@@ -375,7 +379,7 @@ PARAMS: dict[str, dict] = {
     "pty.read": PTY_READ,
     "pty.resize": PTY_RESIZE,
     "pty.close": PTY_CLOSE,
-    "pty.list": NONE,
+    "pty.list": PTY_LIST,
     "store.gc": STORE_GC,
 }
 """Every kernel method's params schema, by method name."""

@@ -35,6 +35,18 @@ def state_dir(explicit: str | None = None) -> Path:
     return Path.home() / ".local" / "state" / "shoal"
 
 
+def kernel_config_path() -> Path | None:
+    """The kernel's config file: $SHOAL_KERNEL_CONFIG (empty: none), else
+    $XDG_CONFIG_HOME/shoal/kernel.toml, else ~/.config/shoal/kernel.toml. Read by every
+    kernel start (autostart, ``shoal kernel start|restart``) and ``shoal kernel reload``."""
+    env = os.environ.get("SHOAL_KERNEL_CONFIG")
+    if env is not None:
+        return Path(env).expanduser() if env else None
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".config"
+    return base / "shoal" / "kernel.toml"
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) and make the leaf 0700."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -49,6 +49,7 @@ below it.  Deny beats ask beats allow; then ``auto_apply`` turns an allow into a
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import posixpath
@@ -123,6 +124,17 @@ class PolicyError(ValueError):
         self.why = why
 
 
+def _unknown(where: str, key: str, known: Any) -> PolicyError:
+    """ "unknown key", with the nearest known keys suggested (``proc_spwan`` → proc_spawn)."""
+    near = difflib.get_close_matches(key, list(known), n=2, cutoff=0.6)
+    return PolicyError(
+        where, "unknown key" + (f" (did you mean {' or '.join(near)}?)" if near else "")
+    )
+
+
+_TABLE_KEYS = (*_LIST_KEYS, *_CHOICES, *_BOOL_KEYS, *_INT_KEYS, *PRINCIPAL_BUDGETS, "fs")
+
+
 def _key(principal: str, *parts: str) -> str:
     return ".".join([f"principal.{json.dumps(principal)}", *parts])
 
@@ -172,7 +184,7 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
             for fk, fv in v.items():
                 fwhere = _key(name, "fs", fk)
                 if fk not in _FS_KEYS:
-                    raise PolicyError(fwhere, "unknown key")
+                    raise _unknown(fwhere, fk, _FS_KEYS)
                 globs = _string_list(fwhere, fv)
                 for g in globs:
                     if not g.startswith(("/", "~", PROJECT_PLACEHOLDER)):
@@ -181,7 +193,7 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
                         )
                 out[f"fs_{fk}"] = globs
         else:
-            raise PolicyError(where, "unknown key")
+            raise _unknown(where, k, _TABLE_KEYS)
     return out
 
 
@@ -192,7 +204,7 @@ def _validate_kernel_table(table: Any) -> dict[str, int]:
         try:
             kernel_budgets({key: value})
         except KeyError:
-            raise PolicyError(f"kernel.{key}", "unknown key") from None
+            raise _unknown(f"kernel.{key}", key, KERNEL_BUDGETS) from None
         except BudgetValueError as exc:
             raise PolicyError(f"kernel.{key}", str(exc)) from None
     return kernel_budgets(table)
@@ -539,7 +551,7 @@ class Policy:
     def from_dict(cls, data: Mapping[str, Any], home: str | None = None) -> Policy:
         for k in data:
             if k not in ("principal", "kernel"):
-                raise PolicyError(k, "unknown key")
+                raise _unknown(k, k, ("principal", "kernel"))
         kernel = _validate_kernel_table(data.get("kernel", {}))
         principals = data.get("principal", {})
         if not isinstance(principals, dict):

@@ -53,6 +53,8 @@ class RunOptions:
     timeout_ms: int | None = None
     position: str = "stmt"
     elide: ElideOptions = field(default_factory=ElideOptions)
+    stdin: str | None = None
+    """A FIFO the command reads as its stdin (``shoal exec -i``); else /dev/null."""
 
     @classmethod
     def from_params(cls, params: dict) -> RunOptions:
@@ -61,4 +63,5 @@ class RunOptions:
             timeout_ms=params.get("timeout_ms"),
             position=params.get("position", "stmt"),
             elide=ElideOptions.from_params(params.get("elide")),
+            stdin=params.get("stdin"),
         )

@@ -36,6 +36,7 @@ from .finalize import Finalizer
 from .pool import WarmPool
 from .ready import ReadyShell, prepare
 from .runner import MAX_ARG_BYTES, RunningCommand, spawn
+from .stdin import StdinSupervisor, open_stdin_fifo
 from .tasks import Task, TaskManager
 
 DISCONNECT_POLL_S = 0.25
@@ -138,7 +139,9 @@ class ExecService:
         self.finalizer.journal_plan(who, plan, "approval_required", plan.ref, ok=False)
         raise RpcError(
             ErrorCode.APPROVAL_REQUIRED,
-            "approval required: call cap.request, then plan.apply once approved",
+            # Agents reach the kernel through MCP or directly: name both spellings.
+            "approval required: request it (MCP: shoal_cap_request; kernel: cap.request) "
+            "with this plan_ref, then run it once approved (shoal_apply; plan.apply)",
             {
                 "plan_ref": plan.ref,
                 "uri": plan.uri,
@@ -238,7 +241,12 @@ class ExecService:
         started: float,
         grants: RunGrants | None = None,
     ) -> dict:
-        task = self._start(who, src, effects, opts.background, caller, grants)
+        stdin_fd = open_stdin_fifo(opts.stdin) if opts.stdin else None
+        try:
+            task = self._start(who, src, effects, opts.background, caller, grants, stdin_fd)
+        finally:
+            if stdin_fd is not None:
+                os.close(stdin_fd)  # the command holds its own copy now
         if opts.background:
             return task_handle(task)
         # A foreground exec is watched (and finalized) on this thread, which then writes
@@ -282,6 +290,7 @@ class ExecService:
         background: bool,
         caller: Caller,
         grants: RunGrants | None = None,
+        stdin_fd: int | None = None,
     ) -> Task:
         """Spawn in the session's state as it is now, write the ``running`` journal row,
         start the task; the task remembers that state (its delta is computed from it).
@@ -306,7 +315,7 @@ class ExecService:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
             if caller.cancelled():
                 raise CancelledBeforeStart()
-            run, start_env = self._launch(who, src, cwd, env, outputs, grants)
+            run, start_env = self._launch(who, src, cwd, env, outputs, grants, stdin_fd)
             try:
                 journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
             except BaseException:
@@ -395,6 +404,7 @@ class ExecService:
         env: dict[str, str],
         outputs: str,
         grants: RunGrants | None = None,
+        stdin_fd: int | None = None,
     ) -> tuple[RunningCommand, dict[str, str]]:
         """Under the principal's warm zygote when there is one, else a cold supervisor;
         also the env the command got (TMPDIR of its sandbox included)."""
@@ -408,7 +418,12 @@ class ExecService:
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
-        if warm is not None and ready is not None and _short(src):
+        supervisor: Any = warm
+        if stdin_fd is not None:
+            # A ready shell's stdin is /dev/null already: this one gets the FIFO, placed at
+            # descriptor 0 through the supervisor's own extra-descriptor mechanism.
+            supervisor = StdinSupervisor(warm, spec_bytes, stdin_fd)
+        elif warm is not None and ready is not None and _short(src):
             shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap)
             started = shell.start(src) if shell is not None else None
             if started is not None:
@@ -420,7 +435,7 @@ class ExecService:
             self.spool_dir,
             sandbox=sandbox,
             max_output_bytes=cap,
-            supervisor=warm,
+            supervisor=supervisor,  # a Supervisor, or one wrapped to add stdin
             owner=who.principal,
         )
         return run, env  # the env bash got: the state the exec's delta is measured from

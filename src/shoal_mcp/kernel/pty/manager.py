@@ -217,12 +217,13 @@ class PtyManager:
 
     # ---------------------------------------------------------------- lookup
 
-    def _get(self, pty_id: Any, owner: str) -> _Pty:
+    def _get(self, pty_id: Any, owner: str | None) -> _Pty:
+        """The PTY ``pty_id`` of ``owner`` (None: of anyone, for an approver)."""
         if not isinstance(pty_id, str):
             raise invalid_params("pty_id", "must be a string like 'pty:1'")
         with self._lock:
             p = self._ptys.get(pty_id)
-        if p is None or p.owner != owner:
+        if p is None or (owner is not None and p.owner != owner):
             raise RpcError(
                 ErrorCode.UNKNOWN_PTY, f"unknown pty: {pty_id[:100]}", {"pty_id": pty_id[:100]}
             )
@@ -230,7 +231,7 @@ class PtyManager:
 
     # ---------------------------------------------------------------- send
 
-    def send(self, pty_id: str, input: Any, owner: str) -> dict[str, Any]:
+    def send(self, pty_id: str, input: Any, owner: str | None) -> dict[str, Any]:
         p = self._get(pty_id, owner)
         with p.lock:
             app_cursor = p.screen.app_cursor
@@ -278,7 +279,9 @@ class PtyManager:
 
     # ---------------------------------------------------------------- read
 
-    def read(self, pty_id: str, reader: object, owner: str, scrollback: int = 0) -> dict[str, Any]:
+    def read(
+        self, pty_id: str, reader: object, owner: str | None, scrollback: int = 0
+    ) -> dict[str, Any]:
         if isinstance(scrollback, bool) or not isinstance(scrollback, int) or scrollback < 0:
             raise invalid_params("scrollback", "must be a non-negative integer")
         scrollback = min(scrollback, PTY_SCROLLBACK_LINES)
@@ -324,7 +327,7 @@ class PtyManager:
 
     # ---------------------------------------------------------------- resize
 
-    def resize(self, pty_id: str, cols: int, rows: int, owner: str) -> dict[str, Any]:
+    def resize(self, pty_id: str, cols: int, rows: int, owner: str | None) -> dict[str, Any]:
         cols, rows = _dim(cols, "cols"), _dim(rows, "rows")
         p = self._get(pty_id, owner)
         with p.lock:
@@ -378,7 +381,7 @@ class PtyManager:
 
     # ---------------------------------------------------------------- close
 
-    def close(self, pty_id: str, owner: str) -> dict[str, Any]:
+    def close(self, pty_id: str, owner: str | None) -> dict[str, Any]:
         p = self._get(pty_id, owner)
         with self._lock:
             if self._ptys.get(p.id) is not p:  # a concurrent close won

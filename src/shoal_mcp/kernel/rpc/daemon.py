@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ from ... import __version__
 from ...protocol import discovery
 from ...protocol.limits import LISTEN_BACKLOG, SHUTDOWN_DRAIN_S
 from ...protocol.paths import ensure_private_dir, socket_path, state_dir
+from ..admin.config_file import ConfigError, Settings, settings_of
 
 log = logging.getLogger("shoal.kernel")
 
@@ -44,18 +46,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--state-dir", help="state directory (default: $SHOAL_STATE_DIR or XDG state dir)"
     )
+    p.add_argument(
+        "--config",
+        help="kernel config file (default: $SHOAL_KERNEL_CONFIG or "
+        "$XDG_CONFIG_HOME/shoal/kernel.toml); flags win over it",
+    )
     p.add_argument("--policy", help="policy TOML file (default: <state>/policy.toml if present)")
     p.add_argument(
-        "--require-token", action="store_true", help="refuse attachments without a token"
+        "--require-token",
+        action="store_true",
+        default=None,
+        help="refuse attachments without a token",
     )
     p.add_argument(
         "--sandbox",
         choices=["auto", "required", "off"],
-        default="auto",
+        default=None,
         help="confine sandboxed principals' processes with Landlock: auto (when the machine "
         "enforces it), required (refuse to start without it), off",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config file and the policy this start would use, print the result "
+        "as JSON and exit (0 good, 2 refused); nothing is started",
+    )
+    p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"shoal-kernel {__version__}")
     return p.parse_args(argv)
 
@@ -168,8 +184,41 @@ def held_elsewhere(state: Path, sock_path: Path) -> int:
     return EXIT_OK
 
 
+def check(args: argparse.Namespace) -> int:
+    """``--check``: would a start with these flags accept its kernel.toml and policy?
+    One JSON object on stdout (``shoal policy check`` and ``shoal kernel restart`` read it)."""
+    from ..access.policy import Policy, PolicyError
+
+    result: dict = {"ok": True}
+    try:
+        settings = settings_of(args)
+        result["config"] = str(settings.config_path) if settings.config_path else None
+        policy = settings.policy_path(state_dir(args.state_dir))
+        result["policy"] = str(policy) if policy else None
+        result["principals"] = Policy.load(str(policy) if policy else None).principals
+        result["settings"] = {
+            "require_token": settings.require_token,
+            "sandbox": settings.sandbox,
+            "limits": settings.limits,
+        }
+    except ConfigError as exc:
+        result = {**result, "ok": False, "file": str(exc.path), "key": exc.key, "error": str(exc)}
+    except PolicyError as exc:
+        result = {**result, "ok": False, "file": result.get("policy"), "key": exc.key}
+        result["error"] = str(exc)
+    print(json.dumps(result))
+    return EXIT_OK if result["ok"] else EXIT_REFUSED
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return check(args)
+    try:
+        args.settings = settings_of(args)
+    except ConfigError as exc:
+        print(f"shoal-kernel: cannot start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     sock_path = socket_path(args.socket)
     try:
         state = check_private_dir(state_dir(args.state_dir), "state directory")
@@ -211,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     if state_of_socket == "stale":
         os.unlink(sock_path)
-    setup_logging(state, args.log_level)
+    setup_logging(state, args.settings.log_level)
     try:
         return run(args, sock_path, state, lock_fd)
     finally:
@@ -224,13 +273,16 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
     from . import methods  # noqa: F401 - registers every handler
     from .server import KernelServer
 
-    policy = Path(args.policy) if args.policy else (state / "policy.toml")
+    settings: Settings = args.settings
     config = KernelConfig(
         socket=sock_path,
         state_dir=state,
-        policy_path=policy if (args.policy or policy.exists()) else None,
-        require_token=args.require_token,
-        sandbox=args.sandbox,
+        policy_path=settings.policy_path(state),
+        require_token=settings.require_token,
+        sandbox=settings.sandbox,
+        limits=settings.limits,
+        config_path=settings.config_path,
+        flags=settings.flags,
     )
     try:
         kernel = Kernel(config)

@@ -1,4 +1,5 @@
-"""kernel.status (what `shoal kernel status` shows) and store.verify (`shoal doctor --verify`)."""
+"""kernel.status (`shoal kernel status`), store.verify (`shoal doctor --verify`) and
+kernel.reload (`shoal kernel reload`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError
+from ....protocol.params import NONE
+from ...admin.config_file import ConfigError
 from ..registry import method
 
 if TYPE_CHECKING:
@@ -35,6 +38,11 @@ def kernel_status(call: Call, params: dict) -> dict:
         "cpu_held_s": {p: round(s, 3) for p, s in call.cpu.held().items()} if call.cpu else {},
         "warm": kernel.warm.stats(),
         "uid": os.geteuid(),
+        "config": str(kernel.config.config_path) if kernel.config.config_path else None,
+        "policy": str(kernel.config.policy_path) if kernel.config.policy_path else None,
+        "require_token": kernel.config.require_token,
+        "flags": kernel.config.flags,  # what `shoal kernel restart` passes on
+        "package": kernel.package_state(fresh=True),
     }
 
 
@@ -45,3 +53,23 @@ def store_verify(call: Call, params: dict) -> dict:
     if not call.kernel.guard.for_principal(call.who.principal).approver:
         raise RpcError(ErrorCode.DENIED, "store.verify is for approvers")
     return call.kernel.verify_store()
+
+
+def _approver_only(call: Call, what: str) -> None:
+    if not call.kernel.guard.for_principal(call.who.principal).approver:
+        raise RpcError(ErrorCode.DENIED, f"{what} is for approvers")
+
+
+@method("kernel.reload", NONE, blocking=True)
+def kernel_reload(call: Call, params: dict) -> dict:
+    """kernel.toml and the policy read again and applied; a bad file is refused (-32602,
+    data: file, key, why) and the running settings stay."""
+    _approver_only(call, "kernel.reload")
+    try:
+        return call.kernel.reload()
+    except ConfigError as exc:
+        raise RpcError(
+            ErrorCode.INVALID_PARAMS,
+            f"refused, nothing changed: {exc}",
+            {"file": str(exc.path), "key": exc.key, "why": exc.why},
+        ) from None

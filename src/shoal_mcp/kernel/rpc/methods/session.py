@@ -70,7 +70,9 @@ def attach(call: Call, params: dict) -> dict:
         "env_hash": session.env_hash(principal),
         "elide_defaults": ElideOptions().as_dict(),
         "channels": ["journal", "session.transcript", "approval", "task.N", "pty.N", "user.*"],
-        "kernel": kernel.info(),
+        # package_changed: this kernel's files were replaced on disk since it started
+        # (clients say `shoal kernel restart`, as for another version).
+        "kernel": {**kernel.info(), "package_changed": kernel.package_state()["changed"]},
     }
 
 
