@@ -526,7 +526,7 @@ class McpSession:
 
     def _discover(self, params: dict) -> dict:
         """``server/discover`` (every revision): what 2026-07-28 clients probe first."""
-        return discover_result(INSTRUCTIONS)
+        return discover_result(instructions(self.link))
 
     def _listen(self, params: dict, flight: InFlight | None) -> object:
         assert flight is not None
