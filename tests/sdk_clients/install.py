@@ -45,19 +45,25 @@ def python_sdk(name: str) -> Path:
     return python
 
 
+NPM_CLIENTS = {"claude-code": "@anthropic-ai/claude-code@2.1.332"}
+"""MCP client programs from npm (Claude Code: its `claude mcp list` probe)."""
+
+
 def ts_sdk(name: str) -> Path:
-    """An npm prefix with TypeScript SDK ``name`` installed (installing it if needed)."""
+    """An npm prefix with TypeScript SDK ``name`` (or an ``NPM_CLIENTS`` program)
+    installed (installing it if needed)."""
+    package = TS_SDKS.get(name) or NPM_CLIENTS[name]
     root = cache_dir() / name
     if not (root / ".ok").exists():
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         subprocess.run(
             ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(root),
-             TS_SDKS[name]],
+             package],
             check=True,
             timeout=INSTALL_TIMEOUT_S,
         )  # fmt: skip
-        (root / ".ok").write_text(TS_SDKS[name])
+        (root / ".ok").write_text(package)
     return root
 
 
@@ -66,7 +72,7 @@ def main() -> None:
         for name in PYTHON_SDKS:
             print(name, python_sdk(name))
     if "--python-only" not in sys.argv and shutil.which("node") and shutil.which("npm"):
-        for name in TS_SDKS:
+        for name in (*TS_SDKS, *NPM_CLIENTS):
             print(name, ts_sdk(name))
 
 
