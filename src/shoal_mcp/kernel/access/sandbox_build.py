@@ -270,12 +270,17 @@ def build_spec(
             notes.append(f"{label or cls} {real}: inside a kernel directory; not granted")
         out[cls] += grants
 
+    # With a view, reads need no split around the kernel's directories and the secrets:
+    # the view hides them (an empty read-only mount no rule can see past), and a split
+    # of "/" or $HOME would make the spec change with every file created there (a new
+    # zygote, a cold start, each time).  Without one, Landlock is all there is: split.
+    read_cut: list[str] = [] if view_scratch is not None else banned
     for cls in ("read", "write", "delete"):
         for root in roots[cls]:
-            add(cls, root, f"fs.{cls}")
+            add(cls, root, f"fs.{cls}", read_cut if cls == "read" else banned)
     home_paths = [posixpath.join(home, rel) for rel in home_read]
     for path in (*system_read, *_etc_link_targets(), *home_paths):
-        add("read", path, "", sorted({*banned, *secrets}))
+        add("read", path, "", [] if view_scratch is not None else sorted({*banned, *secrets}))
     for path in (*system_devices, *ttys):
         add("devices", path, "")
     for path in (tmp, *also_write):
