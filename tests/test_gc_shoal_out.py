@@ -82,5 +82,5 @@ def test_gc_deletes_journal_texts_no_row_refers_to(env):  # noqa: F811
         assert hashes == {kept_hash}
     finally:
         db.close()
-    rows = json.loads(shoal(env, "journal", "--json", "-n", "1").stdout)
-    assert rows["src_hash"] == kept_hash and rows["src_len"] == len(long_src)
+    (row,) = json.loads(shoal(env, "journal", "--json", "-n", "1").stdout)  # an array
+    assert row["src_hash"] == kept_hash and row["src_len"] == len(long_src)

@@ -25,17 +25,10 @@ An optional top-level ``[kernel]`` table holds the kernel-wide budgets (``budget
 
 Any other key, or a value of the wrong type, raises ``PolicyError`` naming the key path.
 
-Defaults, as decided (docs/decisions.md):
-
-* The local human (``uid:<euid>``) with no table is permissive: every effect allowed,
-  approver, ``journal_read``/``tasks_read`` = all, quotas 64 tasks / 16 PTYs / 256
-  subscriptions.  If a table exists for it, the table's grants apply, while approver,
-  journal/tasks visibility and quotas keep those permissive defaults unless set.
-* A principal with no table is denied every plan (even an empty one); it keeps the
-  ordinary quotas (8 / 2 / 16) so attach-only use (events, journal) still works.
-* ``sandbox`` defaults to true for every principal except the local human.  ``opaque``
-  left unset means ``"sandbox"`` for a sandboxed principal when the kernel's sandbox
-  enforces, else ``"deny"``; see :meth:`PrincipalPolicy.opaque_mode`.
+Defaults (docs/decisions.md) are the profiles of ``profiles.py``: the local human
+permissive with no table; a principal with no table denied every plan but keeping the
+ordinary quotas; the default agent ``agent:mcp`` with its built-in profile.  ``opaque``
+left unset means ``"sandbox"`` where the sandbox holds (:meth:`PrincipalPolicy.opaque_mode`).
 
 Matching: ``proc_spawn`` entries match argv0 as written (fnmatch), and a bare name also
 matches that name in a system bin directory (``git`` covers ``/usr/bin/git``, not
