@@ -5,6 +5,8 @@ The `journal.query` method is in docs/protocol.md, Kernel methods.
 Long sources (and long effect lists) are stored once, by hash, in ``journal_texts``
 (``store_once``): a row keeps a head for display and a ``{kind: "src"|"effects", hash,
 len}`` descriptor among its outputs, so a flood of the same 1 MiB plan costs one copy.
+A denied attempt keeps only that head and descriptor (``"stored": false``): a principal
+without grants cannot grow the journal with distinct 1 MiB sources (issue 31).
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def command_head(src: str) -> str:
     return ""
 
 
+def text_descriptor(text: str, kind: str) -> dict:
+    """``text`` by hash and length only, nothing stored (a denied attempt's source)."""
+    digest = blake3.blake3(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {"kind": kind, "hash": digest, "len": len(text), "stored": False}
+
+
+def is_denied(entry: JournalEntry) -> bool:
+    """A policy refusal: a denied exec, or a plan whose verdict was deny (``ok`` false)."""
+    return entry.kind == "denied" or (entry.kind == "plan" and entry.ok is False)
+
+
 def store_once(conn, text: str, kind: str) -> dict:
     """Store ``text`` in ``journal_texts`` unless that exact text is there; its descriptor."""
     digest = blake3.blake3(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -103,15 +116,21 @@ class Journal:
         """Insert ``entry`` inside the caller's transaction; its row id.
 
         A source or effect list longer than ``SRC_INLINE_CHARS`` is stored once by hash
-        (``store_once``): the row keeps a head and a descriptor among its outputs."""
+        (``store_once``): the row keeps a head and a descriptor among its outputs. A
+        denied attempt's texts are described, not stored (``text_descriptor``)."""
         kinds = sorted({e.get("kind", "") for e in entry.effects})
         src, effects, outputs = entry.src, to_wire(entry.effects), list(entry.outputs)
         effects_json = orjson.dumps(effects).decode()
+        keep = (
+            text_descriptor
+            if is_denied(entry)
+            else (lambda text, kind: store_once(conn, text, kind))
+        )
         if len(src) > SRC_INLINE_CHARS:
-            outputs.append(store_once(conn, src, "src"))
+            outputs.append(keep(src, "src"))
             src = src[:SRC_INLINE_CHARS]
         if len(effects_json) > SRC_INLINE_CHARS:
-            outputs.append(store_once(conn, effects_json, "effects"))
+            outputs.append(keep(effects_json, "effects"))
             effects_json = orjson.dumps(effects[:EFFECTS_INLINE]).decode()
         cur = conn.execute(
             """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
@@ -279,4 +298,6 @@ def _row(r) -> dict:
             isinstance(desc, dict) and desc.get("kind") == "src"
         ):  # the source is stored once by hash; this is its head
             out["src_len"], out["src_hash"] = desc["len"], desc["hash"]
+            if desc.get("stored") is False:
+                out["src_stored"] = False  # a denied attempt: only this head was kept
     return {k: v for k, v in out.items() if v is not None}
