@@ -333,6 +333,14 @@ CPU_MS_PER_S_LOCAL = 0
 back in credit (delayed, never refused; kernel/rpc/fairness.py). 0 means no limit."""
 CPU_BURST_S = 1.0
 """Seconds of ``max_cpu_ms_per_s`` a principal may use in one burst before it waits."""
+CPU_DEBT_CAP_S = 5.0
+"""A principal's CPU debt is capped at this many seconds of its own rate: one expensive
+call (a catastrophic regex search) holds its next frames this long at most, not for the
+whole debt (four such searches held a token principal 51 s; issue 31). Kept below
+``LIVENESS_TIMEOUT_S`` so a held connection still answers its pings in time."""
+CPU_UNMETERED_METHODS = frozenset({"ping", "task.cancel", "kernel.status"})
+"""Never held by the CPU budget (their cost is tiny): a client in debt can still cancel
+its own work, see why it waits, and tell a throttled kernel from a stalled one."""
 CPU_WAIT_SLICE_S = 0.25
 """A waiting principal rechecks its credit (and whether its connection closed) this often."""
 ATTACH_DEADLINE_MS = 30_000

@@ -54,7 +54,7 @@ from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
-from .fairness import CpuBudgets, Metered
+from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
 from .workers import Workers
@@ -288,7 +288,7 @@ class KernelServer:
                     break
                 for i, event in enumerate(events):
                     principal = _principal_of(conn)
-                    if principal is not None:
+                    if principal is not None and not is_unmetered(event):
                         self.cpu.admit(principal, conn.closed)
                     blocking = None
                     if isinstance(event, Oversize):

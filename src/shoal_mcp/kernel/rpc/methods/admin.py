@@ -31,6 +31,7 @@ def kernel_status(call: Call, params: dict) -> dict:
         "ptys": len(kernel.ptys.list(None)),
         "connections": kernel.connection_count(),
         "cpu_held_s": {p: round(s, 3) for p, s in call.cpu.held().items()} if call.cpu else {},
+        "cpu_debt_s": {p: round(s, 3) for p, s in call.cpu.debt().items()} if call.cpu else {},
         "warm": kernel.warm.stats(),
         "uid": os.geteuid(),
     }
