@@ -126,6 +126,7 @@ class Kernel:
         if lost:
             log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
+        self.ptys_reaped: Callable[[], int] = lambda: 0  # likewise (its PTY orphan reaper)
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 

@@ -160,6 +160,12 @@ PTY_SEND_TIMEOUT_S = 5.0
 """How long `pty.send` waits for a program that does not read its input."""
 PTY_IDLE_POLL_S = 0.25
 """Reader thread wake-up period (child-exit check while the terminal is still held)."""
+PTY_ORPHAN_GRACE_MS = 300_000
+"""``[kernel] pty_orphan_grace_ms``: a PTY whose owner (session + principal) has had no
+attached connection this long is closed and its CPU charged (kernel/pty/orphans.py)."""
+PTY_REAP_POLL_MAX_S = 5.0
+PTY_REAP_POLL_MIN_S = 0.05
+"""The orphan reaper looks every half grace period, within these bounds."""
 PTY_MAX_CMD_LEN = 4096
 """Longest `cmd` accepted by `pty.open`, in characters."""
 PTY_SPAWN_TIMEOUT_S = 10.0

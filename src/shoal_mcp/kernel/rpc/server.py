@@ -52,8 +52,9 @@ from ...protocol.limits import (
 from ...protocol.schema import validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
-from ..access.identity import Principal
+from ..access.identity import Principal, owner_key
 from ..app import Kernel
+from ..pty.orphans import OrphanReaper
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
@@ -187,6 +188,30 @@ class KernelServer:
         self.cpu = CpuBudgets(self._cpu_rate)
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
+        self.pty_reaper = OrphanReaper(
+            kernel.ptys, self._owner_connected, self._pty_grace_s, self._pty_reaped
+        ).start()
+        kernel.ptys_reaped = lambda: self.pty_reaper.reaped
+
+    def _owner_connected(self, owner: str) -> bool:
+        """Whether an attached connection of this PTY owner (session + principal) is open."""
+        with self._lock:
+            return any(c.who is not None and owner_key(c.who) == owner for c in self.connections)
+
+    def _pty_grace_s(self) -> float:
+        return self.kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000
+
+    def _pty_reaped(self, owner: str, pty_id: str, cpu_s: float) -> None:
+        principal = owner.split("\x00", 1)[-1]
+        log.warning(
+            "%s of %s closed: no connection of its owner for the grace period; "
+            "its program used %.2f s of CPU (charged)",
+            pty_id,
+            principal,
+            cpu_s,
+        )
+        self.cpu.bucket(principal)  # a limited principal's bucket exists before the charge
+        self.cpu.charge(principal, cpu_s)
 
     def _cpu_rate(self, principal: str) -> int:
         return self.kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
@@ -248,6 +273,7 @@ class KernelServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.pty_reaper.stop()
         self._threads.close()
         try:
             self.listener.close()
