@@ -141,6 +141,9 @@ def test_plain_json_of_parsed_output(env):
     whole = json.loads(shoal(env, "get", "out:1", "--format", "json").stdout)
     assert whole["out"] == '{"a": {"b": [1, 2, {"c": null}], "s": "x"}}\n' and whole["ok"] is True
     assert "$" not in json.dumps(whole)
+    # The default render of a record is plain JSON too, not the tagged wire form (#31).
+    rendered = shoal(env, "get", "out:1", "--path", ".out.json.a").stdout
+    assert json.loads(rendered) == {"b": [1, 2, {"c": None}], "s": "x"}
 
 
 def test_exec_streams_and_status_like_the_command(env):

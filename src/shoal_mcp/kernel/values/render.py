@@ -14,6 +14,7 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.framing import bound_text
+from ...protocol.plain import to_plain
 from ...protocol.limits import (
     JSON_SHAPE_BODY_BYTES,
     PAGE_RAW_BYTES,
@@ -78,7 +79,9 @@ class Renderer:
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
             node
         )
-        pretty = orjson.dumps(wire, option=orjson.OPT_INDENT_2).decode()
+        # Plain JSON for people and models (the tagged form is for programs: `value`);
+        # an elided part shows as {"$ref": uri, …} (protocol/plain.py).
+        pretty = orjson.dumps(to_plain(wire), option=orjson.OPT_INDENT_2).decode()
         return bound_text(pretty, budget, self.base_uri)
 
     def _outcome(self, node: dict, budget: int) -> str:
