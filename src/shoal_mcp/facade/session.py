@@ -32,6 +32,7 @@ from ..protocol.jsonrpc import (
     response,
 )
 from ..protocol.limits import MCP_EARLY_LOG_LINES, MCP_INPUT_QUEUE
+from ..protocol.paths import NotADirectory
 from .inflight import CallCancelled, InFlight, InFlightCalls, serving
 from .kernel_link import KernelLink
 from .mcp_tasks import McpTasks
@@ -301,7 +302,7 @@ class McpSession:
             return None
         except RpcError as exc:
             return error_response(msg.id, exc.code, exc.message, exc.data)
-        except KernelLost as exc:
+        except (KernelLost, NotADirectory) as exc:  # NotADirectory: the state dir is a file
             self.log("error", f"shoal kernel unavailable: {exc}")
             return error_response(
                 msg.id,

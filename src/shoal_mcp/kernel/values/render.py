@@ -14,13 +14,13 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.framing import bound_text
-from ...protocol.plain import to_plain
 from ...protocol.limits import (
     JSON_SHAPE_BODY_BYTES,
     PAGE_RAW_BYTES,
     STDERR_TAIL_BYTES,
     VALUE_HARD_CAP,
 )
+from ...protocol.plain import to_plain
 from .elision import ElideOptions, WireEncoder
 from .paging import call_text, fitting_prefix, line_page
 from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines

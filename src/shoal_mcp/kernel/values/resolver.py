@@ -411,6 +411,10 @@ class Resolver:
 
     def _step(self, node: Any, seg: Segment, so_far: list[Segment]) -> Any:
         where = "".join(s.text() for s in so_far)
+        if is_node(node, "error") and node.get("gc_removed"):
+            # A pruned output: say so, not "no field 'out'" of its tombstone.
+            data = {k: node[k] for k in ("hint", "gc_removed") if k in node}
+            raise RpcError(ErrorCode.UNKNOWN_REF, str(node.get("msg")), {**data, "path": where})
         if isinstance(seg, Field):
             return self._field(node, seg.name, where)
         if isinstance(seg, Index):
