@@ -354,6 +354,12 @@ ATTACH_DEADLINE_MS = 30_000
 answered -32000 and closed."""
 MAX_BLOCKING_CALLS = 64
 """Blocking calls (exec, task.await, …: one thread each) one connection runs at once."""
+MAX_QUEUED_BLOCKING_CALLS = 256
+"""Blocking calls past ``MAX_BLOCKING_CALLS`` wait in the connection's queue, this many
+at most (the facade accepts ``MCP_INPUT_QUEUE`` pipelined requests and sends them all on
+one connection); past it they are refused -32031 (quota ``blocking_calls``)."""
+MAX_QUEUED_BLOCKING_BYTES = 64 * MiB
+"""Frame bytes a connection's queued blocking calls hold at most (1 MiB sources)."""
 LIST_REPLY_BYTES = 4 * MiB
 """Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
 before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""

@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ from ...protocol.limits import (
     FRAME_BEFORE_ATTACH,
     MAX_BLOCKING_CALLS,
     MAX_OVERSIZE_PER_CONNECTION,
+    MAX_QUEUED_BLOCKING_BYTES,
+    MAX_QUEUED_BLOCKING_CALLS,
     OVERSIZE_HEAD,
 )
 from ...protocol.schema import validate
@@ -79,6 +82,11 @@ class Connection:
     subscriptions: dict[str, Any] = field(default_factory=dict)
     inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Blocking calls past MAX_BLOCKING_CALLS wait here (FIFO) for a running one to end.
+    calls_lock: threading.Lock = field(default_factory=threading.Lock)
+    running: int = 0
+    queued: deque = field(default_factory=deque)  # (spec, request, frame bytes)
+    queued_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.writer = FrameWriter(self.sock.fileno())
@@ -429,25 +437,50 @@ class KernelServer:
             )
             return None
         if spec.blocking:
-            if len(conn.inflight) >= MAX_BLOCKING_CALLS:  # one thread each: bounded
+            # One thread each, MAX_BLOCKING_CALLS at once; the next ones wait in the
+            # connection's queue (a client pipelining 256 calls is served, not refused),
+            # itself bounded in calls and bytes.
+            with conn.calls_lock:
+                start = conn.running < MAX_BLOCKING_CALLS
+                fits = (
+                    len(conn.queued) < MAX_QUEUED_BLOCKING_CALLS
+                    and conn.queued_bytes + len(frame) <= MAX_QUEUED_BLOCKING_BYTES
+                )
+                if start:
+                    conn.running += 1
+                elif fits:
+                    conn.queued.append((spec, msg, len(frame)))
+                    conn.queued_bytes += len(frame)
+                # Known by its id before it runs, so task.cancel {call} can't overtake it.
+                if start or fits:
+                    conn.inflight[msg.id] = InflightCall()
+            if not (start or fits):
                 err = over_budget(
                     "blocking_calls",
-                    MAX_BLOCKING_CALLS,
-                    "blocking calls running on this connection",
+                    MAX_BLOCKING_CALLS + MAX_QUEUED_BLOCKING_CALLS,
+                    "blocking calls running or queued on this connection",
                 )
                 conn.send(error_response(msg.id, err.code, err.message, err.data))
                 return None
-            # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
-            conn.inflight[msg.id] = InflightCall()
-            return spec, msg
+            return (spec, msg) if start else None
         self._run(conn, spec, msg)
         return None
 
     def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an
         inline call's is charged by the reader that runs it)."""
-        with Metered(self.cpu, _principal_of(conn)):
-            self._run(conn, spec, msg)
+        while True:
+            with Metered(self.cpu, _principal_of(conn)):
+                self._run(conn, spec, msg)
+            with conn.calls_lock:  # this thread runs the next queued call, if any
+                if not conn.queued or conn.closed.is_set():
+                    conn.running -= 1
+                    dropped, conn.queued, conn.queued_bytes = list(conn.queued), deque(), 0
+                    break
+                spec, msg, size = conn.queued.popleft()
+                conn.queued_bytes -= size
+        for _, gone, _ in dropped:  # the connection closed: nobody waits for them
+            conn.inflight.pop(gone.id, None)
 
     def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         call = None
