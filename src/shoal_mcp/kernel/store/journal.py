@@ -11,15 +11,18 @@ without grants cannot grow the journal with distinct 1 MiB sources (issue 31).
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import blake3
 import orjson
 
+from ...protocol.errors import RpcError, is_db_locked
 from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
 from ...protocol.wiretext import text_or_bytes, to_wire
 from .db import Database
@@ -31,6 +34,12 @@ TEXTS_SCHEMA = """CREATE TABLE IF NOT EXISTS journal_texts (
 )"""
 EFFECTS_INLINE = 100
 """Effects a row keeps inline when its effect list is stored by hash."""
+
+DEFERRED_ROWS_MAX = 1024
+"""Rows kept in memory while the database is locked by another process (then dropped,
+logged): each is an exec refused for that lock."""
+
+log = logging.getLogger(__name__)
 
 JOURNAL_QUERY_MAX = 1000
 JOURNAL_QUERY_DEFAULT = 50
@@ -98,6 +107,9 @@ def store_once(conn, text: str, kind: str) -> dict:
 class Journal:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._deferred: list[JournalEntry] = []  # rows that met a locked database
+        self._deferred_lock = threading.Lock()
+        self._deferred_thread: threading.Thread | None = None
         with db.transaction() as conn:
             conn.execute(TEXTS_SCHEMA)
 
@@ -134,8 +146,8 @@ class Journal:
             effects_json = orjson.dumps(effects[:EFFECTS_INLINE]).decode()
         cur = conn.execute(
             """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
-               effects, effect_kinds, status, ok, ref, outputs, state, spool)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+               effects, effect_kinds, status, ok, ref, outputs, state, spool, error)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
             (
                 entry.ts,
                 entry.duration_ms,
@@ -153,6 +165,7 @@ class Journal:
                 orjson.dumps(outputs).decode(),
                 state,
                 None if spool is None else orjson.dumps(spool).decode(),
+                None if entry.error is None else entry.error[:JOURNAL_ERROR_MAX_CHARS],
             ),
         )
         assert cur.lastrowid is not None
@@ -161,9 +174,53 @@ class Journal:
     # -- an exec's two rows: ``running`` at its start, its end (docs/decisions.md) ------
 
     def begin(self, entry: JournalEntry, spool: dict) -> int:
-        """The ``running`` row of an exec just spawned (its spool files, for recovery)."""
-        with self.db.transaction() as conn:
-            return self.insert_in(conn, entry, state=RUNNING, spool=spool)
+        """The ``running`` row of an exec just spawned (its spool files, for recovery).
+
+        When another process holds the database's write lock past the wait, the exec is
+        stopped before it runs (the caller's error says why) and its row, ``failed`` with
+        that reason, is written as soon as the lock is free (``_deferred``)."""
+        try:
+            with self.db.transaction() as conn:
+                return self.insert_in(conn, entry, state=RUNNING, spool=spool)
+        except RpcError as exc:
+            if is_db_locked(exc):
+                self._defer(entry, f"stopped at its start: {exc.message}")
+            raise
+
+    def _defer(self, entry: JournalEntry, error: str) -> None:
+        failed = replace(entry, state=FAILED, ok=False, error=error)
+        with self._deferred_lock:
+            if len(self._deferred) >= DEFERRED_ROWS_MAX:
+                log.error(
+                    "journal: %d rows already wait for the lock; dropped one", len(self._deferred)
+                )
+                return
+            self._deferred.append(failed)
+            if self._deferred_thread is None:
+                self._deferred_thread = threading.Thread(
+                    target=self._write_deferred, name="journal-deferred", daemon=True
+                )
+                self._deferred_thread.start()
+
+    def _write_deferred(self) -> None:
+        """Write the rows that met a locked database, oldest first, once it is free."""
+        while True:
+            with self._deferred_lock:
+                if not self._deferred:
+                    self._deferred_thread = None
+                    return
+                entry = self._deferred[0]
+            try:
+                with self.db.transaction() as conn:
+                    self.insert_in(conn, entry, state=FAILED)
+            except RpcError as exc:
+                if is_db_locked(exc):
+                    continue  # each attempt itself waits DB_WRITE_WAIT_S for the lock
+                log.error("journal: a deferred row could not be written: %s", exc.message)
+            except Exception:  # noqa: BLE001 - housekeeping: logged, the next row goes on
+                log.exception("journal: a deferred row could not be written")
+            with self._deferred_lock:
+                self._deferred.pop(0)
 
     def finish_in(self, conn: sqlite3.Connection, row_id: int | None, entry: JournalEntry) -> int:
         """The exec's end, inside the finalize transaction: its running row becomes ``done``
