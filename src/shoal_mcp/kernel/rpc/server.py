@@ -52,7 +52,7 @@ from ...protocol.limits import (
     MAX_QUEUED_BLOCKING_CALLS,
     OVERSIZE_HEAD,
 )
-from ...protocol.schema import validate
+from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal, owner_key
@@ -488,9 +488,12 @@ class KernelServer:
             params = msg.params if isinstance(msg.params, dict) else None
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
+            params, ignored = split_unknown(params, spec.schema)
             validate(params, spec.schema)
             call = Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id), self.cpu)
             result = spec.func(call, params)
+            if ignored and isinstance(result, dict):
+                result = {**result, "ignored_params": ignored}
             reply = response(msg.id, result)
         except RpcError as exc:
             reply = error_response(msg.id, exc.code, exc.message, exc.data)
