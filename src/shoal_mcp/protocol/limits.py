@@ -106,9 +106,12 @@ SPOOLS_KEPT = 16
 """Empty exec spool files kept for reuse per spool dir (exec/runner.py ``SpoolBin``): a
 spool whose blob was already stored is truncated and reused instead of deleted."""
 OUTPUTS_EAGER_COPY_MAX = 1 * MiB
-"""The background ``$SHOAL_OUT`` sync of a root kernel copies outputs up to this size;
-a larger one is copied when the session's next exec starts (an exec refused for disk
-use then copies nothing)."""
+"""An exec's start on a root kernel that must copy ``$SHOAL_OUT`` entries (no reflinks)
+copies outputs up to this size itself; larger ones are copied by the background sync,
+and their entries appear when it is done (values/outputs.py)."""
+OUTPUTS_START_WAIT_S = 0.05
+"""How long an exec's start waits for a background ``$SHOAL_OUT`` sync of its session on
+a root kernel before it goes on without the entries still being made."""
 OUTPUTS_SYNC_IDLE_S = 5.0
 """The background ``$SHOAL_OUT`` sync thread (values/outputs.py) exits after this long idle."""
 
