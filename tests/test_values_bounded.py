@@ -147,3 +147,25 @@ def test_json_path_errors_are_clear_and_bounded(kernel, path, message):
     growth = _peak_of(k, select)
     assert errors and message in str(errors[0])
     assert growth * 1024 <= 2 * doc_bytes
+
+
+@pytest.mark.parametrize("path", [".out.json", ".out.json.items"])
+def test_a_whole_large_document_is_a_bounded_skeleton(kernel, path):
+    """A path ending at a large document (or a large part) builds a bounded skeleton:
+    containers past the skeleton's limits are refs with their exact lengths."""
+    k, c, _, json_ref, doc_bytes = kernel
+    got: dict = {}
+
+    def select() -> None:
+        got.update(c.call("value.get", {"ref": json_ref, "path": path}, timeout=120))
+
+    growth = _peak_of(k, select)
+    print(f"\n{path}: peak RSS growth {growth} KiB for a {doc_bytes}-byte document")
+    value = got["value"]
+    items = value if path.endswith("items") else value["v"]["items"]
+    assert items["$"] == "ref" and items["n"] == JSON_RECORDS
+    assert items["uri"].endswith("path=.out.json.items")
+    assert items["preview"][0]["v"]["name"] == {"$": "str", "v": "n0"}
+    if path == ".out.json":
+        assert value["v"]["meta"]["v"]["n"] == {"$": "int", "v": JSON_RECORDS}
+    assert growth * 1024 <= 2 * doc_bytes, f"{path}: peak RSS grew {growth} KiB"

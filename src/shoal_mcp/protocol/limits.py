@@ -39,6 +39,12 @@ STDERR_TAIL_BYTES = 2 * KiB
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
+JSON_SHAPE_DEADLINE_S = 0.5
+"""A render's JSON shape of a document over ``JSON_WHOLE_PARSE_MAX`` is streamed for at
+most this long (about 2 MiB of small records); past it the render has no shape."""
+JSON_WHOLE_PARSE_MAX = 1 * MiB
+"""A `.json` document up to this size is parsed whole when a path ends at it (or its
+shape is drawn); a larger one becomes a bounded skeleton (kernel/values/jsonstream.py)."""
 JSON_PARSE_SLOTS = 1
 """`.json` parses running at once in one kernel (a parse holds its input and the parsed
 objects, several times the input); others wait for a slot."""

@@ -8,12 +8,19 @@ the array in a pass of their own. The walk stops at the first segment it cannot 
 in the stream (a slice of a string, ``.lines`` of a string, a field of a list…): that
 value is built and the resolver applies the rest, with its usual errors.
 
-Why ijson (its yajl2 C backend): docs/decisions.md, Bounded `.json` selection.
+A path that ends at a large document (``.out.json`` itself, or its render's JSON shape)
+is built as a bounded skeleton instead (``parse_bounded``): at most
+``SKELETON_ITEMS_KEPT`` items per container and ``SKELETON_NODES`` values in all; a
+container cut short is a ``CutList``/``CutDict`` whose ``len`` is its real length, which
+the encoder always elides to a ref (its URI selects the part, streamed).
+
+Why ijson (its yajl2 C backend): docs/decisions.md, Bounded selections.
 """
 
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -28,17 +35,63 @@ STREAM_BUFFER = 64 * 1024
 FIELDS_IN_ERROR = 50
 """Keys a "no field" error lists (as the resolver's own)."""
 
+SKELETON_ITEMS_KEPT = 1000
+"""Items (or keys) of one container a bounded skeleton keeps; the rest are counted."""
+SKELETON_NODES = 50_000
+"""Values a bounded skeleton builds in all (a few MiB of objects) before it only counts."""
+
 _SCALARS = frozenset(("null", "boolean", "integer", "double", "number", "string"))
+
+
+class CutList(list):
+    """The first items of a longer JSON array: ``len()`` is the real length."""
+
+    cut = True
+
+    def __init__(self, items: list, total: int) -> None:
+        super().__init__(items)
+        self.total = total
+
+    def __len__(self) -> int:
+        return self.total
+
+
+class CutDict(dict):
+    """The first members of a larger JSON object: ``len()`` is the real count."""
+
+    cut = True
+
+    def __init__(self, members: dict, total: int) -> None:
+        super().__init__(members)
+        self.total = total
+
+    def __len__(self) -> int:
+        return self.total
+
+
+def is_cut(node: Any) -> bool:
+    return isinstance(node, (CutList, CutDict))
+
 
 Event = tuple[str, Any]
 
 
-class _Events:
-    """Parse events with room to push one back."""
+class OutOfTime(Exception):
+    """A walk with a deadline (a render's JSON shape) ran past it."""
 
-    def __init__(self, events: Iterator[Event]) -> None:
+
+DEADLINE_CHECK_EVERY = 4096
+"""Events between two looks at the clock of a walk with a deadline."""
+
+
+class _Events:
+    """Parse events with room to push one back (and an optional deadline)."""
+
+    def __init__(self, events: Iterator[Event], deadline: float | None = None) -> None:
         self._events = events
         self._back: Event | None = None
+        self._deadline = deadline
+        self._count = 0
 
     def __iter__(self) -> _Events:
         return self
@@ -47,6 +100,10 @@ class _Events:
         if self._back is not None:
             event, self._back = self._back, None
             return event
+        if self._deadline is not None:
+            self._count += 1
+            if self._count % DEADLINE_CHECK_EVERY == 0 and time.monotonic() > self._deadline:
+                raise OutOfTime
         return next(self._events)
 
     def push(self, event: Event) -> None:
@@ -88,15 +145,27 @@ def select_streaming(
     ``before`` is the path up to and including ``.json`` (for error messages).
     """
     segments = list(segments)
+    backend = ijson
     while True:
         try:
             with open_stream() as stream:
-                events = _Events(ijson.basic_parse(stream, use_float=True, buf_size=STREAM_BUFFER))
+                events = _Events(_parse_events(stream, backend))
                 return _walk(events, segments, before, 0)
         except _Restart:
             continue  # segments now has one negative index fewer
         except ijson.JSONError as exc:
+            if _overflow(exc) and backend is ijson:
+                backend = _BIG_INTS
+                continue
             raise bad_selection(f".json: not valid JSON ({exc})", path=format_path(before)) from exc
+        except StopIteration as exc:  # an empty or truncated document
+            raise bad_selection(
+                ".json: not valid JSON (no complete value)", path=format_path(before)
+            ) from exc
+        except RecursionError as exc:
+            raise bad_selection(
+                ".json: nested too deeply to show whole", path=format_path(before)
+            ) from exc
 
 
 def _walk(
@@ -158,8 +227,9 @@ def _walk(
             raise bad_selection(f"record cannot be {verb} ({where})", path=where)
         # Not followable in the stream: build this value and let the resolver go on.
         return _build(event, value, events), depth
-    event, value = next(events)
-    return _build(event, value, events), depth
+    # The selected part itself: whole when small, else a bounded skeleton (its cut
+    # containers become refs, each selecting further down, streamed).
+    return _skeleton(events, next(events), [SKELETON_NODES]), depth
 
 
 def _peek_item(events: _Events) -> bool:
@@ -230,3 +300,80 @@ def _build(event: str, value: Any, events: _Events) -> Any:
             level -= 1
         builder.event(event, value)
     return builder.value
+
+
+def parse_bounded(
+    open_stream: Callable[[], IO[bytes]], where: str, deadline: float | None = None
+) -> Any:
+    """The whole document as a bounded skeleton (see the module docstring); past the
+    monotonic ``deadline`` (when given) ``OutOfTime``."""
+    try:
+        try:
+            return _whole_skeleton(open_stream, ijson, deadline)
+        except ijson.JSONError as exc:
+            if not _overflow(exc):
+                raise
+            return _whole_skeleton(open_stream, _BIG_INTS, deadline)
+    except ijson.JSONError as exc:
+        raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
+    except RecursionError as exc:
+        raise bad_selection(".json: nested too deeply to show whole", path=where) from exc
+    except StopIteration as exc:  # an empty or truncated document
+        raise bad_selection(".json: not valid JSON (no complete value)", path=where) from exc
+
+
+def _whole_skeleton(
+    open_stream: Callable[[], IO[bytes]], backend: Any, deadline: float | None
+) -> Any:
+    with open_stream() as stream:
+        events = _Events(_parse_events(stream, backend), deadline)
+        value = _skeleton(events, next(events), [SKELETON_NODES])
+        for extra, _ in events:  # the whole document is read: anything after it is an error
+            raise ijson.JSONError(f"more after the document ({extra})")
+        return value
+
+
+_BIG_INTS = ijson.get_backend("python")
+"""The pure-Python backend: slow, but it takes integers past 64 bits (yajl2's overflow,
+where orjson took up to 2**64 - 1): used only for a document that needs it."""
+
+
+def _parse_events(stream: IO[bytes], backend: Any) -> Iterator[Event]:
+    return backend.basic_parse(stream, use_float=True, buf_size=STREAM_BUFFER)
+
+
+def _overflow(exc: Exception) -> bool:
+    return "integer overflow" in str(exc)
+
+
+def _skeleton(events: _Events, first: Event, budget: list[int]) -> Any:
+    event, value = first
+    budget[0] -= 1
+    if event in _SCALARS:
+        return value
+    if event == "start_array":
+        items: list[Any] = []
+        total = 0
+        while True:
+            item = next(events)
+            if item[0] == "end_array":
+                break
+            if len(items) < SKELETON_ITEMS_KEPT and budget[0] > 0:
+                items.append(_skeleton(events, item, budget))
+            else:
+                events.push(item)
+                _skip(events)
+            total += 1
+        return items if total == len(items) else CutList(items, total)
+    members: dict[str, Any] = {}
+    count = 0
+    while True:
+        event, key = next(events)
+        if event == "end_map":
+            break
+        if len(members) < SKELETON_ITEMS_KEPT and budget[0] > 0:
+            members[key] = _skeleton(events, next(events), budget)
+        else:
+            _skip(events)
+        count += 1
+    return members if count == len(members) else CutDict(members, count)

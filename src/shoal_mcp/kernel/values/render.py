@@ -22,6 +22,7 @@ from ...protocol.limits import (
 )
 from ...protocol.plain import to_plain
 from .elision import ElideOptions, WireEncoder
+from .jsonstream import is_cut
 from .paging import call_text, fitting_prefix, line_page
 from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
@@ -74,7 +75,12 @@ class Renderer:
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
             return self._text_with_shape(node, [], budget)
-        if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
+        if (
+            isinstance(node, list)
+            and node
+            and not is_cut(node)
+            and all(isinstance(x, str) for x in node)
+        ):
             return self.text("\n".join(node), [], budget, lines_selector="")
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
             node

@@ -27,6 +27,7 @@ from ...protocol.limits import (
     JSON_PARSE_SLOTS,
     JSON_PARSE_WAIT_S,
     JSON_SELECTOR_MAX,
+    JSON_WHOLE_PARSE_MAX,
 )
 from ..store.cas import (
     BlobInfo,
@@ -36,7 +37,7 @@ from ..store.cas import (
     StoredBlob,
     count_newlines,
 )
-from .jsonstream import STREAM_BUFFER, BlobReader, select_streaming
+from .jsonstream import STREAM_BUFFER, BlobReader, parse_bounded, select_streaming
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
 _CONTINUATION = bytes(range(0x80, 0xC0))
@@ -351,8 +352,12 @@ class JsonText:
         """The part at the longest prefix of ``rest`` the stream can follow, and its length."""
         return _JSON_PARSER.submit(select_streaming, self._stream, rest, before).result()
 
-    def parse(self) -> Any:
-        """The whole document (the path ends at ``.json``)."""
+    def parse(self, deadline: float | None = None) -> Any:
+        """The whole document (the path ends at ``.json``): parsed whole when small, else
+        a bounded skeleton whose cut containers the encoder shows as refs (``OutOfTime``
+        past a monotonic ``deadline``, when given)."""
+        if isinstance(self.text, TextBlob) and self.text.size > JSON_WHOLE_PARSE_MAX:
+            return _JSON_PARSER.submit(parse_bounded, self._stream, self.where, deadline).result()
         try:
             if isinstance(self.text, TextBlob):
                 with self.text._view() as part:  # parsed from the mapping: no heap copy
