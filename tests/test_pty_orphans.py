@@ -65,9 +65,12 @@ def test_a_vanished_clients_pty_is_reaped_charged_and_its_slot_freed(kernel) -> 
             close_client(nxt)
 
         close_client(gone)  # the agent vanishes without pty.close
-        wait_until(lambda: proc_gone(busy["pid"]), WAIT_S, what="the orphaned PTY's program")
-        status = operator.call("kernel.status", timeout=WAIT_S)
-        assert status["ptys_reaped"] == 1
+        wait_until(
+            lambda: operator.call("kernel.status", timeout=WAIT_S)["ptys_reaped"] == 1,
+            WAIT_S,
+            what="the orphaned PTY reaped",
+        )
+        wait_until(lambda: proc_gone(busy["pid"]), WAIT_S, what="its program gone")
         assert f"{busy['pty_id']} of agent:pty closed" in k.log()
         charged = k.log().split(f"{busy['pty_id']} of agent:pty closed", 1)[1]
         assert float(charged.split("used ", 1)[1].split(" s of CPU", 1)[0]) > 0

@@ -20,13 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...protocol.limits import PTY_REAP_POLL_MAX_S, PTY_REAP_POLL_MIN_S
+from ..access.identity import Principal, owner_key
 from .manager import PtyManager
 
 log = logging.getLogger(__name__)
 
-OwnerConnected = Callable[[str], bool]
-Reaped = Callable[[str, str, float], None]
-"""``(owner, pty_id, cpu_s)`` once a PTY was reaped."""
+Attached = Callable[[], list[Principal]]
+"""Who holds an attached connection now (session + principal of each)."""
+Charge = Callable[[str, float], None]
+"""``(principal, cpu_s)``: charge a reaped PTY program's CPU to its principal."""
 
 
 def program_cpu_s(pid: int) -> float:
@@ -46,14 +48,14 @@ class OrphanReaper:
     def __init__(
         self,
         ptys: PtyManager,
-        owner_connected: OwnerConnected,
+        attached: Attached,
         grace_s: Callable[[], float],
-        on_reaped: Reaped,
+        charge: Charge,
     ) -> None:
         self._ptys = ptys
-        self._owner_connected = owner_connected
+        self._attached = attached
         self._grace_s = grace_s
-        self._on_reaped = on_reaped
+        self._charge = charge
         self._since: dict[str, float] = {}  # pty_id -> when it was first seen unheld
         self._stop = threading.Event()
         self.reaped = 0
@@ -80,10 +82,11 @@ class OrphanReaper:
         """Close the PTYs whose owner has had no connection for the grace period."""
         grace = self._grace_s()
         open_ptys = self._ptys.list(None)
+        held = {owner_key(who) for who in self._attached()}
         due: list[tuple[str, str, int]] = []
         for item in open_ptys:
             pty_id, owner = item["pty_id"], item["owner"]
-            if self._owner_connected(owner):
+            if owner in held:
                 self._since.pop(pty_id, None)
                 continue
             if now - self._since.setdefault(pty_id, now) >= grace:
@@ -99,5 +102,13 @@ class OrphanReaper:
             if pty_id in closed:
                 self._since.pop(pty_id, None)
                 self.reaped += 1
-                self._on_reaped(owner, pty_id, cpu[pty_id])
+                principal = owner.split("\x00", 1)[-1]
+                log.warning(
+                    "%s of %s closed: no connection of its owner for the grace period; "
+                    "its program used %.2f s of CPU (charged)",
+                    pty_id,
+                    principal,
+                    cpu[pty_id],
+                )
+                self._charge(principal, cpu[pty_id])
         return sorted(closed)

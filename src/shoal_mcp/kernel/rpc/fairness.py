@@ -145,6 +145,12 @@ class CpuBudgets:
             return
         bucket.admit(stop)
 
+    def charge_later(self, principal: str, seconds: float) -> None:
+        """Charge work done outside a call (a reaped PTY's program), also to a limited
+        principal none of whose frames were admitted yet (its bucket is made first)."""
+        self.bucket(principal)
+        self.charge(principal, seconds)
+
     def charge(self, principal: str, seconds: float) -> None:
         """After a principal's work: the thread CPU seconds it used."""
         if seconds <= 0:

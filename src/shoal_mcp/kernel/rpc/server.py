@@ -25,7 +25,6 @@ import socket
 import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,16 +47,16 @@ from ...protocol.limits import (
     FRAME_BEFORE_ATTACH,
     MAX_BLOCKING_CALLS,
     MAX_OVERSIZE_PER_CONNECTION,
-    MAX_QUEUED_BLOCKING_BYTES,
     MAX_QUEUED_BLOCKING_CALLS,
     OVERSIZE_HEAD,
 )
 from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
-from ..access.identity import Principal, owner_key
+from ..access.identity import Principal
 from ..app import Kernel
 from ..pty.orphans import OrphanReaper
+from .callqueue import REFUSED, RUN, BlockingCalls
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
@@ -82,11 +81,7 @@ class Connection:
     subscriptions: dict[str, Any] = field(default_factory=dict)
     inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Blocking calls past MAX_BLOCKING_CALLS wait here (FIFO) for a running one to end.
-    calls_lock: threading.Lock = field(default_factory=threading.Lock)
-    running: int = 0
-    queued: deque = field(default_factory=deque)  # (spec, request, frame bytes)
-    queued_bytes: int = 0
+    calls: BlockingCalls = field(default_factory=BlockingCalls)  # running and queued ones
 
     def __post_init__(self) -> None:
         self.writer = FrameWriter(self.sock.fileno())
@@ -196,30 +191,15 @@ class KernelServer:
         self.cpu = CpuBudgets(self._cpu_rate)
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
+        grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
         self.pty_reaper = OrphanReaper(
-            kernel.ptys, self._owner_connected, self._pty_grace_s, self._pty_reaped
+            kernel.ptys, self._attached, grace_s, self.cpu.charge_later
         ).start()
         kernel.ptys_reaped = lambda: self.pty_reaper.reaped
 
-    def _owner_connected(self, owner: str) -> bool:
-        """Whether an attached connection of this PTY owner (session + principal) is open."""
+    def _attached(self) -> list[Principal]:
         with self._lock:
-            return any(c.who is not None and owner_key(c.who) == owner for c in self.connections)
-
-    def _pty_grace_s(self) -> float:
-        return self.kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000
-
-    def _pty_reaped(self, owner: str, pty_id: str, cpu_s: float) -> None:
-        principal = owner.split("\x00", 1)[-1]
-        log.warning(
-            "%s of %s closed: no connection of its owner for the grace period; "
-            "its program used %.2f s of CPU (charged)",
-            pty_id,
-            principal,
-            cpu_s,
-        )
-        self.cpu.bucket(principal)  # a limited principal's bucket exists before the charge
-        self.cpu.charge(principal, cpu_s)
+            return [c.who for c in self.connections if c.who is not None]
 
     def _cpu_rate(self, principal: str) -> int:
         return self.kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
@@ -437,24 +417,8 @@ class KernelServer:
             )
             return None
         if spec.blocking:
-            # One thread each, MAX_BLOCKING_CALLS at once; the next ones wait in the
-            # connection's queue (a client pipelining 256 calls is served, not refused),
-            # itself bounded in calls and bytes.
-            with conn.calls_lock:
-                start = conn.running < MAX_BLOCKING_CALLS
-                fits = (
-                    len(conn.queued) < MAX_QUEUED_BLOCKING_CALLS
-                    and conn.queued_bytes + len(frame) <= MAX_QUEUED_BLOCKING_BYTES
-                )
-                if start:
-                    conn.running += 1
-                elif fits:
-                    conn.queued.append((spec, msg, len(frame)))
-                    conn.queued_bytes += len(frame)
-                # Known by its id before it runs, so task.cancel {call} can't overtake it.
-                if start or fits:
-                    conn.inflight[msg.id] = InflightCall()
-            if not (start or fits):
+            admitted = conn.calls.admit((spec, msg), len(frame))  # callqueue.py
+            if admitted == REFUSED:
                 err = over_budget(
                     "blocking_calls",
                     MAX_BLOCKING_CALLS + MAX_QUEUED_BLOCKING_CALLS,
@@ -462,24 +426,21 @@ class KernelServer:
                 )
                 conn.send(error_response(msg.id, err.code, err.message, err.data))
                 return None
-            return (spec, msg) if start else None
+            # Known by its id before it runs, so task.cancel {call} can't overtake it.
+            conn.inflight[msg.id] = InflightCall()
+            return (spec, msg) if admitted == RUN else None
         self._run(conn, spec, msg)
         return None
 
     def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an
         inline call's is charged by the reader that runs it)."""
-        while True:
+        call: tuple[MethodSpec, Request] | None = (spec, msg)
+        while call is not None:  # then the connection's queued ones, on this thread
             with Metered(self.cpu, _principal_of(conn)):
-                self._run(conn, spec, msg)
-            with conn.calls_lock:  # this thread runs the next queued call, if any
-                if not conn.queued or conn.closed.is_set():
-                    conn.running -= 1
-                    dropped, conn.queued, conn.queued_bytes = list(conn.queued), deque(), 0
-                    break
-                spec, msg, size = conn.queued.popleft()
-                conn.queued_bytes -= size
-        for _, gone, _ in dropped:  # the connection closed: nobody waits for them
+                self._run(conn, *call)
+            call, dropped = conn.calls.next_after(conn.closed.is_set())
+        for _, gone in dropped:  # the connection closed: nobody waits for them
             conn.inflight.pop(gone.id, None)
 
     def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
