@@ -87,3 +87,15 @@ def test_a_sync_does_not_wait_behind_a_background_copy(store):
     target = outputs.sync("p", "s")  # the session's directory exists
     with outputs._lock_of("p", "s"):  # a background sync at work
         assert outputs.sync("p", "s") == target  # returned without the lock
+
+
+def test_the_background_copies_a_large_output_only_while_the_state_dir_has_room(store):
+    """The state budget stops growth: no large copy while it says no (then it is made)."""
+    tmp, cas, db, outputs = store
+    _store_output(tmp, cas, db, 1, b"x" * (OUTPUTS_EAGER_COPY_MAX + 1))
+    outputs.room = lambda: False
+    target = outputs.sync("p", "s", eager=True)
+    assert not (target / "1").exists()
+    outputs.room = lambda: True
+    outputs.sync("p", "s", eager=True)
+    assert (target / "1" / "out").stat().st_size == OUTPUTS_EAGER_COPY_MAX + 1

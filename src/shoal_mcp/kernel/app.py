@@ -108,6 +108,7 @@ class Kernel:
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
+        self.values.outputs.room = self._state_has_room  # large $SHOAL_OUT copies
         self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(
             sessions=self.sessions,
@@ -207,6 +208,14 @@ class Kernel:
         held = self.connections_of(principal) - (1 if already else 0)
         if held >= limit:
             raise over_budget("max_connections", limit, f"{principal} has {held} connections")
+
+    def _state_has_room(self) -> bool:
+        """Whether the state dir may grow (a root kernel's large ``$SHOAL_OUT`` copies)."""
+        try:
+            self.state_budget.check()
+        except RpcError:
+            return False
+        return True
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""

@@ -86,6 +86,7 @@ class SharedOutputs:
         self._pending: list[tuple[str, str]] = []  # keys to sync in the background
         self._worker: threading.Thread | None = None
         self._clones = False  # a reflink worked here: a root kernel's "copies" are free
+        self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
 
     def _lock_of(self, principal: str, session: str) -> threading.Lock:
         with self._locks_guard:
@@ -154,12 +155,17 @@ class SharedOutputs:
                 " ORDER BY n",
                 (session, principal, last),
             )
-            if not eager and rows and os.geteuid() == 0 and not self._clones:
-                # A root kernel that copies: large outputs are left to the background.
-                small = self._small_first(rows)
-                if len(small) < len(rows):
-                    self.schedule(principal, session)
-                rows = small
+            if rows and os.geteuid() == 0 and not self._clones:
+                # A root kernel that copies: large outputs are left to the background, which
+                # copies them only while the state dir has room (no copy for an exec
+                # refused for disk use, or one that would make the state dir go over).
+                if not eager:
+                    small = self._small_first(rows)
+                    if len(small) < len(rows):
+                        self.schedule(principal, session)
+                    rows = small
+                elif not self.room():
+                    rows = self._small_first(rows)
             if rows or not target.exists():
                 try:
                     self._writable(target, lambda: self._link_rows(target, rows))
