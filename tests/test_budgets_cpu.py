@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.protocol.limits import SRC_MAX_CHARS
+from shoal_mcp.protocol.limits import CPU_DEBT_CAP_S, SRC_MAX_CHARS
 from tests.support.budgets import token_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import threads
@@ -42,7 +42,7 @@ def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> Non
     with env.raw("cpu-slow", principal="agent:slow") as slow:
         first = slow.call("exec", {"src": _heavy_src(1), "mode": "plan"}, timeout=120)
         assert "result" in first, first  # the burst lets the first call through
-        held = slow.send("ping")
+        held = slow.send("task.list")
         with pytest.raises(TimeoutError):
             slow.wait(held, timeout=2.0)  # held, not refused: no error frame either
         # Other principals are not held: a token principal and the local human.
@@ -63,6 +63,36 @@ def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> Non
         base = threads(env.kernel.pid)
     # Closing the held connection releases its reader thread (it does not sleep out the debt).
     wait_until(lambda: threads(env.kernel.pid) < base, timeout=30, interval=0.1)
+
+
+def test_debt_is_capped_and_cancel_ping_status_are_never_held(env) -> None:
+    """Issue 31: debt charged after the work had no cap (four catastrophic searches held a
+    principal 51 s), and its own task.cancel and pings waited behind it ("stalled")."""
+    with (
+        env.raw("cpu-debt", principal="agent:slow") as slow,
+        env.raw("cpu-debt-2", principal="agent:slow") as again,
+        env.raw("cpu-debt-op", principal=None) as local,
+    ):
+        # ~0.1 s of kernel CPU at 1 ms/s: ~100 s of debt uncapped.
+        assert "result" in slow.call("exec", {"src": _heavy_src(7), "mode": "plan"}, timeout=120)
+
+        def status() -> dict:
+            return local.call("kernel.status", timeout=30)["result"]
+
+        debt = status()["cpu_debt_s"].get("agent:slow", 0)
+        assert 0 < debt <= CPU_DEBT_CAP_S, debt
+        held_before = status()["cpu_held_s"].get("agent:slow", 0)
+        # In debt, the principal's own ping, cancel and status are answered, not held.
+        for conn in (slow, again):
+            pong = conn.call("ping", timeout=30)["result"]
+            assert pong["pong"] is True and 0 < pong["throttled_s"] <= CPU_DEBT_CAP_S
+            cancel = conn.call("task.cancel", {"call": 424242}, timeout=30)
+            assert "result" in cancel or cancel["error"]["code"] != -32031, cancel
+            assert "version" in conn.call("kernel.status", timeout=30)["result"]
+        assert status()["cpu_held_s"].get("agent:slow", 0) == held_before
+        # A metered call waits out the capped debt and is then answered.
+        assert "result" in again.call("task.list", timeout=60)
+        assert status()["cpu_held_s"].get("agent:slow", 0) > held_before
 
 
 def test_an_unlimited_principal_is_never_held(env) -> None:

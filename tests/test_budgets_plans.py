@@ -88,6 +88,28 @@ def test_denied_execs_of_a_big_source_are_bounded(env) -> None:
         assert _journal_bytes(env) - journal0 <= JOURNAL_GROWTH
 
 
+DISTINCT_DENIED = 40
+"""Distinct ~1 MiB denied sources: stored once each, they were ~40 MiB of journal."""
+
+
+def test_distinct_denied_sources_are_journaled_by_hash_and_head(env) -> None:
+    """Issue 31: every distinct denied plan or exec kept its whole 1 MiB source."""
+    with env.raw("distinct-flood") as conn:
+        journal0 = _journal_bytes(env)
+        for i in range(DISTINCT_DENIED // 2):
+            src = f"uname {i:06d} " + "x" * (SRC_MAX_CHARS - 16)
+            planned = conn.call("exec", {"src": src, "mode": "plan"})
+            assert planned["result"]["verdict"] == "deny", planned
+            assert conn.call("exec", {"src": src + "y"})["error"]["code"] == DENIED
+        grown = _journal_bytes(env) - journal0
+        assert grown <= JOURNAL_GROWTH, f"journal grew {grown} bytes"
+        rows = conn.call("journal.query", {"limit": 2})["result"]["rows"]
+        assert {r["kind"] for r in rows} == {"plan", "denied"}
+        for row in rows:
+            assert row["src_stored"] is False and row["src_len"] > SRC_INLINE_CHARS
+            assert len(row["src"]) == SRC_INLINE_CHARS and row["src"].startswith("uname 0000")
+
+
 def test_plan_budgets_answer_quota_naming_the_key(env) -> None:
     with env.raw("plan-budget", principal="agent:small") as conn:
         # max_plan_bytes = 2 MiB: two ~1 MiB plans awaiting approval fill it.

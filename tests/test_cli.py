@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pty
@@ -143,6 +144,9 @@ def test_plain_json_of_parsed_output(env):
     whole = json.loads(shoal(env, "get", "out:1", "--format", "json").stdout)
     assert whole["out"] == '{"a": {"b": [1, 2, {"c": null}], "s": "x"}}\n' and whole["ok"] is True
     assert "$" not in json.dumps(whole)
+    # The default render of a record is plain JSON too, not the tagged wire form (#31).
+    rendered = shoal(env, "get", "out:1", "--path", ".out.json.a").stdout
+    assert json.loads(rendered) == {"b": [1, 2, {"c": None}], "s": "x"}
 
 
 def test_exec_streams_and_status_like_the_command(env):
@@ -582,3 +586,49 @@ def test_every_cli_command_and_flag_is_documented():
 
     walk(main, ["shoal"])
     assert not missing, f"undocumented: {missing}"
+
+
+def test_a_state_dir_that_is_a_file_is_named_not_a_traceback(env):
+    """Issue 31: autostart raised a bare FileExistsError traceback."""
+    state = Path(env["SHOAL_STATE_DIR"])
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text("not a directory")
+    got = shoal(env, "exec", "echo hi", check=False)
+    assert got.returncode != 0
+    assert f"{state} cannot be a directory" in got.stderr and "SHOAL_STATE_DIR" in got.stderr
+    assert "Traceback" not in got.stderr and "FileExistsError" not in got.stderr
+    assert state.read_text() == "not a directory"  # nothing lost
+
+
+@pytest.fixture()
+def full_disk():
+    """A full 256 KiB tmpfs (root only: skipped where mounting is not allowed)."""
+    with short_tmp("shoal-full-") as root:
+        mnt = root / "mnt"
+        mnt.mkdir()
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        try:
+            fd = os.open(mnt / "fill", os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                with pytest.raises(OSError) as full:
+                    while True:
+                        os.write(fd, b"\0" * 4096)
+                assert full.value.errno == errno.ENOSPC
+            finally:
+                os.close(fd)
+            yield mnt
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_autostart_on_a_full_disk_says_the_disk_is_full(env, full_disk):
+    """Issue 31: "exited with status 120: no output" (the kernel could not even log)."""
+    state = full_disk / "state"
+    got = shoal({**env, "SHOAL_STATE_DIR": str(state)}, "exec", "echo hi", check=False)
+    assert got.returncode != 0
+    assert f"the disk holding {state} is full" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr

@@ -3,11 +3,15 @@ with the documented fields, and every filter applied in SQL before ``limit``."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
-from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from shoal_mcp.protocol.limits import DB_WRITE_WAIT_S
 from shoal_mcp.tokens import TokenStore
-from tests.support.kernel import KernelProcess, close_client
+from tests.support.kernel import KernelProcess, close_client, running_kernel
+from tests.support.polling import wait_until
 from tests.support.results import call_err
 
 AGENT = "agent:journal"
@@ -269,3 +273,34 @@ def test_policy_refusals_are_journaled(tmp_path):
         assert any(e["kind"] == "fs_delete" for e in refused[0]["effects"])
     finally:
         k.stop()
+
+
+def test_a_database_locked_by_another_process_fails_the_exec_clearly_with_a_row():
+    """Issue 31: SQLite locked by another process past the write wait gave "internal
+    error … database is locked" and no journal row."""
+    with running_kernel(prefix="shjl-") as k:
+        c = k.client("locked")
+        try:
+            c.call("exec", {"src": "echo warm"}, timeout=60)
+            other = sqlite3.connect(k.state / "journal.sqlite3", isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")  # another process's write lock, held
+            try:
+                with pytest.raises(RpcError) as err:
+                    c.call("exec", {"src": "echo while-locked"}, timeout=DB_WRITE_WAIT_S + 60)
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            assert err.value.code == ErrorCode.INTERNAL
+            assert "state database locked" in err.value.message
+            assert "internal error" not in err.value.message
+            assert err.value.data["reason"] == "locked" and "hint" in err.value.data
+
+            def row() -> dict | None:
+                rows = c.call("journal.query", {"limit": 5}, timeout=60)["rows"]
+                return next((r for r in rows if r["src"] == "echo while-locked"), None)
+
+            found = wait_until(row, 60, what="the refused exec's journal row")
+            assert found["state"] == "failed" and found["ok"] is False
+            assert "state database locked" in found["error"]
+        finally:
+            close_client(c)

@@ -195,13 +195,32 @@ def test_params_not_an_object(raw, params):
 
 
 @pytest.mark.parametrize("name", ALL_METHODS)
-def test_unknown_field_is_named(raw, name):
+def test_unknown_top_level_field_is_ignored_and_named(raw, name):
+    """Issue 31: a newer client's new optional parameter made every call of an older
+    kernel fail -32602; unknown top-level fields are dropped and named instead."""
     c = raw() if name == "session.attach" else raw("proto-extra")
     params = _required_params(name)
     params["zz_bogus_field"] = 1
-    err = _error(c.call(name, params), ErrorCode.INVALID_PARAMS)
-    assert "zz_bogus_field" in err["message"]
-    assert err["data"]["field"] == "zz_bogus_field"
+    reply = c.call(name, params)
+    if "result" in reply:
+        assert reply["result"]["ignored_params"] == ["zz_bogus_field"]
+    else:  # the call fails for its own reasons (a made-up ref…), never for the field
+        assert "zz_bogus_field" not in orjson.dumps(reply["error"]).decode(), reply
+
+
+def test_ignored_params_only_when_there_are_any(raw):
+    c = raw("proto-extra")
+    assert "ignored_params" not in c.call("ping", {})["result"]
+    got = c.call("exec", {"src": "echo hi", "zz_new_option": {"a": 1}})["result"]
+    assert got["ignored_params"] == ["zz_new_option"] and got["value"]["ok"] is True
+
+
+def test_unknown_nested_field_is_still_named(raw):
+    c = raw("proto-extra")
+    err = _error(
+        c.call("value.get", {"ref": "out:1", "elide": {"zz_bogus": 1}}), ErrorCode.INVALID_PARAMS
+    )
+    assert "zz_bogus" in err["message"]
 
 
 REQUIRED_CASES = [

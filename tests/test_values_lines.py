@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from shoal_mcp.kernel.store import cas as cas_mod
 from shoal_mcp.kernel.store.cas import ContentStore
 from shoal_mcp.kernel.store.db import Database
-from shoal_mcp.kernel.values import resolver as values_mod
 from shoal_mcp.kernel.values.resolver import LinesView, TextBlob
 
 
@@ -28,7 +27,6 @@ def python_lines(data: bytes) -> list[bytes]:
 
 @pytest.fixture()
 def store(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(values_mod, "NEAR_LINES", 1)
     monkeypatch.setattr(cas_mod, "SCAN_BLOCK", 7)
     return ContentStore(tmp_path / "cas", Database(tmp_path / "db.sqlite3")), tmp_path
 
@@ -73,3 +71,21 @@ def test_sub_range_line_count_counts_in_blocks(store):
     middle = blob.sub(2, 9)  # "bb\nccc\n"
     assert middle.line_count() == 2
     assert middle.line_span(1, None) == (3, 7)
+
+
+text_st = st.text(alphabet=st.sampled_from("a\u00e9\u20ac\U0001f600\n"), max_size=30)
+bounds_st = st.one_of(st.none(), st.integers(-35, 35))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text_st, bounds_st, bounds_st, st.integers(0, 3))
+def test_char_slices_match_str_slicing(store, text, first, stop, trim):
+    """Code-point slices found from either end in 7-byte pread blocks (code points of 1-4
+    bytes split across blocks) equal Python's str slicing, for sub-ranges too."""
+    data = text.encode()
+    blob = blob_of(store, data)
+    cut = len(text[:trim].encode())  # a sub-view starting on a code point boundary
+    part = blob.sub(cut, len(data))
+    s, e = part.char_span(first, stop)
+    assert part.read(s, e).decode() == text[trim:][first:stop]
+    assert part.char_count() == len(text[trim:])

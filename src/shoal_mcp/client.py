@@ -47,7 +47,7 @@ from .protocol.limits import (
     CONNECT_TIMEOUT_S,
     liveness_bounds,
 )
-from .protocol.paths import ensure_private_dir, socket_path, state_dir
+from .protocol.paths import disk_full_reason, ensure_private_dir, socket_path, state_dir
 
 AUTOSTART_POLL_S = 0.05
 CLOSE_JOIN_S = 5.0
@@ -590,5 +590,5 @@ def autostart_failure(state: Path, code: int) -> str:
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         lines = []
-    reason = lines[-1][:LOG_REASON_CHARS] if lines else "no output"
+    reason = lines[-1][:LOG_REASON_CHARS] if lines else disk_full_reason(state) or "no output"
     return f"shoal-kernel exited with status {code}: {reason} (log: {log_path})"

@@ -187,6 +187,17 @@ def vm_hwm_kib(pid: int) -> int:
     return status_field(pid, "VmHWM")
 
 
+def reset_peak_rss(pid: int) -> None:
+    """Set ``pid``'s VmHWM back to its current RSS (``clear_refs`` 5, Linux >= 4.0), so a
+    later VmHWM reading is the peak of what happened since."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_growth_kib(pid: int, base_rss_kib: int) -> int:
+    """Peak RSS since the last ``reset_peak_rss`` above ``base_rss_kib`` (its RSS then)."""
+    return vm_hwm_kib(pid) - base_rss_kib
+
+
 def sleep_marker() -> str:
     """A ``sleep`` duration no other process on the machine uses: its argv names it, so
     ``pids_with_arg`` finds exactly the processes a test started."""

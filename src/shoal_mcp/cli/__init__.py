@@ -11,6 +11,7 @@ import click
 from .. import __version__
 from ..client import KernelLost
 from ..protocol.framing import BACKEND
+from ..protocol.paths import NotADirectory
 from .admin import doctor, mcp_config, token_group
 from .common import Ctx, pass_ctx, unreachable
 from .exec_cmd import exec_cmd
@@ -75,6 +76,8 @@ def run() -> None:
     try:
         main()
     except KernelLost as exc:
+        unreachable(exc)
+    except NotADirectory as exc:  # the state dir (or the socket's) is a file
         unreachable(exc)
 
 

@@ -11,7 +11,7 @@ from typing import NoReturn
 import click
 import orjson
 
-from ..client import KernelClient, KernelLost, connect, version_mismatch
+from ..client import KernelClient, connect, version_mismatch
 from ..protocol.discovery import live_record
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.paths import socket_path, state_dir
@@ -125,6 +125,6 @@ def fail(exc: RpcError, code: int | None = None) -> NoReturn:
     sys.exit(code)
 
 
-def unreachable(exc: KernelLost) -> NoReturn:
+def unreachable(exc: Exception) -> NoReturn:
     click.echo(f"shoal: {exc}", err=True)
     sys.exit(EXIT_SHOAL_ERROR if COMMAND_EXIT["on"] else EXIT_UNREACHABLE)

@@ -44,6 +44,7 @@ from ..protocol.limits import (
     MCP_EARLY_LOG_LINES,
     MCP_INPUT_QUEUE,
 )
+from ..protocol.paths import NotADirectory
 from .approvals import Approvals
 from .client_requests import ClientRequests
 from .inflight import CallCancelled, InFlight, InFlightCalls, serving
@@ -467,7 +468,7 @@ class McpSession:
             if ctx.revision.stateless and code == MCP_UNKNOWN_RESOURCE:
                 code = ErrorCode.INVALID_PARAMS  # 2026-07-28: resource not found is -32602
             return error_response(msg.id, code, exc.message, exc.data)
-        except KernelLost as exc:
+        except (KernelLost, NotADirectory) as exc:  # NotADirectory: the state dir is a file
             if self._closing:
                 # stdin ended with this call in flight: the link was closed by us, not lost;
                 # an error-level line now would reach a client that is shutting down.

@@ -125,6 +125,7 @@ class Kernel:
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
+        self.values.outputs.room = self._state_has_room  # large $SHOAL_OUT copies
         self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(
             sessions=self.sessions,
@@ -143,6 +144,7 @@ class Kernel:
         if lost:
             log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
+        self.ptys_reaped: Callable[[], int] = lambda: 0  # likewise (its PTY orphan reaper)
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 
@@ -291,6 +293,14 @@ class Kernel:
         held = self.connections_of(principal) - (1 if already else 0)
         if held >= limit:
             raise over_budget("max_connections", limit, f"{principal} has {held} connections")
+
+    def _state_has_room(self) -> bool:
+        """Whether the state dir may grow (a root kernel's large ``$SHOAL_OUT`` copies)."""
+        try:
+            self.state_budget.check()
+        except RpcError:
+            return False
+        return True
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""

@@ -79,6 +79,28 @@ def is_disk_full(exc: BaseException) -> TypeGuard[OSError]:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
+DB_LOCKED_REASON = "locked"
+
+
+def state_db_locked(wait_s: float) -> RpcError:
+    """-32603 for a write the kernel's database refused: another process held its write
+    lock past the wait (a backup, an ``sqlite3`` shell, a stuck ``shoal doctor``)."""
+    return RpcError(
+        ErrorCode.INTERNAL,
+        f"state database locked: another process held its write lock for over {wait_s:g} s",
+        {
+            "reason": DB_LOCKED_REASON,
+            "wait_s": wait_s,
+            "hint": "find the process holding <state>/journal.sqlite3 (e.g. `fuser` on it), "
+            "end it, then retry",
+        },
+    )
+
+
+def is_db_locked(exc: BaseException) -> bool:
+    return isinstance(exc, RpcError) and (exc.data or {}).get("reason") == DB_LOCKED_REASON
+
+
 def state_dir_full(reason: str) -> RpcError:
     """-32603 for a write the state dir had no room for; the kernel keeps serving."""
     return RpcError(

@@ -45,6 +45,12 @@ SANDBOX_DENIED_MAX = 32
 """Bounded stderr tail carried by a -32002 raised error and a failed render."""
 JSON_SELECTOR_MAX = 16 * MiB
 """`.json` parses at most this many bytes of a blob (-32005 naming the limit past it)."""
+JSON_SHAPE_DEADLINE_S = 0.5
+"""A render's JSON shape of a document over ``JSON_WHOLE_PARSE_MAX`` is streamed for at
+most this long (about 2 MiB of small records); past it the render has no shape."""
+JSON_WHOLE_PARSE_MAX = 1 * MiB
+"""A `.json` document up to this size is parsed whole when a path ends at it (or its
+shape is drawn); a larger one becomes a bounded skeleton (kernel/values/jsonstream.py)."""
 JSON_PARSE_SLOTS = 1
 """`.json` parses running at once in one kernel (a parse holds its input and the parsed
 objects, several times the input); others wait for a slot."""
@@ -128,9 +134,12 @@ SPOOLS_KEPT = 16
 """Empty exec spool files kept for reuse per spool dir (exec/runner.py ``SpoolBin``): a
 spool whose blob was already stored is truncated and reused instead of deleted."""
 OUTPUTS_EAGER_COPY_MAX = 1 * MiB
-"""The background ``$SHOAL_OUT`` sync of a root kernel copies outputs up to this size;
-a larger one is copied when the session's next exec starts (an exec refused for disk
-use then copies nothing)."""
+"""An exec's start on a root kernel that must copy ``$SHOAL_OUT`` entries (no reflinks)
+copies outputs up to this size itself; larger ones are copied by the background sync,
+and their entries appear when it is done (values/outputs.py)."""
+OUTPUTS_START_WAIT_S = 0.05
+"""How long an exec's start waits for a background ``$SHOAL_OUT`` sync of its session on
+a root kernel before it goes on without the entries still being made."""
 OUTPUTS_SYNC_IDLE_S = 5.0
 """The background ``$SHOAL_OUT`` sync thread (values/outputs.py) exits after this long idle."""
 
@@ -202,6 +211,12 @@ PTY_SEND_TIMEOUT_S = 5.0
 """How long `pty.send` waits for a program that does not read its input."""
 PTY_IDLE_POLL_S = 0.25
 """Reader thread wake-up period (child-exit check while the terminal is still held)."""
+PTY_ORPHAN_GRACE_MS = 300_000
+"""``[kernel] pty_orphan_grace_ms``: a PTY whose owner (session + principal) has had no
+attached connection this long is closed and its CPU charged (kernel/pty/orphans.py)."""
+PTY_REAP_POLL_MAX_S = 5.0
+PTY_REAP_POLL_MIN_S = 0.05
+"""The orphan reaper looks every half grace period, within these bounds."""
 PTY_MAX_CMD_LEN = 4096
 """Longest `cmd` accepted by `pty.open`, in characters."""
 PTY_SPAWN_TIMEOUT_S = 10.0
@@ -419,6 +434,14 @@ CPU_MS_PER_S_LOCAL = 0
 back in credit (delayed, never refused; kernel/rpc/fairness.py). 0 means no limit."""
 CPU_BURST_S = 1.0
 """Seconds of ``max_cpu_ms_per_s`` a principal may use in one burst before it waits."""
+CPU_DEBT_CAP_S = 5.0
+"""A principal's CPU debt is capped at this many seconds of its own rate: one expensive
+call (a catastrophic regex search) holds its next frames this long at most, not for the
+whole debt (four such searches held a token principal 51 s; issue 31). Kept below
+``LIVENESS_TIMEOUT_S`` so a held connection still answers its pings in time."""
+CPU_UNMETERED_METHODS = frozenset({"ping", "task.cancel", "kernel.status"})
+"""Never held by the CPU budget (their cost is tiny): a client in debt can still cancel
+its own work, see why it waits, and tell a throttled kernel from a stalled one."""
 CPU_WAIT_SLICE_S = 0.25
 """A waiting principal rechecks its credit (and whether its connection closed) this often."""
 ATTACH_DEADLINE_MS = 30_000
@@ -426,6 +449,12 @@ ATTACH_DEADLINE_MS = 30_000
 answered -32000 and closed."""
 MAX_BLOCKING_CALLS = 64
 """Blocking calls (exec, task.await, …: one thread each) one connection runs at once."""
+MAX_QUEUED_BLOCKING_CALLS = 256
+"""Blocking calls past ``MAX_BLOCKING_CALLS`` wait in the connection's queue, this many
+at most (the facade accepts ``MCP_INPUT_QUEUE`` pipelined requests and sends them all on
+one connection); past it they are refused -32031 (quota ``blocking_calls``)."""
+MAX_QUEUED_BLOCKING_BYTES = 64 * MiB
+"""Frame bytes a connection's queued blocking calls hold at most (1 MiB sources)."""
 LIST_REPLY_BYTES = 4 * MiB
 """Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
 before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""

@@ -47,11 +47,45 @@ def kernel_config_path() -> Path | None:
     return base / "shoal" / "kernel.toml"
 
 
+class NotADirectory(NotADirectoryError):
+    """A state or socket directory path names something that is not a directory."""
+
+
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and make the leaf 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` (and parents) and make the leaf 0700.
+
+    ``NotADirectory`` names the path when it (or a parent) exists as something else: the
+    bare ``FileExistsError`` said neither which path nor what to do."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise NotADirectory(
+            f"{path} cannot be a directory: it or a parent exists and is not one "
+            "(move it away, or point SHOAL_STATE_DIR / --state-dir elsewhere)",
+        ) from exc
     os.chmod(path, 0o700)
     return path
+
+
+FULL_DISK_BYTES = 1024 * 1024
+"""Less free space than this under the state dir: a kernel that died silently there most
+likely could not write (not even its own log)."""
+
+
+def disk_full_reason(path: Path) -> str | None:
+    """ "the disk holding PATH is full …" when the filesystem of ``path`` (or its nearest
+    existing parent) has almost no space left for this user; else None."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_DISK_BYTES:
+        return None
+    return f"the disk holding {path} is full ({free} bytes free): free some space and retry"
 
 
 def local_principal() -> str:

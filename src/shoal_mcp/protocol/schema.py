@@ -84,6 +84,22 @@ def validate(value: Any, schema: dict, path: str = "params") -> None:
             _validate_alternatives(value, schema[combinator], path)
 
 
+def split_unknown(params: dict, schema: dict) -> tuple[dict, list[str]]:
+    """``params`` without the top-level names a closed ``schema`` does not know, and
+    those names (sorted).
+
+    A newer client's new optional parameter reaches an older kernel: the kernel drops it
+    and says so in the result (``ignored_params``) instead of failing the whole call
+    with -32602 (docs/decisions.md, Version skew). Nested objects stay strict."""
+    if schema.get("additionalProperties", True) is not False:
+        return params, []
+    known = schema.get("properties", {})
+    unknown = sorted(k for k in params if k not in known)
+    if not unknown:
+        return params, []
+    return {k: v for k, v in params.items() if k in known}, unknown
+
+
 def _validate_object(value: dict, schema: dict, path: str) -> None:
     props = schema.get("properties", {})
     for name in schema.get("required", ()):

@@ -20,6 +20,7 @@ Kernel-wide keys live in an optional ``[kernel]`` table of the same file::
     min_free_bytes  = 268435456    free disk under the state dir below which they are too
                                    (unset: 1% of that filesystem, at most 256 MiB)
     attach_timeout_ms = 30000      how long a connection may take to attach
+    pty_orphan_grace_ms = 300000   how long a PTY outlives its owner's last connection
 
 Hitting a budget answers -32031 (except ``max_cpu_ms_per_s``, which delays, and
 ``max_output_bytes``, which stops the command) whose ``data.quota`` names the key (``kernel.`` prefixed
@@ -53,6 +54,7 @@ from ...protocol.limits import (
     PLAN_BYTES_LOCAL,
     PLANS,
     PLANS_LOCAL,
+    PTY_ORPHAN_GRACE_MS,
     STATE_BYTES,
     STATE_USED_HEADROOM,
     STATE_USED_RECHECK_S,
@@ -78,6 +80,7 @@ KERNEL_BUDGETS: dict[str, int] = {
     "max_state_bytes": STATE_BYTES,
     "min_free_bytes": -1,  # unset: see StateBudget.min_free_now
     "attach_timeout_ms": ATTACH_DEADLINE_MS,
+    "pty_orphan_grace_ms": PTY_ORPHAN_GRACE_MS,
 }
 
 

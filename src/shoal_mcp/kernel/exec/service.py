@@ -107,7 +107,8 @@ class ExecService:
         """``exec mode=plan``: analyse, store, journal; nothing is spawned."""
         plan, _ = self.evaluate(who, src)
         plan = self.plans.put(plan, self._plan_budget(who))
-        self.finalizer.journal_plan(who, plan, "plan", plan.ref, ok=None)
+        denied = False if plan.verdict == "deny" else None  # journaled by hash and head only
+        self.finalizer.journal_plan(who, plan, "plan", plan.ref, ok=denied)
         return plan.record()
 
     def _plan_budget(self, who: Principal) -> PlanBudget:

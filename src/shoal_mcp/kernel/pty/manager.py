@@ -392,6 +392,15 @@ class PtyManager:
             exit_ = dict(p.exit) if p.exit else {}
         return {"pty_id": p.id, "closed": True, "exit": exit_}
 
+    def reap(self, pty_ids: builtins.list[str]) -> builtins.list[str]:
+        """Close these PTYs whoever owns them (the orphan reaper, ``orphans.py``); the ids
+        that were still open."""
+        with self._lock:
+            ptys = [self._ptys.pop(i) for i in pty_ids if i in self._ptys]
+        if ptys:
+            self._shutdown(ptys)
+        return [p.id for p in ptys]
+
     def close_all(self) -> None:
         """Kernel shutdown: every PTY at once, one shared grace period."""
         with self._lock:

@@ -10,7 +10,10 @@ own calls (issue 14's soak: its p99 went from 31 to 188 ms).
 the kernel's threads: the connection's reader (framing, parsing, quick methods) and the
 threads of its blocking calls. It is charged after the work; before the next frame of a
 connection is handled, a principal that has used more than policy ``max_cpu_ms_per_s``
-allows (with a burst of ``CPU_BURST_S`` of it) waits until it is back in credit. The
+allows (with a burst of ``CPU_BURST_S`` of it) waits until it is back in credit. The debt
+is capped at ``CPU_DEBT_CAP_S`` seconds of the rate, so one huge call costs its caller a
+bounded wait, and ``CPU_UNMETERED_METHODS`` (ping, task.cancel, kernel.status) are never
+held: a principal in debt can still cancel its work and tell throttled from stalled. The
 reader waiting stops reading that connection, so the socket pushes back on the client;
 no other principal's call waits. A principal's calls are delayed, never refused: a
 refusal would still cost the parse of each frame, and a client retrying in a loop would
@@ -27,7 +30,17 @@ import threading
 import time
 from collections.abc import Callable
 
-from ...protocol.limits import CPU_BURST_S, CPU_WAIT_SLICE_S
+import orjson
+
+from ...protocol.limits import (
+    CPU_BURST_S,
+    CPU_DEBT_CAP_S,
+    CPU_UNMETERED_METHODS,
+    CPU_WAIT_SLICE_S,
+)
+
+UNMETERED_FRAME_MAX = 512
+"""Frames longer than this are never taken for an unmetered call (theirs are ~100 bytes)."""
 
 RateOf = Callable[[str], int]
 """A principal's ``max_cpu_ms_per_s`` (0: no limit)."""
@@ -35,7 +48,8 @@ RateOf = Callable[[str], int]
 
 class CpuBucket:
     """Credit in CPU seconds for one principal: refills at ``rate``, holds at most
-    ``rate * CPU_BURST_S``; charged after the work, so it can go negative (debt)."""
+    ``rate * CPU_BURST_S``; charged after the work, so it can go negative (debt), down to
+    ``rate * CPU_DEBT_CAP_S`` at most."""
 
     def __init__(self, ms_per_s: int) -> None:
         self._cond = threading.Condition()
@@ -83,7 +97,13 @@ class CpuBucket:
     def charge(self, seconds: float) -> None:
         with self._cond:
             self._refill()
-            self.tokens -= seconds
+            self.tokens = max(self.tokens - seconds, -self.rate * CPU_DEBT_CAP_S)
+
+    def wait_s(self) -> float:
+        """Seconds until back in credit (0 when in credit)."""
+        with self._cond:
+            self._refill()
+            return -self.tokens / self.rate if self.tokens < 0 and self.rate > 0 else 0.0
 
 
 class CpuBudgets:
@@ -116,6 +136,14 @@ class CpuBudgets:
         with self._lock:
             return {p: b.held_s for p, b in self._buckets.items() if b.held_s > 0}
 
+    def debt(self) -> dict[str, float]:
+        """Seconds each limited principal in debt must wait before its next frame
+        (``kernel.status`` ``cpu_debt_s``: throttled now, not stalled)."""
+        with self._lock:
+            buckets = list(self._buckets.items())
+        waits = ((p, b.wait_s()) for p, b in buckets)
+        return {p: w for p, w in waits if w > 0}
+
     def admit(
         self,
         principal: str,
@@ -127,6 +155,12 @@ class CpuBudgets:
         if bucket is None:
             return
         bucket.admit(stop, on_wait)
+
+    def charge_later(self, principal: str, seconds: float) -> None:
+        """Charge work done outside a call (a reaped PTY's program), also to a limited
+        principal none of whose frames were admitted yet (its bucket is made first)."""
+        self.bucket(principal)
+        self.charge(principal, seconds)
 
     def charge(self, principal: str, seconds: float) -> None:
         """After a principal's work: the thread CPU seconds it used."""
@@ -155,3 +189,18 @@ class Metered:
     def __exit__(self, *exc: object) -> None:
         if self._principal is not None:
             self._budgets.charge(self._principal, time.thread_time() - self._start)
+
+
+def is_unmetered(event: object) -> bool:
+    """A frame of a method the CPU budget never holds (``CPU_UNMETERED_METHODS``).
+
+    Only small frames are looked at (those methods' frames are small): a prefix check of
+    the method name would be fooled by a crafted frame, a parse of a 1 MiB one would cost
+    what admission is there to bound."""
+    if not isinstance(event, (bytes, bytearray, memoryview)) or len(event) > UNMETERED_FRAME_MAX:
+        return False
+    try:
+        method = orjson.loads(event).get("method")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return method in CPU_UNMETERED_METHODS

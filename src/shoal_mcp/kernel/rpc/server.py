@@ -47,14 +47,17 @@ from ...protocol.limits import (
     FRAME_BEFORE_ATTACH,
     MAX_BLOCKING_CALLS,
     MAX_OVERSIZE_PER_CONNECTION,
+    MAX_QUEUED_BLOCKING_CALLS,
     OVERSIZE_HEAD,
 )
-from ...protocol.schema import validate
+from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
-from .fairness import CpuBudgets, Metered
+from ..pty.orphans import OrphanReaper
+from .callqueue import REFUSED, RUN, BlockingCalls
+from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
 from .workers import Workers
@@ -78,6 +81,7 @@ class Connection:
     subscriptions: dict[str, Any] = field(default_factory=dict)
     inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
     lock: threading.Lock = field(default_factory=threading.Lock)
+    calls: BlockingCalls = field(default_factory=BlockingCalls)  # running and queued ones
 
     def __post_init__(self) -> None:
         self.writer = FrameWriter(self.sock.fileno())
@@ -192,6 +196,15 @@ class KernelServer:
         self.cpu = CpuBudgets(self._cpu_rate)
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
+        grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
+        self.pty_reaper = OrphanReaper(
+            kernel.ptys, self._attached, grace_s, self.cpu.charge_later
+        ).start()
+        kernel.ptys_reaped = lambda: self.pty_reaper.reaped
+
+    def _attached(self) -> list[Principal]:
+        with self._lock:
+            return [c.who for c in self.connections if c.who is not None]
 
     def _cpu_rate(self, principal: str) -> int:
         return self.kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
@@ -253,6 +266,7 @@ class KernelServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.pty_reaper.stop()
         self._threads.close()
         try:
             self.listener.close()
@@ -293,7 +307,7 @@ class KernelServer:
                     break
                 for i, event in enumerate(events):
                     principal = _principal_of(conn)
-                    if principal is not None:
+                    if principal is not None and not is_unmetered(event):
                         self.cpu.admit(principal, conn.closed, conn.notify_throttled)
                     blocking = None
                     if isinstance(event, Oversize):
@@ -408,25 +422,31 @@ class KernelServer:
             )
             return None
         if spec.blocking:
-            if len(conn.inflight) >= MAX_BLOCKING_CALLS:  # one thread each: bounded
+            admitted = conn.calls.admit((spec, msg), len(frame))  # callqueue.py
+            if admitted == REFUSED:
                 err = over_budget(
                     "blocking_calls",
-                    MAX_BLOCKING_CALLS,
-                    "blocking calls running on this connection",
+                    MAX_BLOCKING_CALLS + MAX_QUEUED_BLOCKING_CALLS,
+                    "blocking calls running or queued on this connection",
                 )
                 conn.send(error_response(msg.id, err.code, err.message, err.data))
                 return None
-            # Known by its id before its thread runs, so task.cancel {call} can't overtake it.
+            # Known by its id before it runs, so task.cancel {call} can't overtake it.
             conn.inflight[msg.id] = InflightCall()
-            return spec, msg
+            return (spec, msg) if admitted == RUN else None
         self._run(conn, spec, msg)
         return None
 
     def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an
         inline call's is charged by the reader that runs it)."""
-        with Metered(self.cpu, _principal_of(conn)):
-            self._run(conn, spec, msg)
+        call: tuple[MethodSpec, Request] | None = (spec, msg)
+        while call is not None:  # then the connection's queued ones, on this thread
+            with Metered(self.cpu, _principal_of(conn)):
+                self._run(conn, *call)
+            call, dropped = conn.calls.next_after(conn.closed.is_set())
+        for _, gone in dropped:  # the connection closed: nobody waits for them
+            conn.inflight.pop(gone.id, None)
 
     def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
         call = None
@@ -434,9 +454,12 @@ class KernelServer:
             params = msg.params if isinstance(msg.params, dict) else None
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
+            params, ignored = split_unknown(params, spec.schema)
             validate(params, spec.schema)
             call = Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id), self.cpu)
             result = spec.func(call, params)
+            if ignored and isinstance(result, dict):
+                result = {**result, "ignored_params": ignored}
             reply = response(msg.id, result)
         except RpcError as exc:
             reply = error_response(msg.id, exc.code, exc.message, exc.data)

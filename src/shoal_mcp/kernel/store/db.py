@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ...protocol.errors import state_dir_full
+from ...protocol.errors import state_db_locked, state_dir_full
 from ...protocol.limits import DB_WRITE_WAIT_S
 
 SCHEMA = """
@@ -220,7 +220,7 @@ class Database:
         A failed COMMIT (e.g. the disk is full) rolls back, so the connection goes back
         to the pool without a write lock; SQLITE_FULL becomes a clean -32603.
         """
-        with self._lease() as conn, self.writers.turn(DB_WRITE_WAIT_S):
+        with self._lease() as conn, _locked_translated(), self.writers.turn(DB_WRITE_WAIT_S):
             _translate(conn.execute, "BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -296,14 +296,37 @@ def _holds_data(place: Path) -> bool:
 _SQLITE_FULL = 13
 
 
+_SQLITE_BUSY = 5
+
+
 def _translate(func, *args):
-    """Run ``func``; a full disk (SQLITE_FULL) becomes RpcError -32603 with a reason."""
+    """Run ``func``; a full disk (SQLITE_FULL) or a write lock held past the wait
+    (SQLITE_BUSY) becomes RpcError -32603 with a reason, not "internal error"."""
     try:
         return func(*args)
     except sqlite3.OperationalError as exc:
         if _is_full(exc):
             raise state_dir_full(str(exc)) from exc
+        if _is_locked(exc):
+            raise state_db_locked(DB_WRITE_WAIT_S) from exc
         raise
+
+
+@contextmanager
+def _locked_translated() -> Iterator[None]:
+    """``_translate`` for a block: the write queue's own wait gives up in SQLite's words."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if _is_locked(exc):
+            raise state_db_locked(DB_WRITE_WAIT_S) from exc
+        raise
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and (
+        getattr(exc, "sqlite_errorcode", None) == _SQLITE_BUSY or "database is locked" in str(exc)
+    )
 
 
 def _is_full(exc: BaseException) -> bool:

@@ -111,7 +111,9 @@ class GarbageCollector:
         rows = []
         kept: set[tuple[str, int]] = set()  # values alive after this pass
         owners: set[tuple[str, str]] = set()  # (principal, session) with values
-        query = "SELECT session, n, ts, value, principal FROM transcript ORDER BY ts, n"
+        # Storing order (rowid), not ts: a wall clock stepped back must not make the
+        # newest outputs look oldest (issue 31). Age (max_age_s) still reads ts.
+        query = "SELECT session, n, ts, value, principal FROM transcript ORDER BY rowid"
         for r in self.db.query(query):
             owners.add((r["principal"], r["session"]))
             value = orjson.loads(r["value"])

@@ -5,19 +5,24 @@ The `journal.query` method is in docs/protocol.md, Kernel methods.
 Long sources (and long effect lists) are stored once, by hash, in ``journal_texts``
 (``store_once``): a row keeps a head for display and a ``{kind: "src"|"effects", hash,
 len}`` descriptor among its outputs, so a flood of the same 1 MiB plan costs one copy.
+A denied attempt keeps only that head and descriptor (``"stored": false``): a principal
+without grants cannot grow the journal with distinct 1 MiB sources (issue 31).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import blake3
 import orjson
 
+from ...protocol.errors import RpcError, is_db_locked
 from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
 from ...protocol.wiretext import text_or_bytes, to_wire
 from .db import Database
@@ -29,6 +34,12 @@ TEXTS_SCHEMA = """CREATE TABLE IF NOT EXISTS journal_texts (
 )"""
 EFFECTS_INLINE = 100
 """Effects a row keeps inline when its effect list is stored by hash."""
+
+DEFERRED_ROWS_MAX = 1024
+"""Rows kept in memory while the database is locked by another process (then dropped,
+logged): each is an exec refused for that lock."""
+
+log = logging.getLogger(__name__)
 
 JOURNAL_QUERY_MAX = 1000
 JOURNAL_QUERY_DEFAULT = 50
@@ -72,6 +83,17 @@ def command_head(src: str) -> str:
     return ""
 
 
+def text_descriptor(text: str, kind: str) -> dict:
+    """``text`` by hash and length only, nothing stored (a denied attempt's source)."""
+    digest = blake3.blake3(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return {"kind": kind, "hash": digest, "len": len(text), "stored": False}
+
+
+def is_denied(entry: JournalEntry) -> bool:
+    """A policy refusal: a denied exec, or a plan whose verdict was deny (``ok`` false)."""
+    return entry.kind == "denied" or (entry.kind == "plan" and entry.ok is False)
+
+
 def store_once(conn, text: str, kind: str) -> dict:
     """Store ``text`` in ``journal_texts`` unless that exact text is there; its descriptor."""
     digest = blake3.blake3(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -85,6 +107,9 @@ def store_once(conn, text: str, kind: str) -> dict:
 class Journal:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._deferred: list[JournalEntry] = []  # rows that met a locked database
+        self._deferred_lock = threading.Lock()
+        self._deferred_thread: threading.Thread | None = None
         with db.transaction() as conn:
             conn.execute(TEXTS_SCHEMA)
 
@@ -103,20 +128,26 @@ class Journal:
         """Insert ``entry`` inside the caller's transaction; its row id.
 
         A source or effect list longer than ``SRC_INLINE_CHARS`` is stored once by hash
-        (``store_once``): the row keeps a head and a descriptor among its outputs."""
+        (``store_once``): the row keeps a head and a descriptor among its outputs. A
+        denied attempt's texts are described, not stored (``text_descriptor``)."""
         kinds = sorted({e.get("kind", "") for e in entry.effects})
         src, effects, outputs = entry.src, to_wire(entry.effects), list(entry.outputs)
         effects_json = orjson.dumps(effects).decode()
+        keep = (
+            text_descriptor
+            if is_denied(entry)
+            else (lambda text, kind: store_once(conn, text, kind))
+        )
         if len(src) > SRC_INLINE_CHARS:
-            outputs.append(store_once(conn, src, "src"))
+            outputs.append(keep(src, "src"))
             src = src[:SRC_INLINE_CHARS]
         if len(effects_json) > SRC_INLINE_CHARS:
-            outputs.append(store_once(conn, effects_json, "effects"))
+            outputs.append(keep(effects_json, "effects"))
             effects_json = orjson.dumps(effects[:EFFECTS_INLINE]).decode()
         cur = conn.execute(
             """INSERT INTO journal(ts, duration_ms, session, principal, cwd, src, head, kind,
-               effects, effect_kinds, status, ok, ref, outputs, state, spool)
-               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+               effects, effect_kinds, status, ok, ref, outputs, state, spool, error)
+               VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
             (
                 entry.ts,
                 entry.duration_ms,
@@ -134,6 +165,7 @@ class Journal:
                 orjson.dumps(outputs).decode(),
                 state,
                 None if spool is None else orjson.dumps(spool).decode(),
+                None if entry.error is None else entry.error[:JOURNAL_ERROR_MAX_CHARS],
             ),
         )
         assert cur.lastrowid is not None
@@ -142,9 +174,53 @@ class Journal:
     # -- an exec's two rows: ``running`` at its start, its end (docs/decisions.md) ------
 
     def begin(self, entry: JournalEntry, spool: dict) -> int:
-        """The ``running`` row of an exec just spawned (its spool files, for recovery)."""
-        with self.db.transaction() as conn:
-            return self.insert_in(conn, entry, state=RUNNING, spool=spool)
+        """The ``running`` row of an exec just spawned (its spool files, for recovery).
+
+        When another process holds the database's write lock past the wait, the exec is
+        stopped before it runs (the caller's error says why) and its row, ``failed`` with
+        that reason, is written as soon as the lock is free (``_deferred``)."""
+        try:
+            with self.db.transaction() as conn:
+                return self.insert_in(conn, entry, state=RUNNING, spool=spool)
+        except RpcError as exc:
+            if is_db_locked(exc):
+                self._defer(entry, f"stopped at its start: {exc.message}")
+            raise
+
+    def _defer(self, entry: JournalEntry, error: str) -> None:
+        failed = replace(entry, state=FAILED, ok=False, error=error)
+        with self._deferred_lock:
+            if len(self._deferred) >= DEFERRED_ROWS_MAX:
+                log.error(
+                    "journal: %d rows already wait for the lock; dropped one", len(self._deferred)
+                )
+                return
+            self._deferred.append(failed)
+            if self._deferred_thread is None:
+                self._deferred_thread = threading.Thread(
+                    target=self._write_deferred, name="journal-deferred", daemon=True
+                )
+                self._deferred_thread.start()
+
+    def _write_deferred(self) -> None:
+        """Write the rows that met a locked database, oldest first, once it is free."""
+        while True:
+            with self._deferred_lock:
+                if not self._deferred:
+                    self._deferred_thread = None
+                    return
+                entry = self._deferred[0]
+            try:
+                with self.db.transaction() as conn:
+                    self.insert_in(conn, entry, state=FAILED)
+            except RpcError as exc:
+                if is_db_locked(exc):
+                    continue  # each attempt itself waits DB_WRITE_WAIT_S for the lock
+                log.error("journal: a deferred row could not be written: %s", exc.message)
+            except Exception:  # noqa: BLE001 - housekeeping: logged, the next row goes on
+                log.exception("journal: a deferred row could not be written")
+            with self._deferred_lock:
+                self._deferred.pop(0)
 
     def finish_in(self, conn: sqlite3.Connection, row_id: int | None, entry: JournalEntry) -> int:
         """The exec's end, inside the finalize transaction: its running row becomes ``done``
@@ -279,4 +355,6 @@ def _row(r) -> dict:
             isinstance(desc, dict) and desc.get("kind") == "src"
         ):  # the source is stored once by hash; this is its head
             out["src_len"], out["src_hash"] = desc["len"], desc["hash"]
+            if desc.get("stored") is False:
+                out["src_stored"] = False  # a denied attempt: only this head was kept
     return {k: v for k, v in out.items() if v is not None}

@@ -27,6 +27,7 @@ from ...protocol.limits import (
     ELIDE_RENDER_HEAD,
     VALUE_HARD_CAP,
 )
+from .jsonstream import is_cut
 from .resolver import LinesView, TextBlob, is_node, kind_of
 from .selectors import Field, Index, Segment, format_path
 
@@ -146,7 +147,7 @@ class WireEncoder:
                 if node and all(isinstance(x, dict) for x in node)
                 else self.opts.max_items
             )
-            if len(node) > limit:
+            if len(node) > limit or is_cut(node):  # cut: a bounded .json skeleton's part
                 return self.ref(node, rel)
             items = [self._convert(x, rel + [Index(i)], budget) for i, x in enumerate(node)]
             return self._fit(
@@ -158,7 +159,7 @@ class WireEncoder:
                 return self._outcome(node, rel, budget)
             if tag in ("task", "ref", "error", "datetime", "bytes"):
                 return {k: v for k, v in node.items()}
-            if len(node) > self.opts.max_items:
+            if len(node) > self.opts.max_items or is_cut(node):
                 return self.ref(node, rel)
             keys = [k for k in node if tag is None or k != "$"]
             conv = {k: self._convert(node[k], rel + [Field(k)], budget) for k in keys}

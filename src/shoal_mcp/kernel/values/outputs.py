@@ -1,10 +1,13 @@
 """``$SHOAL_OUT``: a caller's earlier outputs as read-only files (docs/protocol.md, Exec).
 
 ``<state>/outputs/<principal key>/<session key>/<n>/out`` and ``/err`` are hard links to
-the CAS blobs of ``out:N`` (copies when the kernel runs as root, whose writes ignore
-file modes), made for the values it owns in that session: in the background right
-after a foreground exec of that principal ended (``schedule``), and at the latest when
-its next exec starts (``sync``). Each ``<n>/`` is built under a temporary name and
+the CAS blobs of ``out:N`` (when the kernel runs as root, whose writes ignore file modes:
+reflinks, copy-on-write clones that share the blob's disk blocks, where the file system
+has them, else copies), made for the values it owns in that session: in the background
+right after a foreground exec of that principal ended (``schedule``), and when its next
+exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
+copy: the exec starts with the entries made so far and the background makes the rest
+(issue 31: the exec after a 1 GiB output waited 2.2 s). Each ``<n>/`` is built under a temporary name and
 renamed into place whole, so no exec sees a half-made entry. Files and directories are read-only (0400 / 0500) so a
 stray redirection cannot corrupt a stored blob; the directory holds nothing but that
 principal's own outputs, so a sandbox may grant read on ``principal_dir`` without
@@ -14,6 +17,7 @@ sandbox rules call).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -26,7 +30,7 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_SYNC_IDLE_S
+from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
@@ -81,6 +85,8 @@ class SharedOutputs:
         self._wake = threading.Condition()
         self._pending: list[tuple[str, str]] = []  # keys to sync in the background
         self._worker: threading.Thread | None = None
+        self._clones = False  # a reflink worked here: a root kernel's "copies" are free
+        self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
 
     def _lock_of(self, principal: str, session: str) -> threading.Lock:
         with self._locks_guard:
@@ -124,13 +130,21 @@ class SharedOutputs:
     def sync(self, principal: str, session: str, *, eager: bool = False) -> Path:
         """Link every output of ``principal`` in ``session`` not linked yet; the directory.
 
-        ``eager`` (the background sync, not an exec's start): a root kernel stops before
-        an output it would have to copy over ``OUTPUTS_EAGER_COPY_MAX`` bytes; the next
-        exec's start copies it, as before (an exec refused for disk use copies nothing).
+        ``eager`` (the background sync): every entry, large copies included. An exec's
+        start (not eager) on a root kernel that copies takes only the entries up to the
+        first output over ``OUTPUTS_EAGER_COPY_MAX`` and leaves the rest to the
+        background, and does not wait for a background sync holding the session.
         A full disk is the usual "state dir full" error (the exec could not spool either).
         """
         target = self.session_dir(principal, session)
-        with self._lock_of(principal, session):
+        lock = self._lock_of(principal, session)
+        if not eager and os.geteuid() == 0 and target.exists():
+            # The background may be copying a large output under this lock: the exec
+            # starts now with what is there (lazy), never behind the copy.
+            if not lock.acquire(timeout=OUTPUTS_START_WAIT_S):
+                return target
+            lock.release()
+        with lock:
             last = self._synced.get((principal, session))
             if last is None:
                 last = self._existing(target)
@@ -141,8 +155,17 @@ class SharedOutputs:
                 " ORDER BY n",
                 (session, principal, last),
             )
-            if eager and rows and os.geteuid() == 0:
-                rows = self._small_first(rows)
+            if rows and os.geteuid() == 0 and not self._clones:
+                # A root kernel that copies: large outputs are left to the background, which
+                # copies them only while the state dir has room (no copy for an exec
+                # refused for disk use, or one that would make the state dir go over).
+                if not eager:
+                    small = self._small_first(rows)
+                    if len(small) < len(rows):
+                        self.schedule(principal, session)
+                    rows = small
+                elif not self.room():
+                    rows = self._small_first(rows)
             if rows or not target.exists():
                 try:
                     self._writable(target, lambda: self._link_rows(target, rows))
@@ -259,8 +282,7 @@ class SharedOutputs:
         session_dir = entry.parent
         return self.root / COPIES_DIR / session_dir.parent.name / session_dir.name / digest
 
-    @staticmethod
-    def _link(blob: Path, name: Path, copy: Path) -> None:
+    def _link(self, blob: Path, name: Path, copy: Path) -> None:
         if name.exists() or not blob.exists():
             return
         if os.geteuid() != 0:
@@ -278,22 +300,39 @@ class SharedOutputs:
         # bytes, never the stored output (a sandbox makes them read-only too).
         if not copy.exists():
             copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _copy(blob, copy)
+            self._clones = _copy(blob, copy)
         try:
             os.link(copy, name)
         except OSError:
             _copy(blob, name)  # too many links to one file: this entry gets its own
 
 
-def _copy(blob: Path, name: Path) -> None:
+def _copy(blob: Path, name: Path) -> bool:
     """Copied under a temporary name, then renamed: a copy cut short (a full disk) is
-    never left where the next sync would take it for complete."""
+    never left where the next sync would take it for complete. A reflink (``FICLONE``:
+    btrfs, XFS, bcachefs…) when the file system has them: True then (no bytes copied;
+    a write to the clone never reaches the blob)."""
     part = name.with_name(name.name + ".part")
     try:
         with open(blob, "rb") as src, open(part, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
+            cloned = _reflink(src.fileno(), dst.fileno())
+            if not cloned:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
         os.chmod(part, FILE_MODE)
         os.replace(part, name)
+        return cloned
     finally:
         part.unlink(missing_ok=True)
+
+
+FICLONE = 0x40049409
+"""ioctl(dest, FICLONE, src): dest shares src's blocks, copy-on-write (linux/fs.h)."""
+
+
+def _reflink(src_fd: int, dst_fd: int) -> bool:
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+        return True
+    except OSError:  # EOPNOTSUPP (ext4, tmpfs), EXDEV, EINVAL: copy the bytes instead
+        return False

@@ -20,7 +20,9 @@ from ...protocol.limits import (
     STDERR_TAIL_BYTES,
     VALUE_HARD_CAP,
 )
+from ...protocol.plain import to_plain
 from .elision import ElideOptions, WireEncoder
+from .jsonstream import is_cut
 from .paging import call_text, fitting_prefix, line_page
 from .resolver import LinesView, Resolver, TextBlob, is_node, split_lines
 from .selectors import Field, Segment, format_path
@@ -73,12 +75,19 @@ class Renderer:
             return self._outcome(node, budget)
         if isinstance(node, (TextBlob, str, bytes)):
             return self._text_with_shape(node, [], budget)
-        if isinstance(node, list) and node and all(isinstance(x, str) for x in node):
+        if (
+            isinstance(node, list)
+            and node
+            and not is_cut(node)
+            and all(isinstance(x, str) for x in node)
+        ):
             return self.text("\n".join(node), [], budget, lines_selector="")
         wire = WireEncoder(self.opts, self.base_uri, self.base_path, self.resolver.hydrate).encode(
             node
         )
-        pretty = orjson.dumps(wire, option=orjson.OPT_INDENT_2).decode()
+        # Plain JSON for people and models (the tagged form is for programs: `value`);
+        # an elided part shows as {"$ref": uri, …} (protocol/plain.py).
+        pretty = orjson.dumps(to_plain(wire), option=orjson.OPT_INDENT_2).decode()
         return bound_text(pretty, budget, self.base_uri)
 
     def _outcome(self, node: dict, budget: int) -> str:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import io
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -26,6 +27,7 @@ from ...protocol.limits import (
     JSON_PARSE_SLOTS,
     JSON_PARSE_WAIT_S,
     JSON_SELECTOR_MAX,
+    JSON_WHOLE_PARSE_MAX,
 )
 from ..store.cas import (
     BlobInfo,
@@ -35,10 +37,15 @@ from ..store.cas import (
     StoredBlob,
     count_newlines,
 )
+from .jsonstream import STREAM_BUFFER, BlobReader, parse_bounded, select_streaming
 from .selectors import Field, Index, Range, Segment, bad_selection, resolve_index, resolve_range
 
-NEAR_LINES = 4096
-"""Line lookups this close to either end of a blob walk the mmap instead of counting."""
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+
+def _leads(block: bytes) -> int:
+    """Code points starting in ``block``: every byte that is not a continuation byte."""
+    return len(block.translate(None, _CONTINUATION))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +90,7 @@ class TextBlob:
     def char_count(self) -> int:
         if self.whole and self.info.chars is not None:
             return self.info.chars
-        return len(self.read().decode("utf-8", "replace"))
+        return sum(_leads(block) for _, block in self.source.blocks(self.start, self.end))
 
     def line_span(self, first: int | None, stop: int | None) -> tuple[int, int]:
         """Byte span (relative) of lines ``[first:stop]`` (Python slice rules)."""
@@ -96,17 +103,14 @@ class TextBlob:
     def line_start(self, k: int, total: int) -> int:
         """Relative byte offset where line ``k`` (0 <= k <= total) starts.
 
-        Near either end the compiled slicer walks the mmap (a few pages); in the middle
-        the blob is counted in pread blocks from the nearer end, so selecting line
-        10,000,000 of 170 MB costs memchr time, not 170 MB of mapped pages.
+        The blob is counted in pread blocks from the nearer end, so selecting line
+        10,000,000 of 170 MB costs memchr time, and a line next to a 1 GiB one costs no
+        1 GiB of mapped pages (nothing here maps the blob: RSS stays flat).
         """
         if k <= 0:
             return 0
         if k >= total:
             return self.size
-        if k <= NEAR_LINES or total - k <= NEAR_LINES:
-            with self._view() as part:
-                return line_offsets(part, k if k <= NEAR_LINES else k - total, None)[0]
         if k <= total - k:
             remaining = k  # the position right after the k-th newline
             for offset, block in self.source.blocks(self.start, self.end):
@@ -124,11 +128,44 @@ class TextBlob:
             remaining -= c
         return 0
 
-    def char_span(self, first: int, stop: int) -> tuple[int, int]:
-        with self._view() as part:
-            a = utf8_offset(part, first)
-            b = utf8_offset(part, stop - first, a)
-        return a, b
+    def char_offset(self, k: int) -> int:
+        """Relative byte offset of code point ``k``, Python index rules, clamped.
+
+        ``k < 0`` counts from the end and reads only the tail; ``k >= 0`` reads from the
+        start. Both go through pread blocks, so a slice of a 1 GiB line costs the bytes
+        up to the slice (usually a block), never a mapping of the whole line.
+        """
+        if k >= 0:
+            return self._char_offset_forward(k)
+        return self._char_offset_backward(-k)
+
+    def _char_offset_forward(self, k: int) -> int:
+        remaining = k  # code points (lead bytes) to skip before the one we want
+        for offset, block in self.source.blocks(self.start, self.end):
+            c = _leads(block)
+            if c > remaining:
+                return offset - self.start + utf8_offset(block, remaining)
+            remaining -= c
+        return self.size
+
+    def _char_offset_backward(self, back: int) -> int:
+        remaining = back  # the back-th lead byte seen from the end starts the answer
+        for offset, block in self.source.blocks(self.start, self.end, backward=True):
+            c = _leads(block)
+            if c >= remaining:
+                return offset - self.start + utf8_offset(block, c - remaining)
+            remaining -= c
+        return 0
+
+    def char_span(self, first: int | None, stop: int | None) -> tuple[int, int]:
+        """Byte span of code points ``[first:stop]`` (Python slice rules, unresolved).
+
+        Offsets are monotonic in the code-point index, so each end is found on its own
+        (from the end for negative indexes) and the span clamped: no count of the whole.
+        """
+        a = 0 if first is None else self.char_offset(first)
+        b = self.size if stop is None else self.char_offset(stop)
+        return a, max(a, b)
 
     def capped_lines(self, s: int, e: int, keep: int) -> list[bytes]:
         """The lines of relative span ``[s, e)``, each truncated to ``keep`` bytes.
@@ -297,6 +334,39 @@ def blob_hashes(value: Any) -> set[str]:
     return set()
 
 
+@dataclass(frozen=True, slots=True)
+class JsonText:
+    """``.json`` of a text, parsed only once the rest of the path is known."""
+
+    text: TextBlob | str | bytes
+    where: str
+
+    def _stream(self) -> IO[bytes]:
+        if isinstance(self.text, TextBlob):
+            blob = self.text
+            return io.BufferedReader(BlobReader(blob.read, blob.size), STREAM_BUFFER)
+        data = self.text.encode("utf-8") if isinstance(self.text, str) else self.text
+        return io.BytesIO(data)
+
+    def select(self, rest: list[Segment], before: list[Segment]) -> tuple[Any, int]:
+        """The part at the longest prefix of ``rest`` the stream can follow, and its length."""
+        return _JSON_PARSER.submit(select_streaming, self._stream, rest, before).result()
+
+    def parse(self, deadline: float | None = None) -> Any:
+        """The whole document (the path ends at ``.json``): parsed whole when small, else
+        a bounded skeleton whose cut containers the encoder shows as refs (``OutOfTime``
+        past a monotonic ``deadline``, when given)."""
+        if isinstance(self.text, TextBlob) and self.text.size > JSON_WHOLE_PARSE_MAX:
+            return _JSON_PARSER.submit(parse_bounded, self._stream, self.where, deadline).result()
+        try:
+            if isinstance(self.text, TextBlob):
+                with self.text._view() as part:  # parsed from the mapping: no heap copy
+                    return _JSON_PARSER.submit(orjson.loads, part).result()
+            return _JSON_PARSER.submit(orjson.loads, self.text).result()
+        except orjson.JSONDecodeError as exc:
+            raise bad_selection(f".json: not valid JSON ({exc})", path=self.where) from exc
+
+
 class Resolver:
     """Turns stored nodes into selectable views, and applies path segments.
 
@@ -333,12 +403,23 @@ class Resolver:
 
     def select(self, node: Any, segments: list[Segment]) -> Any:
         node = self.hydrate(node)
-        for depth, seg in enumerate(segments):
-            node = self.hydrate(self._step(node, seg, segments[: depth + 1]))
-        return node
+        depth = 0
+        while depth < len(segments):
+            if isinstance(node, JsonText):
+                # Into the document: follow what the stream can, build only that part.
+                node, used = node.select(segments[depth:], segments[:depth])
+                depth += used
+                continue
+            node = self.hydrate(self._step(node, segments[depth], segments[: depth + 1]))
+            depth += 1
+        return node.parse() if isinstance(node, JsonText) else node
 
     def _step(self, node: Any, seg: Segment, so_far: list[Segment]) -> Any:
         where = "".join(s.text() for s in so_far)
+        if is_node(node, "error") and node.get("gc_removed"):
+            # A pruned output: say so, not "no field 'out'" of its tombstone.
+            data = {k: node[k] for k in ("hint", "gc_removed") if k in node}
+            raise RpcError(ErrorCode.UNKNOWN_REF, str(node.get("msg")), {**data, "path": where})
         if isinstance(seg, Field):
             return self._field(node, seg.name, where)
         if isinstance(seg, Index):
@@ -369,14 +450,10 @@ class Resolver:
                 path=where,
                 limit=JSON_SELECTOR_MAX,
             )
-        # The caller holds a parse slot for the whole call (json_slot in value.get).
-        try:
-            if isinstance(node, TextBlob):
-                with node._view() as part:  # parsed from the mapping: no heap copy
-                    return _JSON_PARSER.submit(orjson.loads, part).result()
-            return _JSON_PARSER.submit(orjson.loads, node).result()
-        except orjson.JSONDecodeError as exc:
-            raise bad_selection(f".json: not valid JSON ({exc})", path=where) from exc
+        # Parsed when the rest of the path is known (Resolver.select): a path into the
+        # document streams to its part; the caller holds a parse slot for the whole call
+        # (json_slot in value.get).
+        return JsonText(node, where)
 
     def _index(self, node: Any, i: int, where: str) -> Any:
         if isinstance(node, LinesView):
@@ -402,10 +479,7 @@ class Resolver:
             if not node.is_text:
                 a, b = resolve_range(r, node.size)
                 return node.sub(a, b)
-            needs_count = any(v is not None and v < 0 for v in (r.start, r.stop)) or r.stop is None
-            n = node.char_count() if needs_count else max(r.start or 0, r.stop or 0)
-            a, b = resolve_range(r, n)
-            s, e = node.char_span(a, b)
+            s, e = node.char_span(r.start, r.stop)
             return node.sub(s, e)
         raise bad_selection(f"{_kind(node)} cannot be sliced ({where})", path=where)
 

@@ -9,12 +9,21 @@ takes a slot of the ``.json`` parse semaphore without waiting (busy: no shape).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
 
-from ...protocol.limits import JSON_SHAPE_BYTES, JSON_SHAPE_KEYS, JSON_SHAPE_MAX_INPUT
-from .resolver import TextBlob, json_slot
+from ...protocol.errors import RpcError
+from ...protocol.limits import (
+    JSON_SHAPE_BYTES,
+    JSON_SHAPE_DEADLINE_S,
+    JSON_SHAPE_KEYS,
+    JSON_SHAPE_MAX_INPUT,
+    JSON_WHOLE_PARSE_MAX,
+)
+from .jsonstream import OutOfTime
+from .resolver import JsonText, TextBlob, json_slot
 from .selectors import Field, Index, Segment, format_path
 
 LINE_PROBE = 64 * 1024
@@ -109,8 +118,14 @@ def json_shape(blob: TextBlob, text_path: list[Segment]) -> str | None:
             if lines is not None:
                 return lines
         try:
-            value = orjson.loads(blob.read())
-        except orjson.JSONDecodeError:
+            if blob.size > JSON_WHOLE_PARSE_MAX:
+                # A bounded skeleton (exact lengths), within the render's time: a shape
+                # is a hint, never worth making a render wait (no shape past it).
+                deadline = time.monotonic() + JSON_SHAPE_DEADLINE_S
+                value = JsonText(blob, format_path(text_path)).parse(deadline)
+            else:
+                value = orjson.loads(blob.read())
+        except (orjson.JSONDecodeError, RpcError, OutOfTime):
             return None
     return describe(value, [*text_path, Field("json")], "JSON")
 

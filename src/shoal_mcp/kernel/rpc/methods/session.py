@@ -21,7 +21,15 @@ if TYPE_CHECKING:
 
 @method("ping")
 def ping(call: Call, params: dict) -> dict:
-    return {"pong": True, "kernel": call.kernel.info()}
+    reply: dict = {"pong": True, "kernel": call.kernel.info()}
+    who = call.conn.who
+    if who is not None and call.cpu is not None:
+        # Never held itself (CPU_UNMETERED_METHODS): a client whose calls wait learns it
+        # is throttled, by how long, rather than taking the kernel for stalled.
+        wait = call.cpu.debt().get(who.principal, 0.0)
+        if wait > 0:
+            reply["throttled_s"] = round(wait, 3)
+    return reply
 
 
 def project_roots(params: dict) -> tuple[str, ...]:
