@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,18 +30,37 @@ from .kernel import KernelProcess
 
 UNPRIVILEGED_UID = 1000
 SYSTEM_PYTHON = "/usr/bin/python3"
-THIRD_PARTY = (
-    "orjson",
-    "blake3",
-    "pyte",
-    "wcwidth",
-    "tree_sitter",
-    "tree_sitter_bash",
-    "wcmatch",
-    "bracex",
-    "click",
-    "regex",
-)
+
+
+def _third_party() -> tuple[str, ...]:
+    """The top-level modules of shoal-mcp's runtime dependencies and theirs (read from
+    the installed metadata, so a new dependency is copied without a change here)."""
+    from importlib import metadata
+
+    by_dist: dict[str, list[str]] = {}
+    for module, dists in metadata.packages_distributions().items():
+        for dist in dists:
+            by_dist.setdefault(dist.lower().replace("_", "-"), []).append(module)
+    seen: set[str] = set()
+    todo = ["shoal-mcp"]
+    while todo:
+        name = todo.pop()
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            dep = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    modules = {m for d in seen for m in by_dist.get(d, []) if not m.startswith("_")}
+    return tuple(sorted(modules))
+
+
+THIRD_PARTY = _third_party()
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "shoal_mcp"
 CLIENT_MODULE = "shoal_uid_client"
 

@@ -151,7 +151,9 @@ def _fail_removed(ctx: Ctx, ref: str, exc: RpcError) -> NoReturn:
 
 
 def _check_removed(render: str) -> None:
-    if render.startswith("{") and '"$": "error"' in render[:40]:
+    """A render that is a pruned output's tombstone (tagged, or plain JSON since renders
+    of records are plain) is an error, not output."""
+    if render.startswith("{") and ('"$": "error"' in render[:40] or '"gc_removed"' in render):
         try:
             value = orjson.loads(render)
         except orjson.JSONDecodeError:
@@ -160,7 +162,7 @@ def _check_removed(render: str) -> None:
 
 
 def _check_removed_value(value: object) -> None:
-    if isinstance(value, dict) and value.get("$") == "error":
+    if isinstance(value, dict) and (value.get("$") == "error" or "gc_removed" in value):
         _removed(value)
 
 

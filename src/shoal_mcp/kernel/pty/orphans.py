@@ -32,14 +32,38 @@ Charge = Callable[[str, float], None]
 
 
 def program_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and the children it has waited for (0 when gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = text.rsplit(")", 1)[1].split()
-    ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    """CPU seconds of ``pid``'s whole tree: it, the children it has waited for, and its
+    live descendants (a sandboxed PTY's pid is the relay in front of its namespace, whose
+    program is a grandchild); 0 when gone."""
+    ticks = 0
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            text = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        todo += _children(p)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return out
 
 
 class OrphanReaper:
