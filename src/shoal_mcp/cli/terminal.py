@@ -102,13 +102,7 @@ class Mirror:
     def _loop(self, resized: dict, painted: list[str]) -> dict:
         input_open = True
         while True:
-            if resized["due"]:
-                resized["due"] = False
-                size = terminal_size(self.out_fd)
-                if size is not None:
-                    self.call(
-                        "pty.resize", {"pty_id": self.pty_id, "cols": size[0], "rows": size[1]}
-                    )
+            self._follow_resize(resized)
             screen = self.call("pty.read", {"pty_id": self.pty_id})
             if screen.get("changed") or not painted:
                 painted[:] = self._paint(screen)
@@ -125,12 +119,22 @@ class Mirror:
             if not data:
                 input_open = False  # stdin closed: keep watching until the program ends
                 continue
+            # A resize that arrived with this input goes first: what the user typed after
+            # resizing (``stty size``) must see the new size.
+            self._follow_resize(resized)
             if self.detach and DETACH_KEY in data:
                 data = data.split(DETACH_KEY, 1)[0]
                 if data:
                     self._send(data)
                 return {**screen, "detached": True}
             self._send(data)
+
+    def _follow_resize(self, resized: dict) -> None:
+        if resized["due"]:
+            resized["due"] = False
+            size = terminal_size(self.out_fd)
+            if size is not None:
+                self.call("pty.resize", {"pty_id": self.pty_id, "cols": size[0], "rows": size[1]})
 
     def _send(self, data: bytes) -> None:
         self.call(
