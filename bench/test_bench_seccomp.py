@@ -42,7 +42,7 @@ assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0
 if mode == "allowlist":
     seccomp.install_filter()
 elif mode == "uncached":
-    seccomp._install([(seccomp.LD_W_ABS, 0, 0, 16), *seccomp._program()])
+    seccomp._install(seccomp._load([(seccomp.LD_W_ABS, 0, 0, 16), *seccomp._program()]))
 getppid, open_, close = os.getppid, os.open, os.close
 t = time.perf_counter()
 if work == "getppid":

@@ -410,10 +410,14 @@ def _loaded(allow_listen: bool) -> tuple[ctypes.Array, _SockFprog]:
     """The program as the kernel takes it, built once per process: an exec zygote builds
     it before it forks, and each job only installs it (about 1 ms less per job)."""
     if allow_listen not in _LOADED:
-        insns = _program(allow_listen=allow_listen)
-        array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
-        _LOADED[allow_listen] = (array, _SockFprog(len(insns), array))
+        _LOADED[allow_listen] = _load(_program(allow_listen=allow_listen))
     return _LOADED[allow_listen]
+
+
+def _load(insns: list[tuple[int, int, int, int]]) -> tuple[ctypes.Array, _SockFprog]:
+    """A program as the kernel takes it (the array must live as long as the struct)."""
+    array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
+    return array, _SockFprog(len(insns), array)
 
 
 def prepare_filter(*, allow_listen: bool = False) -> None:
