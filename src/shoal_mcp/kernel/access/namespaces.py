@@ -30,7 +30,6 @@ Standard library and ctypes only: imported by ``python -I -S`` supervisors.
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import os
 import socket
@@ -498,7 +497,3 @@ def supported_flags(private_net: bool) -> int:
 
 def names(flags: int) -> list[str]:
     return [n for f, n in NAMES.items() if flags & f]
-
-
-def errno_of(exc: BaseException) -> int:
-    return getattr(exc, "errno", None) or errno.EPERM

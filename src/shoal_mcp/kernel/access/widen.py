@@ -22,8 +22,6 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-GRANTABLE = ("fs_write", "fs_read")
-
 
 @dataclass(frozen=True)
 class Widening:
@@ -39,9 +37,6 @@ class Widening:
     @property
     def empty(self) -> bool:
         return not (self.write or self.read)
-
-    def key(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return (self.write, self.read)
 
 
 def target_of(effect: dict) -> str:
