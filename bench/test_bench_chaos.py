@@ -16,7 +16,15 @@ journal reads. A chaos thread meanwhile, at random:
   produce (deduplicated to the same blobs), then ``store.gc`` prunes everything it may
   while the workers keep storing those very outputs.
 
-Workers also move a session's cwd under its ready shell (``mv d d.old; mkdir d``, or
+- **fills the disk** (issue 31; root, where a tmpfs can be mounted: the state dir is a
+  size-limited tmpfs): every free byte is taken for a window shorter than the spool
+  relay's hold (``SPOOL_FULL_WAIT_S``), then freed. Outputs written meanwhile must come
+  back whole ("lost" or "changed" otherwise); calls that needed the database meanwhile
+  fail with a clear ``state dir full``.
+
+Workers also open PTYs from a second facade that is then SIGKILLed (a client that
+vanishes): the kernel must reap those PTYs after its grace (``pty_orphan_grace_ms``,
+short here), counted at the end ("PTYs left", 0). Workers also move a session's cwd under its ready shell (``mv d d.old; mkdir d``, or
 ``rm -r d; mkdir d``) and check the next exec writes into the new directory ("stale"
 otherwise), and facades run with a short liveness bound (``SHOAL_LIVENESS_S``), so
 calls in flight when the kernel is stopped get a clear "stalled" error, not a hang.
@@ -48,6 +56,7 @@ import os
 import random
 import secrets
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -82,6 +91,12 @@ FAILED_PAUSE_S = 0.2
 SETTLE_S = 60.0
 """How long processes of a killed tree get to disappear before they count as left."""
 RESULTS = Path(__file__).resolve().parent / ".results" / "chaos.json"
+DISK_BYTES = 1024 * 1024 * 1024
+"""The state dir's tmpfs (root only): room for the run, small enough to fill at once."""
+FULL_S = (0.5, 4.0)
+"""Disk-full windows, all shorter than SPOOL_FULL_WAIT_S (the relay holds, loses nothing)."""
+PTY_GRACE_MS = 2000
+"""The kernel's ``pty_orphan_grace_ms`` here: PTYs of a vanished client go after 2 s."""
 RUN_ENV = "SHOAL_CHAOS_RUN"
 
 
@@ -129,7 +144,10 @@ class Chaos:
         self.digits = f"{secrets.randbelow(10**8):08d}"
         self.env = {RUN_ENV: self.token}
         self.lock = threading.Lock()
-        self.kernel = KernelProcess(tmp, env=self.env).start()
+        self.policy = tmp / "policy.toml"
+        self.policy.write_text(f"[kernel]\npty_orphan_grace_ms = {PTY_GRACE_MS}\n")
+        self.small_disk = _mount_small_disk(tmp / "state")
+        self.kernel = self._new_kernel().start()
         self.kernel_pids = [self.kernel.pid]
         self.stopped = False
         self.calls: Counter[str] = Counter()  # answered / failed_clear / failed_unclear / hung
@@ -143,6 +161,9 @@ class Chaos:
         self.corrupted_blobs: set[str] = set()
         self.done = threading.Event()
         self.peak_marked = 0  # proof that the leftover count can see this run's processes
+
+    def _new_kernel(self) -> KernelProcess:
+        return KernelProcess(self.tmp, "--policy", str(self.policy), env=self.env)
 
     def sleep_arg(self, seconds: int) -> str:
         """A ``sleep`` duration whose argv marks it as this run's."""
@@ -189,10 +210,16 @@ class Chaos:
 
     def chaos_loop(self, rng: random.Random) -> None:
         deck: list[str] = []  # each round does every kind of harm, in a random order
+        first = True
         while not self.done.wait(rng.uniform(*CHAOS_GAP_S)):
             if not deck:
                 deck = ["stop", "kill", "corrupt", "corrupt", "gc", "gc"]
+                deck += ["disk_full", "disk_full"] if self.small_disk else []
                 rng.shuffle(deck)
+                if first and self.small_disk:  # the newest harm comes first: a quick run has it
+                    deck.remove("disk_full")
+                    deck.append("disk_full")
+                first = False
             action = deck.pop()
             seen = len(marked_pids(self.token, self.digits))
             self.peak_marked = max(self.peak_marked, seen)
@@ -202,6 +229,8 @@ class Chaos:
                 self._kill(rng.uniform(*RESTART_PAUSE_S))
             elif action == "gc":
                 self._gc()
+            elif action == "disk_full":
+                self._disk_full(rng.uniform(*FULL_S))
             else:
                 self._corrupt(rng)
 
@@ -240,14 +269,29 @@ class Chaos:
             with self.lock:
                 self.errors[f"gc: {str(exc)[:60]}"] += 1
 
+    def _disk_full(self, seconds: float) -> None:
+        """Take every free byte of the state dir's tmpfs for ``seconds``, then free it."""
+        filler = self.kernel.state / f".chaos-filler-{self.token}"
+        self.injected["disk_full"] += 1
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for size in (1 << 20, 4096, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(fd, b"\0" * size)
+            self.done.wait(seconds)
+        finally:
+            os.close(fd)
+            filler.unlink()
+
     def restart(self) -> None:
-        kernel = KernelProcess(self.tmp, env=self.env)
+        kernel = self._new_kernel()
         for _ in range(3):  # the dead kernel's lock goes with it; a retry covers the race
             try:
                 kernel.start()
                 break
             except (RuntimeError, TimeoutError):
-                kernel = KernelProcess(self.tmp, env=self.env)
+                kernel = self._new_kernel()
         else:
             raise RuntimeError("the kernel did not restart")
         self.kernel = kernel
@@ -294,8 +338,11 @@ class Chaos:
                         self.plan,
                         self.exec_shared,
                         self.cwd_swap,
+                        self.pty_vanish,
                     ),
-                    weights=(5, 2, 4, 2, 1, 1, 2, 1),
+                    # vanishing PTY clients rarely: their PTYs count against max_ptys
+                    # until the grace reaps them
+                    weights=(5, 2, 4, 2, 1, 1, 2, 1, 0.2),
                 )[0]
                 op(pipe, session, rng)
         finally:
@@ -388,6 +435,23 @@ class Chaos:
             self.call(pipe, "shoal_pty_read", {"pty_id": pty_id})
         self.call(pipe, "shoal_pty_close", {"pty_id": pty_id})
 
+    def pty_vanish(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
+        """A client opens a PTY and vanishes (its facade SIGKILLed): the kernel reaps the
+        PTY after its grace."""
+        env = facade_env(self.kernel, f"{session}-gone", **self.env, SHOAL_LIVENESS_S=LIVENESS)
+        gone = McpPipe(env)
+        try:
+            gone.initialize()
+            src = f"sleep {self.sleep_arg(300)}; echo never"
+            if self.call(gone, "shoal_pty_open", {"cmd": "bash", "args": ["-c", src]}):
+                with self.lock:
+                    self.injected["pty_client_vanished"] += 1
+        except TimeoutError:
+            self._tally("hung", "initialize of a facade about to vanish")
+        finally:
+            gone.proc.kill()
+            gone.close()
+
     def plan(self, pipe: McpPipe, session: str, rng: random.Random) -> None:
         planned = self.call(pipe, "shoal_plan", {"command": f"echo planned-{rng.randrange(99)}"})
         if planned is not None and (ref := planned["structuredContent"].get("plan_ref")):
@@ -465,10 +529,37 @@ class Chaos:
         finally:
             client.close()
 
+    def ptys_left(self) -> int:
+        """PTYs still open once every worker stopped: the vanished clients' PTYs must
+        have been reaped (the workers close their own); waits out the grace first."""
+        client = self.kernel.client("chaos-ptys")
+        try:
+            deadline = time.monotonic() + PTY_GRACE_MS / 1000 + SETTLE_S
+            while True:
+                left = client.call("kernel.status", {}, timeout=CALL_DEADLINE_S)["ptys"]
+                if not left or time.monotonic() > deadline:
+                    return left
+                time.sleep(0.5)
+        finally:
+            client.close()
+
     def stop_all(self) -> None:
         if self.kernel.proc is not None and self.kernel.proc.poll() is None:
             os.kill(self.kernel.pid, signal.SIGCONT)
         self.kernel.stop(signal.SIGTERM, timeout=30)
+
+
+def _mount_small_disk(state: Path) -> bool:
+    """The state dir as a DISK_BYTES tmpfs (root, where mounting works): the disk the
+    ``disk_full`` harm fills. False where it cannot be (that harm is then left out)."""
+    if os.geteuid() != 0:
+        return False
+    state.mkdir(mode=0o700, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0700", "tmpfs", str(state)],
+        capture_output=True,
+    )
+    return done.returncode == 0
 
 
 def _leftover(chaos: Chaos, exclude: set[int]) -> list[int]:
@@ -505,6 +596,7 @@ def test_chaos_soak(request) -> None:
             elapsed = time.monotonic() - started
             if chaos.kernel.proc is None or chaos.kernel.proc.poll() is not None:
                 chaos.restart()
+            ptys_left = chaos.ptys_left()
             refs = chaos.verify_refs()
             misrouted, dangling = chaos.misrouted_and_dangling()
             # Before the last stop: the trees of every SIGKILLed kernel must be gone.
@@ -513,6 +605,8 @@ def test_chaos_soak(request) -> None:
         finally:
             chaos.done.set()
             chaos.stop_all()
+            if chaos.small_disk:
+                subprocess.run(["umount", "-l", str(Path(tmp) / "state")], check=False)
         left = _leftover(chaos, set())
         with contextlib.suppress(ProcessLookupError):
             for pid in left:
@@ -532,6 +626,7 @@ def test_chaos_soak(request) -> None:
         "misrouted": misrouted,
         "dangling_references": dangling,
         "stalled_named": chaos.stalled,
+        "ptys_left": ptys_left,
         "orphans_before_stop": len(orphans),
         "left_after_stop": len(left),
         "peak_marked_processes": chaos.peak_marked,
@@ -545,7 +640,8 @@ def test_chaos_soak(request) -> None:
         f"run {figures['seconds']} s{' (quick)' if QUICK else ''}, {WORKERS} facades, "
         f"{len(chaos.kernel_pids)} kernels, SHOAL_CHAOS_SEED={seed}",
         f"injected: SIGSTOP {inj['sigstop']}, SIGKILL {inj['sigkill']}, "
-        f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}, gc {inj['gc']}",
+        f"blob truncate {inj['truncate']}, blob overwrite {inj['overwrite']}, gc {inj['gc']}, "
+        f"disk full {inj['disk_full']}, PTY clients vanished {inj['pty_client_vanished']}",
         f"calls: answered {calls['answered']}, failed with a clear error "
         f"{calls['failed_clear']}, failed unclearly {calls['failed_unclear']}, "
         f"hung {calls['hung']} (target 0)",
@@ -554,6 +650,7 @@ def test_chaos_soak(request) -> None:
         f"{refs['unreadable']}",
         f"lost {refs['lost']}, stale {chaos.stale}, misrouted {misrouted}, dangling "
         f"references {dangling} (targets 0); calls told the kernel is stalled: {chaos.stalled}",
+        f"PTYs left open after the grace: {ptys_left} (target 0)",
         f"processes left: {len(orphans)} orphaned before the last stop, {len(left)} after it "
         f"(target 0; up to {chaos.peak_marked} of this run's processes seen while it ran)",
         "most frequent clear errors:",
@@ -566,6 +663,6 @@ def test_chaos_soak(request) -> None:
     assert calls["hung"] == 0 and refs["hung"] == 0, figures
     assert refs["changed"] == 0 and refs["lost"] == 0, figures
     assert chaos.stale == 0 and misrouted == 0 and dangling == 0, figures
-    assert not orphans and not left, figures
+    assert not orphans and not left and ptys_left == 0, figures
     assert calls["failed_unclear"] == 0, figures
     assert calls["answered"] > 0 and refs["intact"] > 0 and chaos.peak_marked > 0, figures

@@ -14,6 +14,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -209,6 +211,37 @@ def test_a_throttled_facade_call_reports_throttling(throttle_env):
         f.close()
 
 
+def test_a_throttled_cli_call_says_throttled_not_stalled(throttle_env):
+    """Issue 31: the CLI called a kernel that held it for its CPU budget "stalled"."""
+    kernel = throttle_env.kernel
+    token = throttle_env.tokens["agent:slow"]
+    client = KernelClient(kernel.socket)
+    try:
+        client.call("session.attach", {"session": "thr-cli", "token": token}, 30)
+        for _ in range(2):  # the principal's debt now outlasts the liveness timeout
+            client.call("exec", {"src": _heavy_src(), "mode": "plan"}, timeout=120)
+    finally:
+        client.close()
+    env = child_env(
+        {
+            "SHOAL_SOCKET": str(kernel.socket),
+            "SHOAL_STATE_DIR": str(kernel.state),
+            "SHOAL_NO_AUTOSTART": "1",
+            "SHOAL_TOKEN": token,
+            LIVENESS_ENV: FAST_LIVENESS,
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "from shoal_mcp.cli import run; run()", "exec", "echo held"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "stalled" not in done.stderr, done.stderr
+    assert "shoal: throttled" in done.stderr and "max_cpu_ms_per_s" in done.stderr, done.stderr
+
+
 def test_a_cli_client_names_a_stall_within_the_configured_bound(kernel_factory, monkeypatch):
     kernel = kernel_factory()
     monkeypatch.setenv(LIVENESS_ENV, FAST_LIVENESS)
@@ -220,3 +253,29 @@ def test_a_cli_client_names_a_stall_within_the_configured_bound(kernel_factory, 
     finally:
         _cont(kernel)
         client.close()
+
+
+# -- a state dir that cannot be one -------------------------------------------------------
+
+
+def test_a_state_dir_that_is_a_file_is_a_clear_error_not_a_traceback(short_tmp_path):
+    """Issue 31: the facade's background warm-up printed a NotADirectory traceback on
+    stderr; the first call now names the file and the remedy, and stderr stays clean."""
+    state = short_tmp_path / "state"
+    state.write_text("not a directory")
+    env = child_env(
+        {
+            "SHOAL_SOCKET": str(short_tmp_path / "kernel.sock"),
+            "SHOAL_STATE_DIR": str(state),
+            "SHOAL_UNCONFINED": "1",
+        }
+    )
+    f = RawFacade(env)
+    try:
+        f.initialize()
+        reply = f.tool("shoal_exec", {"command": "echo hi"}, timeout=60)
+    finally:
+        f.close()
+    assert "error" in reply, reply
+    assert f"{state} cannot be a directory" in reply["error"]["message"]
+    assert b"Traceback" not in f.stderr, bytes(f.stderr[-2000:])

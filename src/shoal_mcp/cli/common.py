@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -89,10 +90,14 @@ class Ctx:
         return self._client
 
     def call(self, method: str, params: dict | None = None):
+        client = self.client()
+        asked = time.monotonic()
         try:
-            return self.client().call(method, params or {})
+            return client.call(method, params or {})
         except RpcError as exc:
             self.fail(exc)
+        finally:
+            say_if_throttled(client, asked)
 
     def fail(self, exc: RpcError) -> NoReturn:
         fail(exc, EXIT_SHOAL_ERROR if COMMAND_EXIT["on"] else None)
@@ -128,3 +133,15 @@ def fail(exc: RpcError, code: int | None = None) -> NoReturn:
 def unreachable(exc: Exception) -> NoReturn:
     click.echo(f"shoal: {exc}", err=True)
     sys.exit(EXIT_SHOAL_ERROR if COMMAND_EXIT["on"] else EXIT_UNREACHABLE)
+
+
+def say_if_throttled(client: KernelClient, since: float) -> None:
+    """Held for the principal's CPU budget is not stalled: say so on stderr when the
+    kernel sent a ``throttled`` notice for this connection after ``since``."""
+    if client.throttled_since(since):
+        click.echo(
+            f"shoal: throttled: the kernel held this call for this principal's CPU budget "
+            f"(max_cpu_ms_per_s), about {client.throttled_for_s:.1f} s of debt at the last "
+            "notice",
+            err=True,
+        )

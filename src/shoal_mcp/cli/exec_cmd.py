@@ -35,6 +35,7 @@ from .common import (
     Ctx,
     command_exit_codes,
     pass_ctx,
+    say_if_throttled,
     unreachable,
 )
 from .output import style
@@ -104,6 +105,7 @@ def exec_cmd(
     feeder = StdinFeeder(client) if interactive else None
     if feeder is not None:
         params["stdin"] = feeder.path
+    asked = time.monotonic()
     msg_id, fut = client.start_call("exec", params)
     if feeder is not None:
         feeder.start(msg_id, fut)
@@ -120,6 +122,7 @@ def exec_cmd(
     finally:
         if feeder is not None:
             feeder.close()
+        say_if_throttled(client, asked)
     if background:
         click.echo(f"{result['task']}  {result['uri']}")
         return
@@ -442,7 +445,8 @@ def _wait_with_spinner(client: Any, msg_id: int, fut: Any) -> dict:
                     out_bytes = record.get("out_bytes", 0)
                 except (RpcError, KernelLost):
                     pass
-            line = f"\r{next(frames)} {elapsed:5.1f} s  {out_bytes} bytes  (Ctrl-C cancels)"
+            held = "  throttled (CPU budget)" if client.throttled_since(start) else ""
+            line = f"\r{next(frames)} {elapsed:5.1f} s  {out_bytes} bytes{held}  (Ctrl-C cancels)"
             err.write(line.encode())
             err.flush()
             shown = True

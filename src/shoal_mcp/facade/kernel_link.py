@@ -134,8 +134,10 @@ class KernelLink:
                     return
                 try:
                     self._unattached = self._connect(None)
-                except KernelLost as exc:
-                    log.info("prewarm: %s", exc)  # the first call reports it, with a hint
+                except (KernelLost, OSError) as exc:
+                    # The first call reports it, with a hint (a state dir that is a
+                    # file: NotADirectory); a warm-up never prints a traceback.
+                    log.info("prewarm: %s", exc)
 
         threading.Thread(target=run, name="mcp-prewarm", daemon=True).start()
 

@@ -383,6 +383,10 @@ READY_SHELLS_MAX = 16
 per (principal, session); the least recently made goes."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
+SPOOL_FULL_WAIT_S = 10.0
+"""Honest storage (issue 31): a command's output write that meets a full disk is held
+(the command blocks on its pipe) this long for the disk to free up; then the bytes are
+dropped, counted, and the exec is stored ``ok: false, truncated``."""
 
 # --- budgets (docs/configuration.md, Budgets; docs/security.md, Budgets) ----------
 # Each per-principal budget is a policy key of the same name (``max_…``); the first value

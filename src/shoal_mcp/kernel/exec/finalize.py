@@ -31,6 +31,7 @@ from ..store.journal import Journal, JournalEntry, command_head
 from ..store.sessions import SessionTable, StateDelta
 from ..store.transcript import TranscriptStore
 from .runner import RunningCommand, spool_bin
+from .spool_relay import truncated_outcome
 from .state_report import Filtered, filter_report
 from .tasks import Task
 
@@ -141,7 +142,8 @@ class Finalizer:
         if run.output_capped:
             outcome["output_capped"] = True  # stopped at max_output_bytes
         session = self.sessions.get_or_create(task.session)
-        filtered = self._delta(task, outcome["ok"], report)
+        filtered = self._delta(task, outcome["ok"], report)  # the command's own success
+        outcome = truncated_outcome(outcome, run.output_lost)  # never stored as complete
         if filtered.refused:
             outcome["env_refused"] = filtered.refused
         taken = session.take_warnings()  # given back if nothing is stored
@@ -196,6 +198,7 @@ class Finalizer:
             "status": outcome["status"],
             "stored": {"out_len": out.info.size, "err_len": err.info.size},
             "output_capped": run.output_capped,
+            **({"truncated": outcome["truncated"]} if run.output_lost else {}),
             "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
 

@@ -72,6 +72,8 @@ class RunningCommand:
     returncode: int | None = None
     output_capped: bool = False
     """Stopped for passing ``max_output_bytes`` (the spools hold exactly the cap)."""
+    output_lost: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Bytes a full or failing disk refused, per stream (``spool_relay.SpoolRelay.loss``)."""
 
     @property
     def pid(self) -> int:
@@ -86,6 +88,7 @@ class RunningCommand:
         if self.finished_ns is None:
             self.finished_ns = time.monotonic_ns()
         self.output_capped = end.capped
+        self.output_lost = end.lost
         self.returncode = end.returncode
         return self.returncode
 

@@ -557,6 +557,8 @@ class ExecService:
         tail = err.read(max(0, err.size - STDERR_TAIL_BYTES)).decode("utf-8", "replace")
         status = task.result["status"]
         cancelled = " (cancelled)" if task.state == "cancelled" else ""
+        if task.result.get("truncated"):
+            cancelled += "; its output lost bytes to a full or failing disk (see truncated)"
         return RpcError(
             ErrorCode.RAISED,
             f"command failed with exit status {status}{cancelled}",
@@ -567,6 +569,7 @@ class ExecService:
                 "stderr_tail": tail,
                 "render": result["render"],
                 **({"output_capped": True} if task.result.get("output_capped") else {}),
+                **{k: task.result[k] for k in ("truncated",) if k in task.result},
                 **{k: result[k] for k in ("sandbox_denied", "ask") if k in result},
             },
         )

@@ -14,10 +14,11 @@ Protocol on the ``CTRL_FD`` stream socket (a socketpair with the kernel); a fram
    network, no capabilities, seccomp); each job's supervisor adds the Landlock rules
    (``sandbox.restrict_files``) with that job's spool paths.  Everything below
    inherits both.
-2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap", "write"}`` (``write``: the
-   spool paths, added to the sandbox's write rules for this job) with, as SCM_RIGHTS,
-   the job's own control socket, the stdout and stderr spools, then the extra
-   descriptors to put at the numbers in ``fds``.  Any number of jobs, one after
+2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap", "write", "full_wait"}``
+   (``write``: the spool paths, added to the sandbox's write rules for this job;
+   ``full_wait``: seconds a write to a full disk is held before its bytes count as
+   lost) with, as SCM_RIGHTS, the job's own control socket, the stdout and stderr
+   spools, then the extra descriptors to put at the numbers in ``fds``.  Any number of jobs, one after
    another; the zygote forks a supervisor for each (a fork costs far less than a new
    interpreter) and goes on waiting.  EOF: no more jobs; the zygote exits once the
    running ones (each on its own socket) have ended, reaping their supervisors.
@@ -26,8 +27,13 @@ On a job's socket, the forked supervisor — a child subreaper, so every orphan 
 tree is reparented to it, ``setsid`` or not — answers:
 
 3. ``b"pid N\\n"``: the command (bash) started, in its own session and process group.
-4. ``b"exit WSTATUS CAPPED\\n"`` once bash exited and every other process of the tree
-   is dead and reaped: after it, nothing writes the spools.  Then it exits.
+4. ``b"exit WSTATUS CAPPED[ LOSS…]\\n"`` once bash exited and every other process of the
+   tree is dead and reaped: after it, nothing writes the spools.  Then it exits.  A
+   ``LOSS`` word ``out|err:ERRNO:LOST:STORED`` names a stream that lost bytes.
+
+The command never holds a spool: its stdout and stderr are pipes this supervisor
+copies into the spools (``spool_relay.py``), the one witness of a write a full or
+failing disk refused, and no descriptor to a stored output outlives the job.
 
 EOF on the job's socket (the kernel cancelled, exited or was SIGKILLed: its end closes
 with it) kills the whole tree at once.  So does stdout + stderr passing ``cap`` bytes
@@ -37,7 +43,6 @@ is reported like ``sandbox_run.py``: the message on the job's stderr, status 125
 
 import _signal
 import _socket
-import fcntl
 import marshal
 import os
 import select
@@ -47,14 +52,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _SANDBOX_FAILED = 125
 _EXEC_FAILED = 126
 _NOT_FOUND = 127
-_CAP_POLL_MIN_S = 0.005
-_CAP_POLL_MAX_S = 0.2
-"""Output-cap checks: every 5 ms while the spools grow, backing off to 200 ms when idle."""
 _MAX_FDS = 8
-_F_SETPIPE_SZ = 1031
-_SPLICE_F_NONBLOCK = 2
-_PIPE_BYTES = 1 << 20
-"""Piped output (jobs in namespaces): pipe size asked for, and bytes per splice."""
 _STOP_SIGNALS = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 _SANDBOX_ENV: dict = {}
 
@@ -173,6 +171,7 @@ def _start(job: dict, out: int, err: int, extra: list) -> int:
             file_actions=actions,
             setsid=True,
             setsigmask=(),  # the stop signals blocked here are open again in the command
+            setsigdef=(_signal.SIGXFSZ,),  # ignored here only (see _job)
         )
     finally:
         os.chdir("/")
@@ -189,86 +188,111 @@ def _cut(out: int, err: int, cap: int) -> bool:
     return True
 
 
-class _Pipes:
-    """The job's stdout and stderr as pipes (see :func:`_piped`): the command gets the
-    write ends, this supervisor splices what arrives into the spools."""
+class _Output:
+    """The job's stdout and stderr as pipes: the command gets the write ends, a
+    ``SpoolRelay`` per stream moves what arrives into the spool and witnesses every
+    byte a full or failing disk refused (issue 31, honest storage)."""
 
-    def __init__(self) -> None:
-        self.out_r, self.out_w = os.pipe2(os.O_CLOEXEC)
-        self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC)
-        for fd in (self.out_r, self.err_r):
-            try:
-                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
-            except OSError:
-                pass  # over pipe-max-size: the default size works, with more wakeups
-        self.open = {self.out_r: -1, self.err_r: -1}  # read end -> spool, once started
-        self.copied = 0
+    def __init__(self, full_wait_s: float) -> None:
+        relay = _relay_module()
+        self.out_r, self.out_w = relay.output_pipe()
+        self.err_r, self.err_w = relay.output_pipe()
+        self.full_wait_s = full_wait_s
+        self.relays: list = []
 
     def start(self, out: int, err: int) -> None:
         """The command holds the write ends now; this process only reads."""
-        self.open = {self.out_r: out, self.err_r: err}
+        relay = _relay_module()
         os.close(self.out_w)
         os.close(self.err_w)
+        self.relays = [
+            relay.SpoolRelay(self.out_r, out, self.full_wait_s),
+            relay.SpoolRelay(self.err_r, err, self.full_wait_s),
+        ]
 
-    def copy(self, fd: int, *, block: bool = True) -> bool:
-        """Splice what is in pipe ``fd`` into its spool; False at EOF (or, not blocking,
-        when it is empty)."""
-        flags = 0 if block else _SPLICE_F_NONBLOCK
-        try:
-            n = os.splice(fd, self.open[fd], _PIPE_BYTES, flags=flags)
-        except BlockingIOError:
-            return False
-        self.copied += n
-        return n > 0
+    def abandon(self) -> None:
+        """Nothing started: close all four ends."""
+        for fd in (self.out_r, self.out_w, self.err_r, self.err_w):
+            os.close(fd)
 
-    def close_eof(self, fd: int) -> None:
-        os.close(fd)
-        del self.open[fd]
+    def watched(self) -> list:
+        return [r.pipe_r for r in self.relays if r.wants_read()]
 
-    def finish(self) -> None:
-        """After the tree is dead: what is left in the pipes, then close them.  Never
-        waits: a writer that escaped the tree cannot hold the job open."""
-        for fd in list(self.open):
-            while self.copy(fd, block=False):
-                pass
-            self.close_eof(fd)
+    def held(self) -> bool:
+        return any(r.pending for r in self.relays)
+
+    def move(self, ready: list) -> None:
+        for r in self.relays:
+            if r.pipe_r in ready:
+                r.on_readable()
+            elif r.pending:
+                r.retry()
+
+    def copied(self) -> int:
+        return sum(r.written for r in self.relays)
+
+    def finish(self) -> bytes:
+        """After the tree is dead: what is left in the pipes, then close them; the loss
+        words of the ``exit`` line (`` out:ENOSPC:LOST:STORED``), empty when none."""
+        words = b""
+        for name, r in zip((b"out", b"err"), self.relays, strict=True):
+            r.finish(self.full_wait_s)
+            os.close(r.pipe_r)
+            loss = r.loss()
+            if loss is not None:
+                words += b" %s:%s:%d:%d" % (
+                    name,
+                    str(loss["reason"]).encode(),
+                    loss["lost_bytes"],
+                    loss["stored_bytes"],
+                )
+        return words
+
+
+_RELAY: list = []
+
+
+def _relay_module():
+    """``spool_relay`` (standard library only), imported once per zygote."""
+    if not _RELAY:
+        here = os.path.abspath(__file__)
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here)))))
+        from shoal_mcp.kernel.exec import spool_relay
+
+        _RELAY.append(spool_relay)
+    return _RELAY[0]
 
 
 def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, extra: list) -> tuple:
-    """Run one job to the end of its whole tree: (wait status, capped, alive).
+    """Run one job to the end of its whole tree: (wait status, capped, loss words, alive).
 
     ``alive`` is False once the kernel closed the socket: this supervisor exits then.
     Bytes the kernel sends on the socket are signals for the command's process group
     (a job in a pid namespace: the kernel cannot name its pids itself).
     """
-    pipes = _Pipes() if _piped() else None
+    output = _Output(job.get("full_wait") or 0.0)
     try:
-        if pipes is not None:
-            pid = _start(job, pipes.out_w, pipes.err_w, extra)
-            pipes.start(out, err)
-        else:
-            pid = _start(job, out, err, extra)
+        pid = _start(job, output.out_w, output.err_w, extra)
     except OSError as e:
+        output.abandon()
         os.write(
             err, b"shoal: cannot start the command: " + str(e).encode(errors="replace") + b"\n"
         )
         code = _NOT_FOUND if isinstance(e, FileNotFoundError) else _EXEC_FAILED
-        return code << 8, False, True
+        return code << 8, False, b"", True
     finally:
         for fd in extra:
             os.close(fd)
+    output.start(out, err)
     tree = Tree(pid)
     sock.sendall(b"pid %d\n" % pid)
     cap = job.get("cap") or 0
-    poll = bool(cap) and pipes is None  # piped output is counted as it is copied
-    step = _CAP_POLL_MIN_S
-    last = -1
     capped = False
     alive = True
     ctrl = sock.fileno()
     while True:
-        watched = [ctrl, wake_r, *(pipes.open if pipes is not None else ())]
-        ready, _, _ = select.select(watched, [], [], step if poll else None)
+        timeout = _relay_module().RETRY_S if output.held() else None  # a full disk: retry
+        ready, _, _ = select.select([ctrl, wake_r, *output.watched()], [], [], timeout)
         if wake_r in ready:
             _drain(wake_r)
             tree.reap()
@@ -284,26 +308,15 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
                     os.killpg(pid, sig)
                 except OSError:
                     pass
-        if pipes is not None:
-            for fd in ready:
-                if fd in pipes.open and not pipes.copy(fd):
-                    pipes.close_eof(fd)
-            if cap and pipes.copied > cap:
-                capped = True
-                break
-        if poll:
-            size = os.fstat(out).st_size + os.fstat(err).st_size
-            if size > cap:
-                capped = True
-                break
-            step = _CAP_POLL_MIN_S if size != last else min(step * 2, _CAP_POLL_MAX_S)
-            last = size
+        output.move(ready)
+        if cap and output.copied() > cap:
+            capped = True
+            break
     tree.kill_all()
-    if pipes is not None:
-        pipes.finish()
+    lost = output.finish()
     if cap:
         capped = _cut(out, err, cap) or capped
-    return (tree.status if tree.status is not None else 9), capped, alive
+    return (tree.status if tree.status is not None else 9), capped, lost, alive
 
 
 _SANDBOX: dict = {}  # the zygote's spec and Landlock ABI, once confined
@@ -352,13 +365,6 @@ def _restrict_files(job: dict) -> None:
     sandbox.restrict_files(sandbox.SandboxSpec.from_dict(data), _SANDBOX["abi"])
 
 
-def _piped() -> bool:
-    """A job of a zygote in namespaces writes its output through pipes this supervisor
-    copies into the spools: no sandboxed process ever holds a spool's descriptor (one
-    passed to a process that outlives the job could rewrite a stored output later)."""
-    return bool(_SANDBOX) and _SANDBOX["spec"].view is not None
-
-
 def _wakeup_pipe() -> int:
     """SIGCHLD wakes ``select`` through a pipe; returns its read end."""
     wake_r, wake_w = os.pipe()
@@ -384,6 +390,9 @@ def _job(job: dict, fds: list, failure: "str | None") -> None:
     sock = _socket.socket(fileno=fds[0])
     out, err, extra = fds[1], fds[2], fds[3:]
     try:
+        # A spool past RLIMIT_FSIZE must fail the relay's write (EFBIG, counted as lost),
+        # not kill this supervisor before it reports.
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
         wake_r = _wakeup_pipe()
         _subreaper()
         if failure is None and _SANDBOX:
@@ -396,9 +405,9 @@ def _job(job: dict, fds: list, failure: "str | None") -> None:
         sock.sendall(b"exit %d 0\n" % (_SANDBOX_FAILED << 8))
         return
     job["env"].update(_SANDBOX_ENV)
-    status, capped, _alive = _run(sock, wake_r, job, out, err, extra)
+    status, capped, lost, _alive = _run(sock, wake_r, job, out, err, extra)
     _close_spools(out, err)
-    sock.sendall(b"exit %d %d\n" % (status, int(capped)))
+    sock.sendall(b"exit %d %d%s\n" % (status, int(capped), lost))
 
 
 def _close_spools(out: int, err: int) -> None:
@@ -422,6 +431,7 @@ def main(args: list) -> int:
     except EOFError:
         return 0
     failure = _confine(spec_bytes) if spec_bytes else None  # type: ignore[arg-type]
+    _relay_module()  # before any job: a confined job's supervisor imports nothing
     _subreaper()  # also loads ctypes once, so each forked supervisor has it
 
     ctrl = zsock.fileno()

@@ -19,10 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...protocol.limits import SUPERVISOR_START_TIMEOUT_S
+from ...protocol.limits import SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
 from ..access.sandbox import SandboxSpec
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
@@ -34,11 +34,13 @@ class SupervisorError(OSError):
 
 @dataclass(frozen=True)
 class Exit:
-    """How a supervised command ended: its raw wait status, and whether it was stopped
-    for passing the output cap."""
+    """How a supervised command ended: its raw wait status, whether it was stopped for
+    passing the output cap, and what its streams lost to a full or failing disk
+    (``{"out"|"err": {"reason", "lost_bytes", "stored_bytes"}}``, empty for none)."""
 
     wstatus: int
     capped: bool = False
+    lost: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def returncode(self) -> int:
@@ -134,6 +136,7 @@ class Supervisor:
                 "fds": targets,
                 "cap": cap,
                 "write": write or [],
+                "full_wait": SPOOL_FULL_WAIT_S,
             }
         )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,6 +188,15 @@ class Supervisor:
         self.sock.close()
 
 
+def _losses(words: list[bytes]) -> dict[str, dict[str, object]]:
+    """The ``exit`` line's loss words (``out:ENOSPC:LOST:STORED``) as a dict."""
+    lost: dict[str, dict[str, object]] = {}
+    for word in words:
+        stream, reason, n_lost, n_stored = word.decode("ascii", "replace").split(":")
+        lost[stream] = {"reason": reason, "lost_bytes": int(n_lost), "stored_bytes": int(n_stored)}
+    return lost
+
+
 def _identities(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
     out: list[tuple[int, int] | None] = []
     for path in paths:
@@ -231,9 +243,9 @@ class Job:
         return line
 
     def finish(self, line: bytes, *, reported: bool = True) -> None:
-        _, status, capped = line.split()
+        _, status, capped, *losses = line.split()
         with self.lock:
-            self.exit = Exit(int(status), capped == b"1")
+            self.exit = Exit(int(status), capped == b"1", _losses(losses))
             self.reported = reported
         self.close()
 

@@ -65,6 +65,7 @@ OUTCOME_PLAIN_FIELDS = (
     "signal",
     "ok",
     "output_capped",
+    "truncated",
     "dur_ns",
     "pid",
     "cwd",

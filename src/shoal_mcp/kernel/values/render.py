@@ -99,7 +99,8 @@ class Renderer:
             status = node.get("status")
             sig = node.get("signal")
             tail = f"[exit {status}" + (f", signal {sig}" if sig else "")
-            tail += ", output capped (max_output_bytes)]" if node.get("output_capped") else "]"
+            tail += ", output capped (max_output_bytes)" if node.get("output_capped") else ""
+            tail += _truncated_words(node.get("truncated")) + "]"
             err_tail = self._tail_text(err, STDERR_TAIL_BYTES)
             if err_tail:
                 tail += "\n" + err_tail
@@ -256,3 +257,18 @@ def raw_page(node: Any, offset: int, length: int, page_uri: str) -> dict:
             page_uri, format="raw", offset=offset + len(data), length=length
         )
     return out
+
+
+def _truncated_words(truncated: Any) -> str:
+    """``, stdout truncated: 4096 bytes lost (ENOSPC)`` for an outcome whose spools lost
+    bytes to a full or failing disk (empty for none)."""
+    if not isinstance(truncated, dict):
+        return ""
+    words = ""
+    for stream, loss in sorted(truncated.items()):
+        if isinstance(loss, dict):
+            name = {"out": "stdout", "err": "stderr"}.get(stream, str(stream))
+            words += (
+                f", {name} truncated: {loss.get('lost_bytes')} bytes lost ({loss.get('reason')})"
+            )
+    return words
