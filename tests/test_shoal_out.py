@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from shoal_mcp.kernel.access.namespaces import mounted_at
 from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE, SharedOutputs
 from tests.support.kernel import close_client
 
@@ -32,8 +35,11 @@ def test_earlier_outputs_are_files(kernel):
         # read-only files and directories (root's DAC override aside: docs/protocol.md)
         modes = text(c, f'stat -c %a "$SHOAL_OUT/{n}/out" "$SHOAL_OUT/{n}" "$SHOAL_OUT"')
         assert modes == f"{FILE_MODE:o}\n{DIR_MODE:o}\n{DIR_MODE:o}\n"
-        run(c, f'echo x >> "$SHOAL_OUT/{n}/out"; touch "$SHOAL_OUT/new"')
-        if os.geteuid() != 0:  # root's writes ignore modes: it writes to its copy
+        wrote = text(c, f'(echo x >> "$SHOAL_OUT/{n}/out") 2>&1; touch "$SHOAL_OUT/new" 2>&1; true')
+        # root's writes ignore modes: refused by the read-only mount, or (where the kernel
+        # may not mount) written to its copy
+        if os.geteuid() != 0 or mounted_at(str(kernel.state / "outputs-ro")):
+            assert "Permission denied" in wrote or "Read-only file system" in wrote, wrote
             assert text(c, f'tail -n 1 "$SHOAL_OUT/{n}/out"') == "100000\n"
             assert text(c, 'ls "$SHOAL_OUT" | grep -c new || true') == "0\n"
         # whoever runs the kernel, the stored output itself is intact
@@ -42,6 +48,29 @@ def test_earlier_outputs_are_files(kernel):
         # the latest output is there for the next exec (and the env var is per exec)
         mid = run(c, "echo later")["ref"].split(":")[1]
         assert text(c, f'cat "$SHOAL_OUT/{mid}/out"') == "later\n"
+    finally:
+        close_client(c)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root kernel's $SHOAL_OUT")
+def test_a_root_kernel_links_outputs_instead_of_copying_them(kernel):
+    """Issue 31: a root kernel kept a full copy of every output (disk doubled). Now its
+    entries are hard links to the CAS blobs, shown through a read-only mount."""
+    if not mounted_at(str(kernel.state / "outputs-ro")):
+        pytest.skip("this kernel may not mount (no CAP_SYS_ADMIN): it keeps copies")
+    c = kernel.client("shoal-out-links")
+    try:
+        n = run(c, "seq 1 200000")["ref"].split(":")[1]
+        shown = text(c, f'stat -c "%i %h" "$SHOAL_OUT/{n}/out"; echo "$SHOAL_OUT"').split("\n")
+        inode, links = (int(x) for x in shown[0].split())
+        assert shown[1].startswith(str(kernel.state / "outputs-ro")), shown
+        blobs = [p for p in (kernel.state / "cas").rglob("*") if p.is_file()]
+        assert inode in {p.stat().st_ino for p in blobs}, "the entry is not the stored blob"
+        assert links >= 2
+        copies = kernel.state / "outputs" / ".copies"
+        assert not copies.exists() or not any(p.is_file() for p in copies.rglob("*"))
+        refused = text(c, f'(echo x >> "$SHOAL_OUT/{n}/out") 2>&1; true')
+        assert "Read-only file system" in refused, refused
     finally:
         close_client(c)
 

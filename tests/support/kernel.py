@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from shoal_mcp.client import KernelClient
+from shoal_mcp.kernel.access.namespaces import mounted_at
 
 from .procfs import vm_hwm_kib
 from .tmp import short_tmp
@@ -122,14 +123,18 @@ class KernelProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         """Signal the kernel and reap it (SIGKILL if it lingers); its exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+            if self.proc is None or self.proc.poll() is not None:
+                return None if self.proc is None else self.proc.returncode
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait()
+        finally:
+            if self.proc is not None and self.proc.poll() is not None:
+                unmount_outputs_view(self.state)
 
     def log(self) -> str:
         path = self.state / "kernel.log"
@@ -160,3 +165,11 @@ def close_client(client: KernelClient) -> None:
     reader = getattr(client, "_reader", None)
     if reader is not None:
         reader.join(5)
+
+
+def unmount_outputs_view(state: Path) -> None:
+    """A root kernel's read-only ``$SHOAL_OUT`` mount outlives a SIGKILLed kernel (the
+    next kernel on that state dir replaces it); a test that is done takes it down."""
+    view = state / "outputs-ro"
+    if os.geteuid() == 0 and mounted_at(str(view)):
+        subprocess.run(["umount", "-l", str(view)], check=False)

@@ -126,6 +126,7 @@ class Kernel:
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
         self.values.outputs.room = self._state_has_room  # large $SHOAL_OUT copies
+        self.values.outputs.protect()  # a root kernel: read-only mount, links not copies
         self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(
             sessions=self.sessions,
@@ -269,6 +270,7 @@ class Kernel:
         self.refs.close()  # after the last finalize: reservations shrink to what was used
         self.db.close()
         self.confinement.close()
+        self.values.outputs.close()
 
     # -- access checks that span services --------------------------------------------------
 

@@ -141,6 +141,35 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
         raise _fail(f"mount {src or fstype} on {target}")
 
 
+def bind_read_only(src: str, target: str) -> None:
+    """Mount ``src`` at ``target`` read-only in this (the caller's) mount namespace: a
+    write through ``target`` fails with EROFS, root's included. OSError where mounting
+    is not allowed (no CAP_SYS_ADMIN, a container)."""
+    _mount(src, target, None, _MS_BIND)
+    try:
+        _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+    except OSError:
+        unmount(target)
+        raise
+
+
+def mounted_at(path: str) -> bool:
+    """Something is mounted at ``path`` in this mount namespace (``/proc/self/mountinfo``:
+    a bind mount within one file system has the same device, so ``os.path.ismount``
+    cannot tell)."""
+    escaped = path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+    escaped = escaped.replace("\n", "\\012")
+    with open("/proc/self/mountinfo", "rb") as fh:
+        return any(line.split(b" ")[4] == _b(escaped) for line in fh)
+
+
+def unmount(target: str) -> None:
+    """Detach the mount at ``target`` (lazily: open files keep it until closed)."""
+    if _libc.umount2(_b(target), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
 def _setattr(path: str, attr_set: int, attr_clr: int = 0, *, recursive: bool) -> None:
     attr = _MountAttr(attr_set, attr_clr, 0, 0)
     flags = _AT_RECURSIVE if recursive else 0

@@ -1,9 +1,10 @@
 """``$SHOAL_OUT``: a caller's earlier outputs as read-only files (docs/protocol.md, Exec).
 
 ``<state>/outputs/<principal key>/<session key>/<n>/out`` and ``/err`` are hard links to
-the CAS blobs of ``out:N`` (when the kernel runs as root, whose writes ignore file modes:
-reflinks, copy-on-write clones that share the blob's disk blocks, where the file system
-has them, else copies), made for the values it owns in that session: in the background
+the CAS blobs of ``out:N``. A root kernel, whose writes ignore file modes, shows them
+through a read-only bind mount, ``<state>/outputs-ro`` (issue 31: the copies it made
+before doubled the disk); where it may not mount: reflinks, copy-on-write clones that
+share the blob's disk blocks, where the file system has them, else copies. Made for the values it owns in that session: in the background
 right after a foreground exec of that principal ended (``schedule``), and when its next
 exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
 copy: the exec starts with the entries made so far and the background makes the rest
@@ -17,6 +18,7 @@ sandbox rules call).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -31,6 +33,7 @@ import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
 from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
+from ..access.namespaces import bind_read_only, mounted_at, unmount
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
@@ -87,6 +90,39 @@ class SharedOutputs:
         self._worker: threading.Thread | None = None
         self._clones = False  # a reflink worked here: a root kernel's "copies" are free
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
+        self.view: Path | None = None  # a root kernel's read-only mount of ``root``
+
+    def protect(self) -> None:
+        """A root kernel: show ``$SHOAL_OUT`` through a read-only bind mount of ``root``
+        (``<state>/outputs-ro``), where root's own writes fail (EROFS), so entries can be
+        hard links to the CAS blobs instead of copies. Where mounting is not allowed
+        (a container without CAP_SYS_ADMIN) the copies stay (``_link``)."""
+        if os.geteuid() != 0:
+            return
+        view = self.root.with_name(self.root.name + "-ro")
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        view.mkdir(mode=0o500, exist_ok=True)
+        if mounted_at(str(view)):  # left by a kernel that did not stop cleanly
+            with contextlib.suppress(OSError):
+                unmount(str(view))
+        try:
+            bind_read_only(str(self.root), str(view))
+        except OSError as exc:
+            log.info("$SHOAL_OUT stays copies: cannot mount it read-only (%s)", exc)
+            return
+        self.view = view
+
+    def close(self) -> None:
+        """Kernel exit: take the read-only mount down."""
+        view, self.view = self.view, None
+        if view is not None:
+            with contextlib.suppress(OSError):
+                unmount(str(view))
+
+    def _copies(self) -> bool:
+        """A root kernel without the read-only mount: root ignores file modes, so an
+        entry must be a copy (a hard link would let ``>>`` rewrite the CAS blob)."""
+        return os.geteuid() == 0 and self.view is None
 
     def _lock_of(self, principal: str, session: str) -> threading.Lock:
         with self._locks_guard:
@@ -94,10 +130,15 @@ class SharedOutputs:
 
     def principal_dir(self, principal: str) -> Path:
         """Everything ``$SHOAL_OUT`` can show ``principal`` (read rules of its sandbox)."""
-        return self.root / _key(principal)
+        return (self.view or self.root) / _key(principal)
 
     def session_dir(self, principal: str, session: str) -> Path:
+        """``$SHOAL_OUT`` of ``principal`` in ``session`` (through the read-only mount)."""
         return self.principal_dir(principal) / _key(session)
+
+    def _own_dir(self, principal: str, session: str) -> Path:
+        """The same directory where this kernel writes it."""
+        return self.root / _key(principal) / _key(session)
 
     def schedule(self, principal: str, session: str) -> None:
         """Sync ``session`` soon, on a background thread: off the exec's critical path
@@ -136,26 +177,27 @@ class SharedOutputs:
         background, and does not wait for a background sync holding the session.
         A full disk is the usual "state dir full" error (the exec could not spool either).
         """
-        target = self.session_dir(principal, session)
+        target = self._own_dir(principal, session)
+        shown = self.session_dir(principal, session)
         lock = self._lock_of(principal, session)
-        if not eager and os.geteuid() == 0 and target.exists():
+        if not eager and self._copies() and target.exists():
             # The background may be copying a large output under this lock: the exec
             # starts now with what is there (lazy), never behind the copy.
             if not lock.acquire(timeout=OUTPUTS_START_WAIT_S):
-                return target
+                return shown
             lock.release()
         with lock:
             last = self._synced.get((principal, session))
             if last is None:
                 last = self._existing(target)
             elif self._up_to_date(session, last) and target.exists():
-                return target
+                return shown
             rows = self.db.query(
                 "SELECT n, value FROM transcript WHERE session = ? AND principal = ? AND n > ?"
                 " ORDER BY n",
                 (session, principal, last),
             )
-            if rows and os.geteuid() == 0 and not self._clones:
+            if rows and self._copies() and not self._clones:
                 # A root kernel that copies: large outputs are left to the background, which
                 # copies them only while the state dir has room (no copy for an exec
                 # refused for disk use, or one that would make the state dir go over).
@@ -176,7 +218,7 @@ class SharedOutputs:
             if rows:
                 last = int(rows[-1]["n"])
             self._synced[(principal, session)] = last
-        return target
+        return shown
 
     def _up_to_date(self, session: str, last: int) -> bool:
         newest = self._last_allocated(session) if self._last_allocated is not None else None
@@ -187,7 +229,7 @@ class SharedOutputs:
 
         Under the session's sync lock, so a sync never finds its directory made read-only again
         halfway. A hard link would keep a pruned blob's bytes alive (and readable)."""
-        target = self.session_dir(principal, session)
+        target = self._own_dir(principal, session)
         removed = 0
         with self._lock_of(principal, session):
             if not target.is_dir():
@@ -285,7 +327,7 @@ class SharedOutputs:
     def _link(self, blob: Path, name: Path, copy: Path) -> None:
         if name.exists() or not blob.exists():
             return
-        if os.geteuid() != 0:
+        if not self._copies():
             # A hard link shares the blob's mode: CAS blobs never change, read-only.
             os.chmod(blob, FILE_MODE)
             try:
