@@ -75,6 +75,7 @@ def shoal(remote, *args: str, env: dict[str, str] | None = None, timeout: float 
 
 
 def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
+    go = remote.dir / "go"
     pipe = facade(remote, tmp_path)
     try:
         init = pipe.initialize()
@@ -93,9 +94,28 @@ def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
         assert got["structuredContent"]["total"] == 1
 
         started = structured(
-            pipe.call_tool("shoal_exec", {"command": "sleep 0.3; echo bg-done", "background": True})
+            pipe.call_tool(
+                "shoal_exec",
+                {
+                    "command": f"until [ -e {go} ]; do sleep 0.05; done; echo bg-done",
+                    "background": True,
+                },
+            )
         )
         task = started["task"]
+        # Kernel events come over a second ssh link: the task's end is notified.
+        task_uri = f"shoal://task/{task.split(':')[1]}"
+        assert pipe.request("resources/subscribe", {"uri": task_uri})["result"] == {}
+
+        def updated() -> bool:
+            return any(
+                n.get("method") == "notifications/resources/updated"
+                and n["params"]["uri"] == task_uri
+                for n in list(pipe.notifications)
+            )
+
+        go.touch()  # the task ends only now, after the subscription
+        wait_until(updated, timeout=30, what="the remote task's update notification")
         waited = pipe.call_tool("shoal_get", {"ref": task, "wait_ms": 30000})
         assert "bg-done" in waited["result"]["content"][0]["text"]
 
@@ -197,6 +217,12 @@ def test_cli_exec_over_ssh(remote):
     assert done.stdout == "hi\n"
     again = shoal(remote, "exec", "echo $((2+3))")  # SHOAL_HOST
     assert again.stdout == "5\n", again.stderr
+    # A hint the CLI prints works when pasted: it names the host given by --host.
+    preview = shoal(remote, "--host", host, "exec", "--preview", "seq 1 100000", env=env)
+    hint = re.search(r"shoal --host (\S+) get (out:\d+) --lines (\S+)", preview.stdout)
+    assert hint and hint[1] == host, preview.stdout
+    pasted = shoal(remote, "--host", host, "get", hint[2], "--lines", hint[3], env=env)
+    assert pasted.stdout.splitlines()[0] == "11" and pasted.stdout.endswith("99990\n")
     assert not (remote.dir / "local-state").exists()
 
 

@@ -80,7 +80,8 @@ def running_sshd() -> Iterator[SshServer]:
         client_pub = _keygen(tmp / "client_key")
         (tmp / "authorized_keys").write_text(client_pub + "\n")
         os.chmod(tmp / "authorized_keys", 0o600)
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+        with contextlib.suppress(PermissionError):  # not root: sshd runs unprivileged
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         port = _free_port()
         (tmp / "sshd_config").write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\n"

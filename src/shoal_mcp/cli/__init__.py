@@ -7,6 +7,7 @@ so CLI and kernel agree; listings take ``--json`` for scripts.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from .. import __version__
 from ..client import KernelLost
@@ -20,6 +21,7 @@ from .grep_cmd import grep_cmd
 from .journal_cmd import events_group, journal_cmd
 from .kernel_cmds import kernel_group, policy_group
 from .pty_cmd import pty_group
+from .streams import HINT_HOST
 from .work import (
     approve_cmd,
     deny_cmd,
@@ -67,6 +69,8 @@ def main(
             f"does not take --host/SHOAL_HOST; run it there: ssh HOST shoal "
             f"{ctx.invoked_subcommand} …"
         )
+    if host and ctx.get_parameter_source("host") is ParameterSource.COMMANDLINE:
+        HINT_HOST["host"] = host
     ctx.obj = Ctx(socket, state_dir, session, host or None)
 
 
