@@ -76,7 +76,10 @@ def shoal(remote, *args: str, env: dict[str, str] | None = None, timeout: float 
 
 def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
     go = remote.dir / "go"
-    pipe = facade(remote, tmp_path)
+    env = remote.client_env()
+    host = env.pop("SHOAL_HOST")
+    shoal_mcp = [str(shoal_script().with_name("shoal-mcp")), "--host", host]
+    pipe = McpPipe(env, cwd=str(tmp_path), stderr_path=tmp_path / "facade.err", command=shoal_mcp)
     try:
         init = pipe.initialize()
         assert init["serverInfo"]["host"] == remote.server.host_spec
