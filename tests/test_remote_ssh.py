@@ -19,6 +19,7 @@ from shoal_mcp import __version__
 from tests.support.facade import McpPipe
 from tests.support.kernel import child_env, running_kernel
 from tests.support.polling import wait_until
+from tests.support.procfs import argv_of, children, proc_state
 from tests.support.results import shown, structured
 from tests.support.sshd import SSHD, SSHD_MISSING, remote_side, running_sshd, shoal_script
 
@@ -45,20 +46,12 @@ def facade(remote, tmp: Path, **env: str) -> McpPipe:
 
 
 def ssh_children(pid: int) -> list[int]:
-    """The ssh processes ``pid`` started (its kernel links)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == pid and comm == "ssh":
-            found.append(int(entry))
-    return found
+    """The ssh processes ``pid`` started (its kernel links), zombies excluded."""
+    return [
+        child
+        for child in children(pid)
+        if proc_state(child) not in (None, "Z") and argv_of(child)[:1] == [b"ssh"]
+    ]
 
 
 def shoal(remote, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
