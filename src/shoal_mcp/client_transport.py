@@ -24,6 +24,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ HOST_ENV = "SHOAL_HOST"
 SSH_ENV = "SHOAL_SSH"
 """The ssh command to run, as shell words (default ``ssh``; e.g. ``ssh -F ~/.ssh/work``)."""
 REMOTE_COMMAND_ENV = "SHOAL_REMOTE_COMMAND"
-"""The shoal command on the remote host, as shell words (default ``shoal``; e.g.
+"""The shoal command on the remote host, as text for its shell (default ``shoal``; e.g.
 ``~/venv/bin/shoal`` or ``env SHOAL_STATE_DIR=/data/shoal shoal``)."""
 BRIDGE_ARGS = ("kernel", "bridge")
 COMMAND_NOT_FOUND = 127
@@ -44,7 +45,9 @@ SSH_FAILED = 255
 """ssh's own status when it could not connect or log in."""
 
 _HOST_RE = re.compile(
-    r"^(?:(?P<user>[^@\s:/]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:/\[\]]+)(?::(?P<port>\d+))?$"
+    r"^(?:(?P<user>[^@\s:/\-][^@\s:/]*)@)?"  # nothing may start with "-" (an ssh option)
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:/\[\]\-][^@\s:/\[\]]*)"
+    r"(?::(?P<port>\d+))?$"
 )
 
 
@@ -68,14 +71,15 @@ class RemoteHost:
     def ssh_argv(self, remote_args: tuple[str, ...]) -> list[str]:
         """The ssh command line running ``<remote shoal> *remote_args`` on the host."""
         ssh = shlex.split(os.environ.get(SSH_ENV, "") or "ssh")
-        remote = shlex.split(os.environ.get(REMOTE_COMMAND_ENV, "") or "shoal")
+        # The user's remote command is remote shell text (``~/venv/bin/shoal`` expands
+        # there); only our own arguments are quoted.
+        remote = os.environ.get(REMOTE_COMMAND_ENV, "").strip() or "shoal"
         options = ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
         if self.port:
             options += ["-p", str(self.port)]
         target = f"{self.user}@{self.host}" if self.user else self.host
         target = target.replace("[", "").replace("]", "")
-        # ssh joins the words after the host with spaces for the remote shell: quote them.
-        command = " ".join(shlex.quote(word) for word in (*remote, *remote_args))
+        command = " ".join([remote, *(shlex.quote(arg) for arg in remote_args)])
         return [*ssh, *options, "--", target, command]
 
 
@@ -209,6 +213,7 @@ class RemoteKernelClient(KernelClient):
 
     def __init__(self, host: RemoteHost, on_event: Callable[[dict], None] | None = None) -> None:
         self.host = host
+        self._closing = False
         self.ssh = SshProcess(host, BRIDGE_ARGS)
         # ``path`` only names the kernel in messages: the host, and that ssh carries it.
         try:
@@ -221,8 +226,16 @@ class RemoteKernelClient(KernelClient):
             self.ssh.close()
             raise
 
+    def start_call(self, method: str, params: dict | None = None) -> tuple[int, Future]:
+        try:
+            return super().start_call(method, params)
+        except KernelLost as exc:  # not sent: ssh is gone; say why, not "broken pipe"
+            if self._closing:
+                raise
+            raise KernelLost(self.ssh.exit_reason()) from exc
+
     def _lost(self, reason: str) -> None:
-        if not self.closed.is_set():  # not a close of ours: say why the link ended
+        if not self._closing:  # not a close of ours: say why the link ended
             reason = self.ssh.exit_reason()
         super()._lost(reason)
 
@@ -235,6 +248,7 @@ class RemoteKernelClient(KernelClient):
         )
 
     def close(self) -> None:
+        self._closing = True
         super().close()
         self.ssh.close()
 
