@@ -34,7 +34,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from . import __version__
 from .protocol import discovery
 from .protocol.errors import ErrorCode, RpcError
 from .protocol.framing import FrameReader, FrameWriter, Oversize, encode_frame
@@ -117,6 +116,35 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
+def open_trusted_socket(
+    path: Path, timeout: float = CONNECT_TIMEOUT_S
+) -> tuple[socket.socket, int]:
+    """(socket, peer pid) connected to ``path`` after the trust checks (dir and peer ours)."""
+    check_socket_dir(path.parent)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.settimeout(None)
+        peer_pid, peer_uid, _ = peer_credentials(sock)
+    except TimeoutError:
+        sock.close()
+        raise KernelStalled(
+            f"the shoal kernel at {path} did not accept a connection within "
+            f"{timeout:g} s (stalled? see `shoal kernel status`)"
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise KernelLost(f"cannot connect to the shoal kernel at {path}: {exc}") from exc
+    if peer_uid not in (os.geteuid(), 0):
+        sock.close()
+        raise KernelUntrusted(
+            f"refusing {path}: it is served by uid {peer_uid} (pid {peer_pid}), "
+            f"not by you (uid {os.geteuid()}); nothing was sent"
+        )
+    return sock, peer_pid
+
+
 class KernelClient:
     def __init__(
         self,
@@ -126,7 +154,9 @@ class KernelClient:
         connect_timeout: float = CONNECT_TIMEOUT_S,
         liveness_interval: float | None = None,
         liveness_timeout: float | None = None,
+        connected: tuple[socket.socket, int] | None = None,
     ) -> None:
+        # connected: (socket, peer pid) of a link made elsewhere (client_transport's ssh)
         self.path = Path(path)
         self.on_event = on_event
         default_interval, default_timeout = liveness_bounds()
@@ -140,28 +170,9 @@ class KernelClient:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self.closed = threading.Event()
-        check_socket_dir(self.path.parent)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.sock.settimeout(connect_timeout)
-            self.sock.connect(str(self.path))
-            self.sock.settimeout(None)
-            self.peer_pid, peer_uid, _ = peer_credentials(self.sock)
-        except TimeoutError:
-            self.sock.close()
-            raise KernelStalled(
-                f"the shoal kernel at {self.path} did not accept a connection within "
-                f"{connect_timeout:g} s (stalled? see `shoal kernel status`)"
-            ) from None
-        except OSError as exc:
-            self.sock.close()
-            raise KernelLost(f"cannot connect to the shoal kernel at {self.path}: {exc}") from exc
-        if peer_uid not in (os.geteuid(), 0):
-            self.sock.close()
-            raise KernelUntrusted(
-                f"refusing {self.path}: it is served by uid {peer_uid} (pid {self.peer_pid}), "
-                f"not by you (uid {os.geteuid()}); nothing was sent"
-            )
+        if connected is None:
+            connected = open_trusted_socket(self.path, connect_timeout)
+        self.sock, self.peer_pid = connected
         self.writer = FrameWriter(self.sock.fileno())
         self._reader = threading.Thread(target=self._read_loop, name="kernel-demux", daemon=True)
         self._reader.start()
@@ -386,30 +397,6 @@ def budget(method: str, params: dict, timeout: float | None = None) -> float | N
     if method == "session.attach":
         return ATTACH_TIMEOUT_S
     return None if method in WAITING_METHODS else CALL_TIMEOUT_S
-
-
-_version_reported = False
-
-
-def version_mismatch(kernel_info: dict | None) -> str | None:
-    """A message when the kernel runs another shoal version than this client, or its
-    package was replaced on disk since it started, reported once per process (later
-    calls return None)."""
-    global _version_reported
-    version = (kernel_info or {}).get("version")
-    replaced = bool((kernel_info or {}).get("package_changed"))
-    if _version_reported or version is None or (version == __version__ and not replaced):
-        return None
-    _version_reported = True
-    if version == __version__:
-        return (
-            "shoal: the running kernel's package changed on disk since it started (a "
-            "reinstall?); run `shoal kernel restart` to use the installed files"
-        )
-    return (
-        f"shoal: the running kernel is version {version}, this client is {__version__}; "
-        "run `shoal kernel restart` to use the installed version"
-    )
 
 
 def spawn_kernel(sock: Path, state: Path, flags: list[str] | None = None) -> subprocess.Popen:

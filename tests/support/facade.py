@@ -238,7 +238,11 @@ class McpPipe(FacadeProcess):
     """One ``shoal-mcp`` child over raw pipes; responses are filed by id as they arrive."""
 
     def __init__(
-        self, env: dict[str, str], cwd: str | None = None, stderr_path: Path | None = None
+        self,
+        env: dict[str, str],
+        cwd: str | None = None,
+        stderr_path: Path | None = None,
+        command: list[str] | None = None,
     ) -> None:
         self._stderr = open(stderr_path, "wb") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
         self._ids = itertools.count(1)
@@ -250,7 +254,7 @@ class McpPipe(FacadeProcess):
         self.bad_lines: list[bytes] = []  # stdout lines that were not JSON objects
         self.inbox: queue.Queue[dict] = queue.Queue()  # every response, in arrival order
         self.eof = False
-        super().__init__(env, cwd, stderr=self._stderr)
+        super().__init__(env, cwd, stderr=self._stderr, command=command)
 
     # -- wire ---------------------------------------------------------------------------
 

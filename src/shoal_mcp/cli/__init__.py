@@ -7,6 +7,7 @@ so CLI and kernel agree; listings take ``--json`` for scripts.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from .. import __version__
 from ..client import KernelLost
@@ -20,6 +21,7 @@ from .grep_cmd import grep_cmd
 from .journal_cmd import events_group, journal_cmd
 from .kernel_cmds import kernel_group, policy_group
 from .pty_cmd import pty_group
+from .streams import HINT_HOST
 from .work import (
     approve_cmd,
     deny_cmd,
@@ -28,6 +30,10 @@ from .work import (
     plans_cmd,
     tasks_group,
 )
+
+LOCAL_ONLY = frozenset({"kernel", "token", "policy", "gc"})
+"""Commands that read this machine's state dir or signal its kernel by pid: never remote
+(``doctor`` and ``mcp-config`` have a --host form of their own)."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,13 +47,31 @@ from .work import (
     default=None,
     help="session name (SHOAL_SESSION); default: the session of the current directory",
 )
+@click.option(
+    "--host",
+    envvar="SHOAL_HOST",
+    default=None,
+    help="use the kernel on [user@]host[:port] through your ssh (SHOAL_HOST)",
+)
 @click.version_option(__version__, message=f"shoal %(version)s (framing: {BACKEND})")
 @click.pass_context
 def main(
-    ctx: click.Context, socket: str | None, state_dir: str | None, session: str | None
+    ctx: click.Context,
+    socket: str | None,
+    state_dir: str | None,
+    session: str | None,
+    host: str | None,
 ) -> None:
     """shoal: a shell for AI agents that cannot flood their context."""
-    ctx.obj = Ctx(socket, state_dir, session)
+    if host and ctx.invoked_subcommand in LOCAL_ONLY:
+        raise click.UsageError(
+            f"`shoal {ctx.invoked_subcommand}` acts on this machine's files and kernel and "
+            f"does not take --host/SHOAL_HOST; run it there: ssh HOST shoal "
+            f"{ctx.invoked_subcommand} …"
+        )
+    if host and ctx.get_parameter_source("host") is ParameterSource.COMMANDLINE:
+        HINT_HOST["host"] = host
+    ctx.obj = Ctx(socket, state_dir, session, host or None)
 
 
 for command in (

@@ -16,12 +16,14 @@ import orjson
 
 from .. import __version__
 from ..client import KernelLost, autostart_allowed, connect
+from ..client_transport import REMOTE_COMMAND_ENV, SSH_ENV, parse_host
 from ..protocol.framing import BACKEND
 from ..protocol.limits import CALL_TIMEOUT_S
 from ..tokens import TokenStore, TokenStoreError
 from .common import Ctx, pass_ctx
 from .kernel_cmds import KernelProbe, probe
 from .output import emit_json, style, table
+from .remote_cmds import remote_checks, ssh_available
 
 GRAMMAR_PROBE = "echo hi | grep h > /tmp/x"  # parsed by the kernel, never run
 
@@ -113,10 +115,15 @@ def token_revoke(ctx: Ctx, id_or_principal: str) -> None:
     is_flag=True,
     help="move a damaged database aside (kernel stopped) so the next start begins a fresh one",
 )
+@click.option("--host", default=None, help="check [user@]host[:port] over ssh instead")
 @pass_ctx
-def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool) -> None:
+def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool, host: str | None) -> None:
     """Check what shoal needs: the kernel (running, responsive, same version), bash, the
-    bash grammar, pyte, permissions, backend."""
+    bash grammar, pyte, permissions, backend; with --host, ssh and that host's shoal and
+    kernel (versions compared with this machine's)."""
+    if host or ctx.host:
+        report(remote_checks(parse_host(host or ctx.host or ""), _check, _warn), as_json)
+        return
     if repair:
         _repair(ctx, as_json)
         return
@@ -140,12 +147,18 @@ def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool) -> None:
                 else _warn("pure-Python fallback (install with a C compiler for the compiled core)")
             ),
         ),
+        _check("ssh (remote hosts)", _ssh_local),
         _check("state dir", lambda: _private(ctx.state_path, 0o700, must_exist=False)),
         _check("socket dir", lambda: _private(ctx.socket_path.parent, 0o700, must_exist=False)),
         _check("socket", lambda: _private(ctx.socket_path, 0o600, must_exist=False)),
     ]
     if verify:
         checks.append(_check("stored outputs", lambda: _verify(ctx)))
+    report(checks, as_json)
+
+
+def report(checks: list[tuple[str, str, str]], as_json: bool) -> None:
+    """Print the doctor's checks and exit 1 when one failed."""
     if as_json:
         emit_json([{"check": n, "status": s, "detail": d} for n, s, d in checks])
     else:
@@ -159,6 +172,14 @@ def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool) -> None:
 
 class _Warn(Exception):
     pass
+
+
+def _ssh_local() -> str:
+    """``--host`` needs ssh here (sshd there); only a warning: local use needs neither."""
+    try:
+        return ssh_available(_warn)
+    except RuntimeError as exc:
+        raise _Warn(f"{exc} (needed only for --host)") from None
 
 
 DB_FILES = ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm")
@@ -335,17 +356,22 @@ def _private(path, mode: int, must_exist: bool) -> str:
 
 @click.command("mcp-config")
 @click.option("--name", default="shoal", show_default=True, help="server name in the client")
+@click.option("--host", default=None, help="an entry for the kernel on [user@]host[:port]")
 @pass_ctx
-def mcp_config(ctx: Ctx, name: str) -> None:
+def mcp_config(ctx: Ctx, name: str, host: str | None) -> None:
     """Print ready-to-paste MCP config (Claude Code, Claude Desktop, generic clients) with
     absolute paths, so a client with a minimal PATH still finds this installation."""
     command, args = facade_command()
     env: dict[str, str] = {}
+    host = host or ctx.host
+    if host:
+        args = [*args, "--host", parse_host(host).label]
+        env.update(remote_env())
     if ctx.session:
         env["SHOAL_SESSION"] = ctx.session  # else: each project its own session
-    if ctx.socket:
+    if ctx.socket and not host:  # a remote entry's kernel is found on its host
         env["SHOAL_SOCKET"] = str(Path(ctx.socket).absolute())
-    if ctx.state_dir:
+    if ctx.state_dir and not host:
         env["SHOAL_STATE_DIR"] = str(ctx.state_path.absolute())
     env_flags = "".join(f" -e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
     argv = " ".join(shlex.quote(a) for a in [command, *args])
@@ -363,6 +389,11 @@ def mcp_config(ctx: Ctx, name: str) -> None:
         )
     )
     click.echo(orjson.dumps({"mcpServers": {name: server}}, option=orjson.OPT_INDENT_2).decode())
+
+
+def remote_env() -> dict[str, str]:
+    """The ssh settings of this shell that a remote entry needs too (else ssh's own)."""
+    return {k: v for k in (SSH_ENV, REMOTE_COMMAND_ENV) if (v := os.environ.get(k, ""))}
 
 
 def facade_command() -> tuple[str, list[str]]:

@@ -12,7 +12,9 @@ from typing import NoReturn
 import click
 import orjson
 
-from ..client import KernelClient, connect, version_mismatch
+from ..client import KernelClient, connect
+from ..client_transport import connect_remote, parse_host
+from ..client_versions import version_mismatch
 from ..protocol.discovery import live_record
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.paths import socket_path, state_dir
@@ -47,6 +49,7 @@ class Ctx:
     socket: str | None
     state_dir: str | None
     session: str | None
+    host: str | None = None  # --host / SHOAL_HOST: the kernel of that host, over ssh
     _client: KernelClient | None = field(default=None, repr=False)
     attach_info: dict = field(default_factory=dict)
 
@@ -67,11 +70,10 @@ class Ctx:
         """A kernel client attached to the session (autostarting the kernel unless
         SHOAL_NO_AUTOSTART says not to)."""
         if self._client is None or on_event is not None:
-            client = connect(self.socket, self.state_dir, on_event=on_event)
-            params: dict = {
-                "client": {"kind": "cli", "tty": sys.stdout.isatty()},
-                "cwd": os.getcwd(),
-            }
+            client = self._connect(on_event)
+            params: dict = {"client": {"kind": "cli", "tty": sys.stdout.isatty()}}
+            if not self.host:  # a local path means nothing on another host
+                params["cwd"] = os.getcwd()
             if self.session:
                 params["session"] = self.session  # else: this directory's session
             token = os.environ.get("SHOAL_TOKEN")
@@ -88,6 +90,11 @@ class Ctx:
                 return client
             self._client = client
         return self._client
+
+    def _connect(self, on_event) -> KernelClient:
+        if self.host:
+            return connect_remote(parse_host(self.host), on_event)
+        return connect(self.socket, self.state_dir, on_event=on_event)
 
     def call(self, method: str, params: dict | None = None):
         client = self.client()

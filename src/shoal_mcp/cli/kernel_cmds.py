@@ -118,6 +118,16 @@ def kernel_start(ctx: Ctx) -> None:
     click.echo(f"kernel running: pid {pid}, socket {client.path}")
 
 
+@kernel_group.command("bridge")
+@pass_ctx
+def kernel_bridge(ctx: Ctx) -> None:
+    """Relay frames between stdio and the kernel (autostarted if needed): the remote end
+    of `shoal --host` / `shoal-mcp --host`, run there by ssh."""
+    from .bridge import run_bridge
+
+    sys.exit(run_bridge(ctx.socket, ctx.state_dir))
+
+
 @kernel_group.command("stop")
 @pass_ctx
 def kernel_stop(ctx: Ctx) -> None:

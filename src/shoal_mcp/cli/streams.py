@@ -72,9 +72,15 @@ def slice_to_lines(a: str, b: str) -> str:
     return f"{start}..{end}"
 
 
+HINT_HOST: dict[str, str | None] = {"host": None}
+"""``shoal --host H`` given on the command line: pasted hints need it too (from
+``SHOAL_HOST`` they do not: the same shell has it)."""
+
+
 def get_command(args: dict) -> str:
     """The ``shoal get`` command line for the kernel's ``value.get`` params ``args``."""
-    words = ["shoal", "get", str(args.get("ref", ""))]
+    host = HINT_HOST["host"]
+    words = ["shoal", *(["--host", host] if host else []), "get", str(args.get("ref", ""))]
     path = args.get("path") or ""
     lines = _LINES_PATH.match(path)
     if lines:
@@ -123,7 +129,7 @@ def cli_hints(text: str) -> str:
         out.append(get_command(args))
         pos = tail.end() if tail else end
     out.append(text[pos:])
-    text = "".join(out).replace("fetch with shoal get", "see: shoal get")
+    text = "".join(out).replace("fetch with shoal ", "see: shoal ")
     return _PAGE_NOTE.sub("", text)  # `shoal get --lines` pages by itself
 
 

@@ -16,11 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ..client import KernelClient, KernelLost, KernelUntrusted, connect, version_mismatch
+from ..client import KernelClient, KernelLost, KernelUntrusted, connect
+from ..client_transport import RemoteHost, configured_host, connect_remote
+from ..client_versions import version_mismatch
+from ..protocol.limits import REMOTE_RECONNECT_BACKOFF_S
 from .inflight import current_flight, wait_cancellable
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,10 @@ class KernelLink:
         self._unattached: KernelClient | None = None  # prewarmed, waiting for initialize
         self._lock = threading.Lock()
         self.attach_info: dict | None = None
+        # --host / SHOAL_HOST: the kernel of that host through the user's ssh
+        # (client_transport); one facade talks to one host.
+        self.host: RemoteHost | None = configured_host()
+        self.backoff = ReconnectBackoff()
 
     def _attach(self, client: KernelClient) -> dict:
         params: dict[str, Any] = {
@@ -68,8 +76,9 @@ class KernelLink:
                 "kind": "mcp",
                 **{k: v for k, v in self.client_info.items() if k in ("name", "version")},
             },
-            "cwd": os.getcwd(),
         }
+        if self.host is None:  # a local path means nothing on another host
+            params["cwd"] = os.getcwd()
         if self.session:
             params["session"] = self.session
         if self.token:
@@ -80,9 +89,15 @@ class KernelLink:
         mismatch = version_mismatch(info.get("kernel"))
         if mismatch:
             log.warning("%s", mismatch)
+            if self.host is not None:  # skew across hosts: the client hears of it too
+                self.on_log("warning", f"{mismatch} (the kernel on {self.host.label})")
+        self.backoff.succeeded()
         return info
 
     def _connect(self, on_event: Callable[[dict], None] | None) -> KernelClient:
+        host = self.host
+        if host is not None:
+            return self.backoff.attempt(lambda: connect_remote(host, on_event))
         try:
             return connect(on_event=on_event, autostart=False)
         except KernelUntrusted:
@@ -99,8 +114,10 @@ class KernelLink:
         client = self._connect(on_event)
         try:
             self.attach_info = self._attach(client)
-        except BaseException:
+        except BaseException as exc:
             client.close()
+            if self.host is not None and isinstance(exc, KernelLost):
+                self.backoff.failed(exc)  # the link came up but broke before attaching
             raise
         return client
 
@@ -184,6 +201,37 @@ class KernelLink:
         for client in clients:
             if client is not None:
                 client.close()
+
+
+class ReconnectBackoff:
+    """Spacing of remote (re)connects: after a failure the next try waits, doubling up
+    to a ceiling (``REMOTE_RECONNECT_BACKOFF_S``); a call in between fails at once with
+    the last error, so an unreachable host costs the agent no ssh timeout per call."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.not_before = 0.0
+        self.last_error: KernelLost | None = None
+
+    def attempt(self, connect_once: Callable[[], KernelClient]) -> KernelClient:
+        wait = self.not_before - time.monotonic()
+        if wait > 0 and self.last_error is not None:
+            raise KernelLost(f"{self.last_error} (next reconnect try in {wait:.1f} s)")
+        try:
+            client = connect_once()
+        except KernelLost as exc:
+            self.failed(exc)
+            raise
+        return client
+
+    def failed(self, exc: KernelLost) -> None:
+        first, ceiling = REMOTE_RECONNECT_BACKOFF_S
+        self.delay = min(ceiling, self.delay * 2 if self.delay else first)
+        self.not_before = time.monotonic() + self.delay
+        self.last_error = exc
+
+    def succeeded(self) -> None:
+        self.delay, self.not_before, self.last_error = 0.0, 0.0, None
 
 
 __all__ = ["KernelLink", "KernelLost"]

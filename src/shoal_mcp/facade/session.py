@@ -98,12 +98,35 @@ def instructions(link: object) -> str:
     from ..protocol.discovery import project_root
     from ..protocol.limits import AGENT_PRINCIPAL
 
+    host = getattr(link, "host", None)
+    if host is not None:
+        return remote_instructions(link, host.label)
     if getattr(link, "token", None):
         return INSTRUCTIONS + TOKEN_INSTRUCTIONS
     if getattr(link, "unconfined", False):
         return INSTRUCTIONS + UNCONFINED_INSTRUCTIONS
     project = project_root(os.getcwd()) or "none: started outside a project"
     return INSTRUCTIONS + AGENT_INSTRUCTIONS.format(principal=AGENT_PRINCIPAL, project=project)
+
+
+REMOTE_INSTRUCTIONS = (
+    "\n\nEvery command runs on the host {host}, reached over ssh: its files, sessions, "
+    "tasks and PTYs, not this machine's. Refs and shoal:// URIs in these results belong to "
+    "that host's kernel."
+)
+
+
+def remote_instructions(link: object, host: str) -> str:
+    """The instructions for a facade on another host's kernel (no local project there)."""
+    from ..protocol.limits import AGENT_PRINCIPAL
+
+    if getattr(link, "token", None):
+        who = TOKEN_INSTRUCTIONS
+    elif getattr(link, "unconfined", False):
+        who = UNCONFINED_INSTRUCTIONS
+    else:
+        who = AGENT_INSTRUCTIONS.format(principal=AGENT_PRINCIPAL, project="none on that host")
+    return INSTRUCTIONS + who + REMOTE_INSTRUCTIONS.format(host=host)
 
 
 KERNEL_LOST_HINT = (
@@ -516,6 +539,8 @@ class McpSession:
         if rev.tasks:
             capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
         server_info = {"name": "shoal", "version": __version__}
+        if self.link.host is not None:
+            server_info["host"] = self.link.host.label  # whose kernel the refs belong to
         if rev.titles:
             server_info["title"] = "shoal shell"
         return {

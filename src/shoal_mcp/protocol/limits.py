@@ -176,6 +176,19 @@ def liveness_bounds() -> tuple[float, float]:
     return interval, timeout
 
 
+# --- remote hosts over ssh (docs/configuration.md, "Remote hosts") ---------------------
+SSH_CONNECT_TIMEOUT_S = 10
+"""ssh's ``ConnectTimeout`` for a remote link (whole seconds, as ssh takes it)."""
+SSH_EXIT_WAIT_S = 2.0
+"""After a remote link's pipes close, how long to wait for ssh to exit so the error can
+quote its status and last stderr lines."""
+SSH_STDERR_LINES = 5
+"""How many of ssh's last stderr lines a remote link error quotes."""
+REMOTE_RECONNECT_BACKOFF_S = (0.5, 30.0)
+"""A failed remote (re)connect waits this long before the next try, doubling from the
+first value up to the second; calls in between fail at once with the last error."""
+
+
 STATUS_PROBE_TIMEOUT_S = 5.0
 """How long ``shoal kernel status`` and ``shoal doctor`` wait for a ping."""
 KERNEL_STOP_TIMEOUT_S = 10.0
