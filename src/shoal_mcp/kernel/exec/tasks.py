@@ -228,6 +228,16 @@ class TaskManager:
             if t.listed and t.session == session and (see_all or t.principal == principal)
         ]
 
+    def running_of(self, session: str, principal: str) -> list[Task]:
+        """The principal's running tasks in a session, listed or not (foreground execs)."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+        return [
+            t
+            for t in tasks
+            if t.session == session and t.principal == principal and not t.done.is_set()
+        ]
+
     def running_total(self) -> int:
         with self._lock:
             return sum(1 for t in self._tasks.values() if not t.done.is_set())

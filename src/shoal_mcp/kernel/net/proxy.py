@@ -1,0 +1,354 @@
+"""The egress proxy: one asyncio loop on a thread of the kernel, one Unix socket per
+channel (a principal's session and its network policy).
+
+A sandboxed tree reaches its channel through the bridge in its network namespace
+(``bridge.py``): each TCP connection accepted on the namespace's loopback port is
+passed here as a descriptor (``SCM_RIGHTS``), so its bytes cross one relay only.  A
+client on the host may also speak to the channel socket directly (``shoal doctor``).
+
+Each connection: read the request (``wire.py``: HTTP CONNECT, absolute-URI HTTP, or
+SOCKS5), judge the host and port by the channel's rules (``rules.py``), resolve the
+name here (``resolve.py``; special addresses refused unless named), connect, answer,
+relay both ways, journal the attempt (``log.py``) with the exec it is attributed to.
+Refusals answer at once: HTTP 403/429/502 with the reason in the body, or a SOCKS reply
+code; never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from . import wire
+from .limits import (
+    CONNECT_TIMEOUT_S,
+    HEAD_TIMEOUT_S,
+    MAX_CONNECTIONS_PER_PRINCIPAL,
+    MAX_HEAD_BYTES,
+    RELAY_CHUNK_BYTES,
+)
+from .log import Attempt, EgressLog
+from .resolve import Resolver, ResolveError, own_addresses
+from .rules import NetRules, special_address
+
+log = logging.getLogger(__name__)
+
+Attribution = Callable[[str, str], tuple[int | None, bool]]
+"""(principal, session) -> (the exec's journal row id or None, ambiguous)."""
+_SOCKS_CODE = {403: wire.SOCKS_NOT_ALLOWED, 429: wire.SOCKS_FAILURE, 502: wire.SOCKS_REFUSED}
+
+
+@dataclass
+class Channel:
+    """One principal's session under one network policy: its socket and its rules."""
+
+    principal: str
+    session: str
+    rules: NetRules
+    path: str
+    sock: socket.socket
+
+
+class Refused(Exception):
+    def __init__(self, status: int, why: str, socks: int | None = None) -> None:
+        super().__init__(why)
+        self.status, self.why = status, why
+        self.socks = socks if socks is not None else _SOCKS_CODE.get(status, wire.SOCKS_FAILURE)
+
+
+class EgressProxy:
+    """The kernel's proxy (see the module docstring).  ``root``: a private directory of
+    the kernel's for the channel sockets; ``attribute``: which exec a connection of a
+    principal's session belongs to."""
+
+    def __init__(
+        self,
+        root: str,
+        log_: EgressLog,
+        attribute: Attribution,
+        resolver: Resolver | None = None,
+    ) -> None:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        self.root = root
+        self.log = log_
+        self.attribute = attribute
+        self.resolver = resolver or Resolver()
+        self._own = own_addresses()
+        self._channels: dict[tuple, Channel] = {}
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="egress-proxy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    # -- channels ---------------------------------------------------------------------
+
+    def channel(
+        self, principal: str, session: str, allow: tuple[str, ...], deny: tuple[str, ...]
+    ) -> str:
+        """The socket path of this principal's session under these rules (made once)."""
+        key = (principal, session, allow, deny)
+        with self._lock:
+            found = self._channels.get(key)
+            if found is not None:
+                return found.path
+            path = os.path.join(self.root, f"c{len(self._channels) + 1}.sock")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(128)
+            sock.setblocking(False)
+            ch = Channel(principal, session, NetRules(allow, deny), path, sock)
+            self._channels[key] = ch
+        self._loop.call_soon_threadsafe(self._loop.add_reader, sock, self._accept, ch)
+        return path
+
+    def _accept(self, ch: Channel) -> None:
+        try:
+            conn, _ = ch.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.warning("egress channel %s: accept failed: %s", ch.path, e)
+            return
+        conn.setblocking(False)
+        self._loop.add_reader(conn, self._receive, ch, conn)
+
+    def _receive(self, ch: Channel, conn: socket.socket) -> None:
+        """The first message on a channel connection: descriptors from a bridge, or the
+        first bytes of a client speaking on the channel socket itself."""
+        self._loop.remove_reader(conn)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, MAX_HEAD_BYTES, 4)
+        except (BlockingIOError, InterruptedError):
+            self._loop.add_reader(conn, self._receive, ch, conn)
+            return
+        except OSError:
+            conn.close()
+            return
+        if fds:
+            conn.close()
+            for fd in fds:
+                client = socket.socket(fileno=fd)
+                client.setblocking(False)
+                self._loop.create_task(self._serve(ch, client, b""))
+        elif data:
+            self._loop.create_task(self._serve(ch, conn, data))
+        else:
+            conn.close()
+
+    # -- one connection -----------------------------------------------------------------
+
+    async def _serve(self, ch: Channel, sock: socket.socket, first: bytes) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock, limit=RELAY_CHUNK_BYTES)
+        dest: wire.Destination | None = None
+        try:
+            dest = await asyncio.wait_for(self._request(reader, writer, first), HEAD_TIMEOUT_S)
+        except (TimeoutError, wire.WireError, OSError) as e:
+            await self._bad_request(writer, first, e)
+        if dest is None:
+            await _close(writer)
+            return
+        exec_id, ambiguous = self.attribute(ch.principal, ch.session)
+        attempt = Attempt(
+            ch.principal, ch.session, exec_id, ambiguous, dest.host, dest.port, dest.kind
+        )
+        counted = False
+        try:
+            counted = self._take_slot(ch.principal)
+            up_reader, up_writer = await self._open_upstream(ch, dest, attempt)
+        except Refused as e:
+            attempt.why = e.why
+            self.log.remember(attempt)
+            self._writer.submit(self.log.write, attempt)
+            if counted:
+                self._release(ch.principal)
+            await self._refuse(writer, dest, e)
+            return
+        try:
+            await self._answer(writer, up_writer, dest)
+            await self._relay(reader, writer, up_reader, up_writer, attempt)
+        finally:
+            self._release(ch.principal)
+            self._writer.submit(self.log.write, attempt)
+
+    async def _request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes
+    ) -> wire.Destination | None:
+        buf = first or await reader.read(MAX_HEAD_BYTES)
+        if not buf:
+            return None
+        if wire.is_socks(buf):
+            handshake = wire.Socks5Handshake()
+            data = buf
+            while True:
+                out, dest = handshake.feed(data)
+                if out:
+                    writer.write(out)
+                    await writer.drain()
+                if dest is not None:
+                    return dest
+                data = await reader.read(MAX_HEAD_BYTES)
+                if not data:
+                    return None
+        while (dest := wire.parse_http_head(buf)) is None:
+            more = await reader.read(MAX_HEAD_BYTES)
+            if not more:
+                return None
+            buf += more
+        return dest
+
+    async def _bad_request(self, writer: asyncio.StreamWriter, first: bytes, e: Exception) -> None:
+        if isinstance(e, TimeoutError):
+            e = wire.WireError(408, f"no complete request within {HEAD_TIMEOUT_S:g} s")
+        if not isinstance(e, wire.WireError):
+            return
+        with contextlib.suppress(OSError):
+            if wire.is_socks(first):
+                if e.status == -2:
+                    writer.write(bytes([wire.SOCKS_VERSION, 0xFF]))
+                elif e.status >= 0:
+                    writer.write(wire.socks_reply(e.status))
+            else:
+                writer.write(wire.http_reply(e.status, e.why))
+            await writer.drain()
+
+    def _take_slot(self, principal: str) -> bool:
+        with self._lock:
+            n = self._open.get(principal, 0)
+            if n >= MAX_CONNECTIONS_PER_PRINCIPAL:
+                raise Refused(
+                    429, f"{MAX_CONNECTIONS_PER_PRINCIPAL} connections already open for {principal}"
+                )
+            self._open[principal] = n + 1
+        return True
+
+    def _release(self, principal: str) -> None:
+        with self._lock:
+            self._open[principal] = self._open.get(principal, 1) - 1
+
+    async def _open_upstream(
+        self, ch: Channel, dest: wire.Destination, attempt: Attempt
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        ok, why = ch.rules.verdict(dest.host, dest.port)
+        attempt.why = why
+        if not ok:
+            raise Refused(403, why)
+        try:
+            addresses = await asyncio.wait_for(
+                self.resolver.resolve(dest.host, dest.port), CONNECT_TIMEOUT_S
+            )
+        except (ResolveError, TimeoutError) as e:
+            raise Refused(502, str(e) or f"cannot resolve {dest.host}", wire.SOCKS_HOST_UNREACHABLE)
+        usable, special = [], []
+        for address in addresses:
+            kind = special_address(address, self._own)
+            named = self.resolver.mapped(dest.host) or ch.rules.names_address(address, dest.port)
+            (usable if kind is None or named else special).append((address, kind))
+        if not usable:
+            address, kind = special[0]
+            raise Refused(
+                403,
+                f"{dest.host} resolves to a {kind} address ({address}); allowed only when "
+                "net.allow names that address",
+            )
+        last: Exception | None = None
+        for address, _kind in usable:
+            try:
+                opened = await asyncio.wait_for(
+                    asyncio.open_connection(address, dest.port, limit=RELAY_CHUNK_BYTES),
+                    CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as e:
+                last = e
+                continue
+            attempt.address, attempt.allowed = address, True
+            return opened
+        raise Refused(502, f"cannot connect to {dest.host}:{dest.port}: {last or 'no address'}")
+
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, dest: wire.Destination, e: Refused
+    ) -> None:
+        with contextlib.suppress(OSError):
+            if dest.kind == "socks":
+                writer.write(wire.socks_reply(e.socks))
+            else:
+                writer.write(wire.http_reply(e.status, e.why))
+            await writer.drain()
+        await _close(writer)
+
+    async def _answer(
+        self, writer: asyncio.StreamWriter, up: asyncio.StreamWriter, dest: wire.Destination
+    ) -> None:
+        if dest.kind == "connect":
+            writer.write(wire.http_reply(200))
+        elif dest.kind == "socks":
+            writer.write(wire.socks_reply(wire.SOCKS_OK))
+        else:
+            up.write(dest.head)
+        if dest.rest:
+            up.write(dest.rest)
+
+    async def _relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        attempt: Attempt,
+    ) -> None:
+        counts = [0, 0]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, i: int) -> None:
+            while data := await src.read(RELAY_CHUNK_BYTES):
+                dst.write(data)
+                counts[i] += len(data)
+                await dst.drain()
+            if dst.can_write_eof():
+                dst.write_eof()
+
+        ups = asyncio.ensure_future(pipe(reader, up_writer, 0))
+        downs = asyncio.ensure_future(pipe(up_reader, writer, 1))
+        try:
+            done, pending = await asyncio.wait({ups, downs}, return_when=asyncio.FIRST_EXCEPTION)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                task.exception()  # retrieved: a reset is an ordinary end of a relay
+        finally:
+            attempt.bytes_up, attempt.bytes_down = counts
+            await _close(up_writer)
+            await _close(writer)
+
+    # -- the kernel's end ---------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        for ch in channels:
+            ch.sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(ch.path)
+        self._writer.shutdown(wait=True)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
