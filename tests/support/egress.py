@@ -67,8 +67,8 @@ class EgressWorld:
 def policy_text(port: int) -> str:
     allow = [f"allowed.test:{port}", "only443.test:443", f"pkg.test:{port}", f"git.test:{port}"]
     return (
-        '[principal."agent:mcp".net]\n'
-        f"allow = {allow!r}\n".replace("'", '"') + 'deny = ["denied.test"]\n'
+        f'[principal."agent:mcp".net]\nallow = {allow!r}\n'.replace("'", '"')
+        + 'deny = ["denied.test"]\n'
     )
 
 

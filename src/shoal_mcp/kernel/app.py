@@ -36,11 +36,11 @@ from .exec.pool import WarmPool, warm_shells_enabled
 from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
+from .net.service import start_egress
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated
 from .store.gc import value_references
-from .net.service import start_egress
 from .store.journal import Journal
 from .store.refs import RefCounter
 from .store.sessions import SessionTable

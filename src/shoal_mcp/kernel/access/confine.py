@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
+from ..net.limits import BRIDGE_PORT
 from . import namespaces, sandbox_probe
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec
-from ..net.limits import BRIDGE_PORT
 from .sandbox_probe import SandboxSupport
 
 if TYPE_CHECKING:

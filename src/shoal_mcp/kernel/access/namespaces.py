@@ -434,9 +434,7 @@ def enter(
             _relay(child)
 
 
-def _relay(
-    child: int, cgroup: tuple[str, int] | None = None, bridge: tuple | None = None
-) -> None:
+def _relay(child: int, cgroup: tuple[str, int] | None = None, bridge: tuple | None = None) -> None:
     """Wait for ``child`` (reaping any other child on the way) and end like it: its exit
     code, or death by its signal; ``cgroup`` (name, parent descriptor), emptied with it,
     is removed; ``bridge`` (listening socket, channel path) is served meanwhile.  Never

@@ -25,8 +25,8 @@ from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
 from ..access.sandbox import SandboxSpec
-from ..net.bridge import PROXY_ENV_NAMES
 from ..effects import analyzer
+from ..net.bridge import PROXY_ENV_NAMES
 from ..store.sessions import Session, SessionTable
 from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService

@@ -35,7 +35,7 @@ from .limits import (
     RELAY_CHUNK_BYTES,
 )
 from .log import Attempt, EgressLog
-from .resolve import Resolver, ResolveError, own_addresses
+from .resolve import ResolveError, Resolver, own_addresses
 from .rules import NetRules, special_address
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,8 @@ class EgressProxy:
                 self.resolver.resolve(dest.host, dest.port), CONNECT_TIMEOUT_S
             )
         except (ResolveError, TimeoutError) as e:
-            raise Refused(502, str(e) or f"cannot resolve {dest.host}", wire.SOCKS_HOST_UNREACHABLE)
+            why = str(e) or f"cannot resolve {dest.host}"
+            raise Refused(502, why, wire.SOCKS_HOST_UNREACHABLE) from None
         usable, special = [], []
         for address in addresses:
             kind = special_address(address, self._own)
