@@ -290,6 +290,14 @@ JOURNAL_QUERY = closed(
     }
 )
 
+EGRESS_QUERY = closed(
+    {
+        "exec_id": {"type": "integer", "minimum": 1},
+        "principal": {"type": "string", "maxLength": 256},
+        "limit": {"type": "integer", "minimum": 1, "maximum": JOURNAL_MAX_ROWS},
+    }
+)
+
 PTY_OPEN = closed(
     {
         "cmd": NONEMPTY,
@@ -374,6 +382,7 @@ PARAMS: dict[str, dict] = {
     "events.subscribe": EVENTS_SUBSCRIBE,
     "events.unsubscribe": EVENTS_UNSUBSCRIBE,
     "journal.query": JOURNAL_QUERY,
+    "egress.query": EGRESS_QUERY,
     "pty.open": PTY_OPEN,
     "pty.send": PTY_SEND,
     "pty.read": PTY_READ,

@@ -181,6 +181,7 @@ class EgressProxy:
             return
         try:
             await self._answer(writer, up_writer, dest)
+            attempt.bytes_up = len(dest.head) + len(dest.rest)
             await self._relay(reader, writer, up_reader, up_writer, attempt)
         finally:
             self._release(ch.principal)
@@ -312,7 +313,7 @@ class EgressProxy:
         up_writer: asyncio.StreamWriter,
         attempt: Attempt,
     ) -> None:
-        counts = [0, 0]
+        counts = [attempt.bytes_up, 0]
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, i: int) -> None:
             while data := await src.read(RELAY_CHUNK_BYTES):

@@ -3,8 +3,9 @@ destination (docs/security.md, "Network").
 
 An entry is ``HOST`` or ``HOST:PORT``: a host name, a glob (``*.github.com``: fnmatch,
 case-insensitive; it does not match ``github.com`` itself) or an IP literal
-(``10.0.0.5``, ``[::1]``); the port a number or ``*`` (any); without one, ports
-:data:`~.limits.DEFAULT_PORTS`.  Deny beats allow.  The old ``net_connect`` entries
+(``10.0.0.5``, ``[::1]``); the port a number or ``*`` (any); without one, an allow
+entry covers ports :data:`~.limits.DEFAULT_PORTS` and a deny entry every port.  Deny
+beats allow.  The old ``net_connect`` entries
 (``HOST:PORT``, port may be ``*``) are allow entries of the same form.
 
 A name that resolves to a loopback, link-local, private or the host's own address is
@@ -37,8 +38,9 @@ class Rule:
         return fnmatch.fnmatchcase(host, self.host)
 
 
-def parse_rule(entry: str) -> Rule:
-    """One entry (see the module docstring); :class:`RuleError` says what is wrong."""
+def parse_rule(entry: str, default_ports: tuple[int, ...] | None = DEFAULT_PORTS) -> Rule:
+    """One entry (see the module docstring); :class:`RuleError` says what is wrong.
+    ``default_ports``: what an entry without a port covers (None: every port)."""
     text = entry.strip()
     if not text:
         raise RuleError("empty entry")
@@ -64,7 +66,7 @@ def parse_rule(entry: str) -> Rule:
     if port_text == "*":
         return Rule(host, None, entry)
     if not port_text:
-        return Rule(host, DEFAULT_PORTS, entry)
+        return Rule(host, default_ports, entry)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise RuleError(f"{entry!r}: bad port {port_text!r}")
     return Rule(host, (int(port_text),), entry)
@@ -85,7 +87,7 @@ class NetRules:
 
     def __init__(self, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> None:
         self.allow = tuple(parse_rule(e) for e in allow)
-        self.deny = tuple(parse_rule(e) for e in deny)
+        self.deny = tuple(parse_rule(e, None) for e in deny)
 
     def __bool__(self) -> bool:
         return bool(self.allow)
