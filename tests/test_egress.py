@@ -84,7 +84,7 @@ def test_an_allowed_host_over_http_connect_and_socks(world: EgressWorld) -> None
 def test_a_refused_host_says_why_and_is_in_sandbox_denied(world: EgressWorld) -> None:
     body = world.exec(f"curl -sS http://denied.test:{world.port}/hello.txt")
     assert "shoal egress proxy: denied.test:" in _text(body) and "net.deny" in _text(body)
-    failed = world.exec(f"curl -fsS https://denied.test/ ; curl -fsS http://nothere.test:8/")
+    failed = world.exec("curl -fsS https://denied.test/ ; curl -fsS http://nothere.test:8/")
     assert failed["value"]["ok"] is False
     hosts = _denied_hosts(failed)
     assert hosts["denied.test"]["port"] == 443 and hosts["denied.test"]["source"] == "proxy"

@@ -97,15 +97,17 @@ class Confinement:
         """``caps.enforced``: what the OS enforces here for ``policy``'s principal (False
         when it runs unconfined); without a policy, for a principal with no network."""
         if policy is None:
-            return self.support.enforced() if self.enforcing else False
+            return self._routed(self.support.enforced()) if self.enforcing else False
         if not self.applies_to(policy):
             return False
         if self.routes_network():
-            out = self.support.enforced(private_net=True)
-            if isinstance(out, dict):
-                out["net"] = "proxy+netns"
-            return out
+            return self._routed(self.support.enforced(private_net=True))
         return self.support.enforced(private_net=not policy.net_grants)
+
+    def _routed(self, out: dict[str, object] | bool) -> dict[str, object] | bool:
+        if isinstance(out, dict) and self.routes_network():
+            out["net"] = "proxy+netns"
+        return out
 
     def routes_network(self) -> bool:
         """Sandboxed trees get a network namespace of their own whose one way out is the
@@ -121,7 +123,7 @@ class Confinement:
         """For ``ping``/``shoal doctor``: the mode and what it enforces."""
         return {
             "mode": self.mode,
-            "enforced": self.support.enforced() if self.enforcing else False,
+            "enforced": self.enforced(),
             "reason": "" if self.enforcing else (self.support.reason or "off"),
         }
 
