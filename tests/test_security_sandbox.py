@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.client import KernelClient
-from shoal_mcp.kernel.access import sandbox, sandbox_probe
+from shoal_mcp.kernel.access import sandbox
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
+from tests.support.egress import expected_enforced
 from tests.support.kernel import KernelProcess
 from tests.support.landlock import landlock_evidence
 from tests.support.polling import wait_until
@@ -417,17 +418,8 @@ def test_pty_less_shell_escape_is_confined(world: World, who: str) -> None:
     (world.outs[who] / "pty-less").unlink(missing_ok=True)
 
 
-def _kernel_enforced() -> dict | bool:
-    """What a kernel says it enforces for a sandboxed tree: the probe's findings, the
-    network being the egress proxy's where namespaces work (issue 27)."""
-    enforced = sandbox_probe.probe().enforced()
-    if isinstance(enforced, dict) and "ns" in enforced:
-        return {**enforced, "net": "proxy+netns"}
-    return enforced
-
-
 def test_caps_tell_the_truth(world: World) -> None:
-    enforced = _kernel_enforced()
+    enforced = expected_enforced()
     assert isinstance(enforced, dict)
     for who in AGENTS:
         c = KernelClient(world.kernel.socket)
@@ -492,7 +484,7 @@ def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
             planned = c.call("exec", {"src": src, "mode": "plan"})
             assert "opaque" in {e["kind"] for e in planned["effects"]}
             if mode == "auto":
-                assert attached["caps"]["enforced"] == _kernel_enforced()
+                assert attached["caps"]["enforced"] == expected_enforced()
                 assert planned["verdict"] == "allow"
                 c.call("exec", {"src": src, "position": "value"}, timeout=60)
                 assert (proj / "inside").exists() and not (out / "outside").exists()
@@ -524,7 +516,7 @@ def test_local_human_is_confined_when_its_policy_says_so() -> None:
         try:
             c = kernel.client("me")
             caps = c.call("session.attach", {"session": "me"})["caps"]
-            assert caps["enforced"] == _kernel_enforced() and caps["approver"] is True
+            assert caps["enforced"] == expected_enforced() and caps["approver"] is True
             c.call("exec", {"src": f"eval 'touch {proj}/in {out}/x'", "position": "value"})
             assert (proj / "in").exists() and not (out / "x").exists()
             c.close()

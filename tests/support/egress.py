@@ -21,6 +21,18 @@ from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import KernelProcess
 from tests.support.tmp import short_tmp
 
+
+def expected_enforced() -> dict | bool:
+    """``caps.enforced`` a kernel reports for a sandboxed tree here: the probe's findings,
+    with the network the egress proxy's where namespaces work (issue 27)."""
+    from shoal_mcp.kernel.access import sandbox_probe
+
+    enforced = sandbox_probe.probe().enforced()
+    if isinstance(enforced, dict) and "ns" in enforced:
+        return {**enforced, "net": "proxy+netns"}
+    return enforced
+
+
 NAMES = ("allowed.test", "denied.test", "only443.test", "pkg.test", "git.test", "asked.test")
 
 
