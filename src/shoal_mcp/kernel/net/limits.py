@@ -15,8 +15,10 @@ MAX_HEAD_BYTES = 16 * 1024
 is refused (431 / the SOCKS connection closed)."""
 MAX_CONNECTIONS_PER_PRINCIPAL = 64
 """Open proxied connections per principal; one more is refused (HTTP 429 / SOCKS 0x01)."""
-RELAY_CHUNK_BYTES = 256 * 1024
-"""Bytes read at once per direction: the buffer each relayed direction holds."""
+RELAY_CHUNK_BYTES = 1 << 20
+"""Bytes spliced at once per direction: the pipe each relayed direction holds."""
+MAX_RELAYS = 256
+"""Connections relayed at once, all principals together (two threads each)."""
 HEAD_TIMEOUT_S = 30.0
 """A client that sends no complete request head within this long is closed."""
 CONNECT_TIMEOUT_S = 10.0

@@ -32,9 +32,11 @@ from .limits import (
     HEAD_TIMEOUT_S,
     MAX_CONNECTIONS_PER_PRINCIPAL,
     MAX_HEAD_BYTES,
+    MAX_RELAYS,
     RELAY_CHUNK_BYTES,
 )
 from .log import Attempt, EgressLog
+from .relay import relay
 from .resolve import ResolveError, Resolver, own_addresses
 from .rules import NetRules, special_address
 
@@ -85,6 +87,7 @@ class EgressProxy:
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
+        self._relays = ThreadPoolExecutor(MAX_RELAYS, thread_name_prefix="egress-relay")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="egress-proxy", daemon=True)
         self._thread.start()
@@ -170,7 +173,7 @@ class EgressProxy:
         counted = False
         try:
             counted = self._take_slot(ch.principal)
-            up_reader, up_writer = await self._open_upstream(ch, dest, attempt)
+            upstream = await self._open_upstream(ch, dest, attempt)
         except Refused as e:
             attempt.why = e.why
             self.log.remember(attempt)
@@ -180,9 +183,13 @@ class EgressProxy:
             await self._refuse(writer, dest, e)
             return
         try:
-            await self._answer(writer, up_writer, dest)
+            client = await self._detach(reader, writer, dest, upstream)
             attempt.bytes_up = len(dest.head) + len(dest.rest)
-            await self._relay(reader, writer, up_reader, up_writer, attempt)
+            up, down = await self._loop.run_in_executor(self._relays, relay, client, upstream)
+            attempt.bytes_up += up
+            attempt.bytes_down = down
+        except OSError:
+            upstream.close()
         finally:
             self._release(ch.principal)
             self._writer.submit(self.log.write, attempt)
@@ -244,7 +251,7 @@ class EgressProxy:
 
     async def _open_upstream(
         self, ch: Channel, dest: wire.Destination, attempt: Attempt
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    ) -> socket.socket:
         ok, why = ch.rules.verdict(dest.host, dest.port)
         attempt.why = why
         if not ok:
@@ -269,17 +276,21 @@ class EgressProxy:
                 "net.allow names that address",
             )
         last: Exception | None = None
+        loop = asyncio.get_running_loop()
         for address, _kind in usable:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
-                opened = await asyncio.wait_for(
-                    asyncio.open_connection(address, dest.port, limit=RELAY_CHUNK_BYTES),
-                    CONNECT_TIMEOUT_S,
+                await asyncio.wait_for(
+                    loop.sock_connect(sock, (address, dest.port)), CONNECT_TIMEOUT_S
                 )
             except (OSError, TimeoutError) as e:
+                sock.close()
                 last = e
                 continue
             attempt.address, attempt.allowed = address, True
-            return opened
+            return sock
         raise Refused(502, f"cannot connect to {dest.host}:{dest.port}: {last or 'no address'}")
 
     async def _refuse(
@@ -293,48 +304,29 @@ class EgressProxy:
             await writer.drain()
         await _close(writer)
 
-    async def _answer(
-        self, writer: asyncio.StreamWriter, up: asyncio.StreamWriter, dest: wire.Destination
-    ) -> None:
-        if dest.kind == "connect":
-            writer.write(wire.http_reply(200))
-        elif dest.kind == "socks":
-            writer.write(wire.socks_reply(wire.SOCKS_OK))
-        else:
-            up.write(dest.head)
-        if dest.rest:
-            up.write(dest.rest)
-
-    async def _relay(
+    async def _detach(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-        attempt: Attempt,
-    ) -> None:
-        counts = [attempt.bytes_up, 0]
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, i: int) -> None:
-            while data := await src.read(RELAY_CHUNK_BYTES):
-                dst.write(data)
-                counts[i] += len(data)
-                await dst.drain()
-            if dst.can_write_eof():
-                dst.write_eof()
-
-        ups = asyncio.ensure_future(pipe(reader, up_writer, 0))
-        downs = asyncio.ensure_future(pipe(up_reader, writer, 1))
-        try:
-            done, pending = await asyncio.wait({ups, downs}, return_when=asyncio.FIRST_EXCEPTION)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                task.exception()  # retrieved: a reset is an ordinary end of a relay
-        finally:
-            attempt.bytes_up, attempt.bytes_down = counts
-            await _close(up_writer)
-            await _close(writer)
+        dest: wire.Destination,
+        upstream: socket.socket,
+    ) -> socket.socket:
+        """The client's socket taken from its stream (a blocking duplicate, for the
+        relay), after the answer the client waits for and the bytes it sent early have
+        been passed on; the stream closed."""
+        writer.transport.pause_reading()
+        early = bytes(reader._buffer)  # read past the request head (private: no API for it)
+        raw = writer.get_extra_info("socket")
+        client = socket.socket(fileno=os.dup(raw.fileno()))
+        writer.transport.abort()  # closes its descriptor only: the duplicate keeps the socket
+        client.setblocking(True)
+        upstream.setblocking(True)
+        if dest.kind == "connect":
+            client.sendall(wire.http_reply(200))
+        elif dest.kind == "socks":
+            client.sendall(wire.socks_reply(wire.SOCKS_OK))
+        upstream.sendall(dest.head + dest.rest + early)
+        return client
 
     # -- the kernel's end ---------------------------------------------------------------
 
@@ -348,6 +340,7 @@ class EgressProxy:
             with contextlib.suppress(OSError):
                 os.unlink(ch.path)
         self._writer.shutdown(wait=True)
+        self._relays.shutdown(wait=False, cancel_futures=True)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
