@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import socket
 import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -282,3 +284,23 @@ def test_git_clone_over_http_from_an_allowed_host(world: EgressWorld) -> None:
     assert "cloned through the proxy" in _text(result), result
     rows = [r for r in _rows(world, limit=50) if r["host"] == "git.test"]
     assert rows and all(r["allowed"] for r in rows)
+
+
+def test_doctor_checks_the_egress_path_end_to_end(world: EgressWorld) -> None:
+    cli = [sys.executable, "-c", "from shoal_mcp.cli import run; run()"]
+    where = ["--socket", str(world.kernel.socket), "--state-dir", str(world.kernel.state)]
+    done = subprocess.run(
+        [*cli, *where, "doctor", "--json"], capture_output=True, text=True, timeout=120
+    )
+    checks = {c["check"]: c for c in json.loads(done.stdout)}
+    assert checks["egress proxy"]["status"] == "ok", checks["egress proxy"]
+    channels = world.kernel.state / "egress"
+    before = sorted(p.name for p in channels.iterdir())
+    human = world.human()
+    try:
+        got = human.call("egress.check", None, timeout=60)
+    finally:
+        human.close()
+    assert got["ok"] is True and got["steps"]["refused"] == "403", got
+    assert got["steps"]["direct"].startswith("no route"), got
+    assert sorted(p.name for p in channels.iterdir()) == before  # its channel is gone

@@ -298,6 +298,8 @@ EGRESS_QUERY = closed(
     }
 )
 
+EGRESS_CHECK = NONE
+
 PTY_OPEN = closed(
     {
         "cmd": NONEMPTY,
@@ -383,6 +385,7 @@ PARAMS: dict[str, dict] = {
     "events.unsubscribe": EVENTS_UNSUBSCRIBE,
     "journal.query": JOURNAL_QUERY,
     "egress.query": EGRESS_QUERY,
+    "egress.check": EGRESS_CHECK,
     "pty.open": PTY_OPEN,
     "pty.send": PTY_SEND,
     "pty.read": PTY_READ,

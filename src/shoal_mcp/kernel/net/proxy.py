@@ -56,6 +56,7 @@ class Channel:
     rules: NetRules
     path: str
     sock: socket.socket
+    fixed: dict[str, str]
 
 
 class Refused(Exception):
@@ -84,6 +85,7 @@ class EgressProxy:
         self.resolver = resolver or Resolver()
         self._own = own_addresses()
         self._channels: dict[tuple, Channel] = {}
+        self._made = 0
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
@@ -99,15 +101,22 @@ class EgressProxy:
     # -- channels ---------------------------------------------------------------------
 
     def channel(
-        self, principal: str, session: str, allow: tuple[str, ...], deny: tuple[str, ...]
+        self,
+        principal: str,
+        session: str,
+        allow: tuple[str, ...],
+        deny: tuple[str, ...],
+        fixed: tuple[tuple[str, str], ...] = (),
     ) -> str:
-        """The socket path of this principal's session under these rules (made once)."""
-        key = (principal, session, allow, deny)
+        """The socket path of this principal's session under these rules (made once).
+        ``fixed``: names this channel alone resolves to given addresses (the doctor's)."""
+        key = (principal, session, allow, deny, fixed)
         with self._lock:
             found = self._channels.get(key)
             if found is not None:
                 return found.path
-            path = os.path.join(self.root, f"c{len(self._channels) + 1}.sock")
+            self._made += 1
+            path = os.path.join(self.root, f"c{self._made}.sock")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -115,10 +124,19 @@ class EgressProxy:
             os.chmod(path, 0o600)
             sock.listen(128)
             sock.setblocking(False)
-            ch = Channel(principal, session, NetRules(allow, deny), path, sock)
+            ch = Channel(principal, session, NetRules(allow, deny), path, sock, dict(fixed))
             self._channels[key] = ch
         self._loop.call_soon_threadsafe(self._loop.add_reader, sock, self._accept, ch)
         return path
+
+    def close_channel(self, path: str) -> None:
+        """Stop serving one channel (the doctor's, after its check)."""
+        with self._lock:
+            found = [(k, c) for k, c in self._channels.items() if c.path == path]
+            for key, _ in found:
+                del self._channels[key]
+        for _, ch in found:
+            self._loop.call_soon_threadsafe(_stop_listening, self._loop, ch)
 
     def _accept(self, ch: Channel) -> None:
         try:
@@ -257,16 +275,15 @@ class EgressProxy:
         if not ok:
             raise Refused(403, why)
         try:
-            addresses = await asyncio.wait_for(
-                self.resolver.resolve(dest.host, dest.port), CONNECT_TIMEOUT_S
-            )
+            addresses = await asyncio.wait_for(_resolve(self.resolver, ch, dest), CONNECT_TIMEOUT_S)
         except (ResolveError, TimeoutError) as e:
             why = str(e) or f"cannot resolve {dest.host}"
             raise Refused(502, why, wire.SOCKS_HOST_UNREACHABLE) from None
         usable, special = [], []
         for address in addresses:
             kind = special_address(address, self._own)
-            named = self.resolver.mapped(dest.host) or ch.rules.names_address(address, dest.port)
+            named = self.resolver.mapped(dest.host) or dest.host in ch.fixed
+            named = named or ch.rules.names_address(address, dest.port)
             (usable if kind is None or named else special).append((address, kind))
         if not usable:
             address, kind = special[0]
@@ -341,6 +358,19 @@ class EgressProxy:
                 os.unlink(ch.path)
         self._writer.shutdown(wait=True)
         self._relays.shutdown(wait=False, cancel_futures=True)
+
+
+def _stop_listening(loop: asyncio.AbstractEventLoop, ch: Channel) -> None:
+    loop.remove_reader(ch.sock)
+    ch.sock.close()
+    with contextlib.suppress(OSError):
+        os.unlink(ch.path)
+
+
+async def _resolve(resolver: Resolver, ch: Channel, dest: wire.Destination) -> list[str]:
+    if dest.host in ch.fixed:
+        return [ch.fixed[dest.host]]
+    return await resolver.resolve(dest.host, dest.port)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
