@@ -304,3 +304,67 @@ def test_doctor_checks_the_egress_path_end_to_end(world: EgressWorld) -> None:
     assert got["ok"] is True and got["steps"]["refused"] == "403", got
     assert got["steps"]["direct"].startswith("no route"), got
     assert sorted(p.name for p in channels.iterdir()) == before  # its channel is gone
+
+
+def test_the_local_human_is_not_proxied(world: EgressWorld) -> None:
+    human = world.human()
+    try:
+        got = human.call(
+            "exec",
+            {
+                "src": f"env | grep -iE '^(https?|all|no)_proxy='; echo PROXYVARS-END; curl -sS http://127.0.0.1:{world.port}/hello.txt"
+            },
+            timeout=60,
+        )
+    finally:
+        human.close()
+    assert got["render"].startswith("PROXYVARS-END"), got["render"]  # no proxy variables
+    assert "hello through the proxy" in got["render"]  # straight to the server
+
+
+def _channel(world: EgressWorld) -> str:
+    """A channel socket of the default agent (an exec makes it)."""
+    world.exec("true")
+    socks = sorted((world.kernel.state / "egress").glob("c*.sock"))
+    assert socks
+    return str(socks[0])
+
+
+def _talk(path: str, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(path)
+        s.sendall(data)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply
+
+
+BAD_INPUT = {
+    "malformed CONNECT": (b"CONNECT nothing HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 "),
+    "garbage line": (b"\x16\x03\x01 hello\r\n\r\n", b"HTTP/1.1 400 "),
+    "oversize head": (b"CONNECT a.test:443 HTTP/1.1\r\nX: " + b"a" * 20000, b"HTTP/1.1 431 "),
+    "origin-form request": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 405 "),
+    "SOCKS4": (b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00", b"HTTP/1.1 400 "),
+    "SOCKS5 no method": (b"\x05\x01\x02", b"\x05\xff"),
+    "SOCKS5 BIND": (b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50", b"\x05\x00\x05\x07"),
+    "SOCKS5 bad address": (b"\x05\x01\x00\x05\x01\x00\x09\x00", b"\x05\x00\x05\x08"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_gets_a_clear_answer_and_the_proxy_lives_on(
+    world: EgressWorld, case: str
+) -> None:
+    data, expected = BAD_INPUT[case]
+    reply = _talk(_channel(world), data)
+    assert reply.startswith(expected), reply[:200]
+    if reply.startswith(b"HTTP/1.1 4"):
+        assert b"shoal egress proxy: " in reply
+    # The proxy still serves: an allowed fetch through the same channel works.
+    ok = _talk(
+        _channel(world),
+        f"GET http://allowed.test:{world.port}/hello.txt HTTP/1.1\r\n\r\n".encode(),
+    )
+    assert ok.startswith(b"HTTP/1.") and b"hello through the proxy" in ok

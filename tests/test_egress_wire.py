@@ -32,6 +32,19 @@ def test_connect_ipv6_and_case() -> None:
 
 def test_incomplete_head_waits() -> None:
     assert wire.parse_http_head(b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: x") is None
+    assert wire.parse_http_head(b"CONN") is None
+
+
+def test_binary_garbage_is_refused_before_a_head_ends() -> None:
+    for garbage in (
+        b"\x04\x01\x00\x50",
+        b"\x16\x03\x01",
+        b"connect ",
+        b"GETTING_LONGER_THAN_A_METHOD",
+    ):
+        with pytest.raises(wire.WireError) as e:
+            wire.parse_http_head(garbage)
+        assert e.value.status == 400
 
 
 def test_absolute_uri_is_rewritten_to_origin_form() -> None:
@@ -136,6 +149,8 @@ def test_socks5_garbage(data: bytes, code: int) -> None:
     with pytest.raises(wire.WireError) as e:
         wire.Socks5Handshake().feed(data)
     assert e.value.status == code
+    # A request refused in the same read still owes the client its method reply first.
+    assert e.value.before == (b"\x05\x00" if code > 0 else b"")
 
 
 def test_socks5_handshake_is_bounded() -> None:

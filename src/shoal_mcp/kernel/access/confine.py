@@ -145,8 +145,15 @@ class Confinement:
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
-        key = (policy.principal, policy.grant_key(), ttys, also_read, also_write)
-        key += (session, net_extra)
+        key = (
+            policy.principal,
+            policy.grant_key(),
+            ttys,
+            also_read,
+            also_write,
+            session,
+            net_extra,
+        )
         now = time.monotonic()
         with self._lock:
             cached = self._specs.get(key)

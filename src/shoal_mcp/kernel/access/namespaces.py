@@ -398,7 +398,7 @@ def enter(
     unshare(flags)
     if flags & CLONE_NEWUSER:
         map_own_ids(uid, gid)
-    bridge = None
+    bridge: tuple[socket.socket, str] | None = None
     if flags & CLONE_NEWNET:
         loopback_up()  # here: the relay, which stays in this network namespace, bridges it
         if egress:
@@ -434,7 +434,11 @@ def enter(
             _relay(child)
 
 
-def _relay(child: int, cgroup: tuple[str, int] | None = None, bridge: tuple | None = None) -> None:
+def _relay(
+    child: int,
+    cgroup: tuple[str, int] | None = None,
+    bridge: tuple[socket.socket, str] | None = None,
+) -> None:
     """Wait for ``child`` (reaping any other child on the way) and end like it: its exit
     code, or death by its signal; ``cgroup`` (name, parent descriptor), emptied with it,
     is removed; ``bridge`` (listening socket, channel path) is served meanwhile.  Never
@@ -455,7 +459,7 @@ def _relay(child: int, cgroup: tuple[str, int] | None = None, bridge: tuple | No
     if bridge is not None:
         from ..net import bridge as _bridge
 
-        _bridge.serve_until(*bridge, child)
+        _bridge.serve_until(bridge[0], bridge[1], child)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)

@@ -12,6 +12,7 @@ thread watches a task at a time.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import logging
 import signal
@@ -228,7 +229,7 @@ class TaskManager:
             if t.listed and t.session == session and (see_all or t.principal == principal)
         ]
 
-    def running_of(self, session: str, principal: str) -> list[Task]:
+    def running_of(self, session: str, principal: str) -> builtins.list[Task]:
         """The principal's running tasks in a session, listed or not (foreground execs)."""
         with self._lock:
             tasks = list(self._tasks.values())

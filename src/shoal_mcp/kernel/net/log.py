@@ -117,7 +117,8 @@ class EgressLog:
         self, *, exec_id: int | None = None, principal: str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         """Rows, newest first, by exec and/or principal."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         if exec_id is not None:
             where.append("exec_id = ?")
             params.append(exec_id)

@@ -136,6 +136,8 @@ class EgressProxy:
             for key, _ in found:
                 del self._channels[key]
         for _, ch in found:
+            with contextlib.suppress(OSError):
+                os.unlink(ch.path)  # at once: no new connection finds it
             self._loop.call_soon_threadsafe(_stop_listening, self._loop, ch)
 
     def _accept(self, ch: Channel) -> None:
@@ -245,6 +247,7 @@ class EgressProxy:
             return
         with contextlib.suppress(OSError):
             if wire.is_socks(first):
+                writer.write(e.before)
                 if e.status == -2:
                     writer.write(bytes([wire.SOCKS_VERSION, 0xFF]))
                 elif e.status >= 0:
@@ -279,7 +282,8 @@ class EgressProxy:
         except (ResolveError, TimeoutError) as e:
             why = str(e) or f"cannot resolve {dest.host}"
             raise Refused(502, why, wire.SOCKS_HOST_UNREACHABLE) from None
-        usable, special = [], []
+        usable: list[tuple[str, str | None]] = []
+        special: list[tuple[str, str | None]] = []
         for address in addresses:
             kind = special_address(address, self._own)
             named = self.resolver.mapped(dest.host) or dest.host in ch.fixed
@@ -331,8 +335,8 @@ class EgressProxy:
         """The client's socket taken from its stream (a blocking duplicate, for the
         relay), after the answer the client waits for and the bytes it sent early have
         been passed on; the stream closed."""
-        writer.transport.pause_reading()
-        early = bytes(reader._buffer)  # read past the request head (private: no API for it)
+        writer.transport.pause_reading()  # type: ignore[attr-defined]
+        early = bytes(reader._buffer)  # type: ignore[attr-defined]  # past the head: no API
         raw = writer.get_extra_info("socket")
         client = socket.socket(fileno=os.dup(raw.fileno()))
         writer.transport.abort()  # closes its descriptor only: the duplicate keeps the socket
@@ -363,8 +367,6 @@ class EgressProxy:
 def _stop_listening(loop: asyncio.AbstractEventLoop, ch: Channel) -> None:
     loop.remove_reader(ch.sock)
     ch.sock.close()
-    with contextlib.suppress(OSError):
-        os.unlink(ch.path)
 
 
 async def _resolve(resolver: Resolver, ch: Channel, dest: wire.Destination) -> list[str]:

@@ -33,6 +33,7 @@ _SOCKS_CONNECT = 1
 _ATYP_V4, _ATYP_NAME, _ATYP_V6 = 1, 3, 4
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
+_METHOD_START = re.compile(rb"^[A-Z]{1,16}(?: |$)")
 _REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) (\S{1,8192}) HTTP/1\.[01]$")
 _HOP_HEADERS = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
 _REASONS = {
@@ -55,6 +56,7 @@ class WireError(Exception):
         super().__init__(why)
         self.status = status
         self.why = why
+        self.before = b""  # SOCKS: the method reply owed before this error's reply
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def parse_http_head(buf: bytes) -> Destination | None:
     is incomplete.  Raises :class:`WireError`: 431 past :data:`MAX_HEAD_BYTES`, 400 for
     a malformed head, 405 for an origin-form request (this is a proxy)."""
     end = buf.find(b"\r\n\r\n")
+    if not _METHOD_START.match(buf[:17]):
+        raise WireError(400, "not an HTTP request")  # at once: binary garbage never ends
     if end < 0:
         if len(buf) > MAX_HEAD_BYTES:
             raise WireError(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
@@ -208,7 +212,11 @@ class Socks5Handshake:
                 raise WireError(-2, "SOCKS5: only the no-authentication method is offered")
             self._greeted = True
             out = bytes([SOCKS_VERSION, 0])
-        dest = self._request()
+        try:
+            dest = self._request()
+        except WireError as e:
+            e.before = out
+            raise
         return out, dest
 
     def _request(self) -> Destination | None:
