@@ -23,6 +23,8 @@ HEAD_TIMEOUT_S = 30.0
 """A client that sends no complete request head within this long is closed."""
 CONNECT_TIMEOUT_S = 10.0
 """Connecting to the destination (each resolved address in turn) gives up after this."""
+CLOSE_WAIT_S = 5.0
+"""Kernel exit: how long the proxy waits for its connections to be dropped."""
 RESOLVE_ENV = "SHOAL_NET_RESOLVE"
 """Test and development aid: ``host=addr,host2=addr2`` names the proxy resolves to these
 addresses instead of asking DNS (and treats as named by the policy: a stand-in on

@@ -17,6 +17,7 @@ code; never a hang.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from . import wire
 from .limits import (
+    CLOSE_WAIT_S,
     CONNECT_TIMEOUT_S,
     HEAD_TIMEOUT_S,
     MAX_CONNECTIONS_PER_PRINCIPAL,
@@ -86,6 +88,7 @@ class EgressProxy:
         self._own = own_addresses()
         self._channels: dict[tuple, Channel] = {}
         self._made = 0
+        self._live: set[tuple[socket.socket, socket.socket]] = set()
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
@@ -197,7 +200,7 @@ class EgressProxy:
         except Refused as e:
             attempt.why = e.why
             self.log.remember(attempt)
-            self._writer.submit(self.log.write, attempt)
+            self._journal(attempt)
             if counted:
                 self._release(ch.principal)
             await self._refuse(writer, dest, e)
@@ -205,14 +208,19 @@ class EgressProxy:
         try:
             client = await self._detach(reader, writer, dest, upstream)
             attempt.bytes_up = len(dest.head) + len(dest.rest)
-            up, down = await self._loop.run_in_executor(self._relays, relay, client, upstream)
+            pair = (client, upstream)
+            self._live.add(pair)
+            try:
+                up, down = await self._loop.run_in_executor(self._relays, relay, *pair)
+            finally:
+                self._live.discard(pair)
             attempt.bytes_up += up
             attempt.bytes_down = down
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: the kernel is closing
             upstream.close()
         finally:
             self._release(ch.principal)
-            self._writer.submit(self.log.write, attempt)
+            self._journal(attempt)
 
     async def _request(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes
@@ -255,6 +263,11 @@ class EgressProxy:
             else:
                 writer.write(wire.http_reply(e.status, e.why))
             await writer.drain()
+
+    def _journal(self, attempt: Attempt) -> None:
+        """The attempt's row, written off the loop (a closing kernel drops it)."""
+        with contextlib.suppress(RuntimeError):
+            self._writer.submit(self.log.write, attempt)
 
     def _take_slot(self, principal: str) -> bool:
         with self._lock:
@@ -352,16 +365,32 @@ class EgressProxy:
     # -- the kernel's end ---------------------------------------------------------------
 
     def close(self) -> None:
+        """Kernel exit: channels closed, open relays ended (their sockets shut down, so
+        no relay thread outlives the kernel), pending connections dropped."""
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
+        for pair in list(self._live):
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(CLOSE_WAIT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=CLOSE_WAIT_S)
         for ch in channels:
             ch.sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(ch.path)
         self._writer.shutdown(wait=True)
         self._relays.shutdown(wait=False, cancel_futures=True)
+
+
+async def _cancel_all() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _stop_listening(loop: asyncio.AbstractEventLoop, ch: Channel) -> None:
