@@ -247,7 +247,7 @@ def test_no_tcp_connection_leaves(world: World) -> None:
         result = world.exec(
             f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED; "
             f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2); print('CONNECTED')\"; "
-            f"curl -sS --max-time 3 http://127.0.0.1:{port}/ && echo CONNECTED; true"
+            f"curl -fsS --max-time 3 http://127.0.0.1:{port}/ && echo CONNECTED; true"
         )
         assert "CONNECTED" not in _out(result)
     finally:

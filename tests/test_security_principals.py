@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.client import KernelClient
-from shoal_mcp.kernel.access import sandbox_probe
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
+from tests.support.egress import expected_enforced
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
 from tests.support.tmp import short_tmp
@@ -561,7 +561,7 @@ def test_attach_reports_the_principals_caps(env: Env) -> None:
         got = c.call("session.attach", {"session": "caps", "token": env.tokens["agent:a"]})
         assert got["principal"] == "agent:a"
         # The agent's processes are confined exactly when this machine enforces the sandbox.
-        assert got["caps"]["enforced"] == sandbox_probe.probe().enforced()
+        assert got["caps"]["enforced"] == expected_enforced()  # the network: the proxy's
         assert got["caps"]["approver"] is False
         assert got["caps"]["journal_read"] == "own"
         human = c.call("session.attach", {"session": "caps"})

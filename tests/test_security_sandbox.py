@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.client import KernelClient
-from shoal_mcp.kernel.access import sandbox, sandbox_probe
+from shoal_mcp.kernel.access import sandbox
 from shoal_mcp.protocol.errors import RpcError
 from shoal_mcp.tokens import TokenStore
+from tests.support.egress import expected_enforced
 from tests.support.kernel import KernelProcess
 from tests.support.landlock import landlock_evidence
 from tests.support.polling import wait_until
@@ -143,6 +144,11 @@ SOCKET_CASE = (
 )
 TCP_CASE = "echo hi > /dev/tcp/127.0.0.1/{port}"
 CONNECT = PYTHON + " -c \"import socket; socket.create_connection(('127.0.0.1', {port})).close()\""
+CONNECT_VIA_PROXY = (
+    PYTHON + " -c \"import socket; s = socket.create_connection(('127.0.0.1', 3128)); "
+    "s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n'); r = s.recv(200); "
+    "assert r.startswith(b'HTTP/1.1 200'), r; s.close()\""
+)
 PTY_CASE = "!touch {out}/pty-less; touch {proj}/pty-ran-{tag}\r"
 
 EVIL_SO = r"""
@@ -370,16 +376,22 @@ def test_kernel_socket_and_tcp(world: World, who: str) -> None:
 
 
 def test_net_grant_opens_exactly_its_port(world: World) -> None:
+    """A grant goes through the egress proxy (issue 27): the granted address and port
+    (named by the policy, so loopback is allowed) through a CONNECT; another port is
+    refused by the proxy (403); a direct connect has no route at all."""
     before, other_before = world.listener.settled_count(), world.other.settled_count()
     c = world.client("agent:net", "net-grant")
     try:
-        c.call("exec", {"src": CONNECT.format(port=world.listener.port)}, timeout=60)
-        with pytest.raises(RpcError) as exc:  # another port: connect(2) fails (Landlock)
-            c.call("exec", {"src": CONNECT.format(port=world.other.port)}, timeout=60)
-        assert "PermissionError" in exc.value.data["stderr_tail"]
+        c.call("exec", {"src": CONNECT_VIA_PROXY.format(port=world.listener.port)}, timeout=60)
+        with pytest.raises(RpcError) as exc:  # another port: the proxy refuses it
+            c.call("exec", {"src": CONNECT_VIA_PROXY.format(port=world.other.port)}, timeout=60)
+        assert "403" in exc.value.data["stderr_tail"]
+        with pytest.raises(RpcError) as exc:  # around the proxy: no route (and Landlock)
+            c.call("exec", {"src": CONNECT.format(port=world.listener.port)}, timeout=60)
+        assert "Error" in exc.value.data["stderr_tail"]
     finally:
         c.close()
-    assert world.listener.settled_count() == before + 1  # the granted connection
+    wait_until(lambda: world.listener.settled_count() == before + 1, what="the granted one")
     assert world.other.settled_count() == other_before
 
 
@@ -407,7 +419,7 @@ def test_pty_less_shell_escape_is_confined(world: World, who: str) -> None:
 
 
 def test_caps_tell_the_truth(world: World) -> None:
-    enforced = sandbox_probe.probe().enforced()
+    enforced = expected_enforced()
     assert isinstance(enforced, dict)
     for who in AGENTS:
         c = KernelClient(world.kernel.socket)
@@ -472,7 +484,7 @@ def test_opaque_defaults_to_sandbox_only_where_it_enforces(mode: str) -> None:
             planned = c.call("exec", {"src": src, "mode": "plan"})
             assert "opaque" in {e["kind"] for e in planned["effects"]}
             if mode == "auto":
-                assert attached["caps"]["enforced"] == sandbox_probe.probe().enforced()
+                assert attached["caps"]["enforced"] == expected_enforced()
                 assert planned["verdict"] == "allow"
                 c.call("exec", {"src": src, "position": "value"}, timeout=60)
                 assert (proj / "inside").exists() and not (out / "outside").exists()
@@ -504,7 +516,7 @@ def test_local_human_is_confined_when_its_policy_says_so() -> None:
         try:
             c = kernel.client("me")
             caps = c.call("session.attach", {"session": "me"})["caps"]
-            assert caps["enforced"] == sandbox_probe.probe().enforced() and caps["approver"] is True
+            assert caps["enforced"] == expected_enforced() and caps["approver"] is True
             c.call("exec", {"src": f"eval 'touch {proj}/in {out}/x'", "position": "value"})
             assert (proj / "in").exists() and not (out / "x").exists()
             c.close()

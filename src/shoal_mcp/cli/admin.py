@@ -17,6 +17,7 @@ import orjson
 from .. import __version__
 from ..client import KernelLost, autostart_allowed, connect
 from ..client_transport import REMOTE_COMMAND_ENV, SSH_ENV, parse_host
+from ..protocol.errors import RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import CALL_TIMEOUT_S
 from ..tokens import TokenStore, TokenStoreError
@@ -139,6 +140,7 @@ def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool, host: str | None
         grammar,
         _check("pyte", _pyte),
         _check("sandbox", lambda: _sandbox(ctx, found)),
+        _check("egress proxy", lambda: _egress(ctx, found)),
         _check(
             "framing backend",
             lambda: (
@@ -322,6 +324,23 @@ def _sandbox(ctx: Ctx, found: KernelProbe) -> str:
         why = agent.get("opt_out") or agent.get("why") or "not reported"
         _warn(f"{box['mode']}: {box['enforced']}; MCP agents ({who}) run UNCONFINED: {why}")
     return f"{box['mode']}: {box['enforced']}; MCP agents run as {who}, confined"
+
+
+def _egress(ctx: Ctx, found: KernelProbe) -> str:
+    """The egress path end to end (``egress.check``): from a network namespace of its
+    own, an allowed stand-in answers through the proxy, another host is refused, a
+    direct connect finds no route (docs/security.md, "Network")."""
+    if not found.running or found.stalled or found.untrusted:
+        _warn("not checked: no responsive kernel")
+    try:
+        got = ctx.client().call("egress.check", {})
+    except (KernelLost, RpcError) as exc:
+        _warn(f"not checked ({exc})")
+    if not got.get("proxy"):
+        _warn(f"no egress proxy ({got.get('detail')}); sandboxed trees: Landlock TCP ports")
+    if not got.get("ok"):
+        raise RuntimeError(f"the egress path does not hold: {got.get('detail')}")
+    return "proxy+netns: allowed host reached, other host refused, direct connect no route"
 
 
 def _pyte() -> str:

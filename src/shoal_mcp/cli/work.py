@@ -384,6 +384,8 @@ def grants_cmd(ctx: Ctx, revoke: str | None, target: str | None, as_json: bool) 
             click.echo(f"    write {escape_controls(path)}")
         for path in g["read"]:
             click.echo(f"    read  {escape_controls(path)}")
+        for host in g.get("net", ()):  # an older kernel lists no hosts
+            click.echo(f"    net   {escape_controls(host)}")
 
 
 @click.command("deny")

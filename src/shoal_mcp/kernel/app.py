@@ -36,6 +36,7 @@ from .exec.pool import WarmPool, warm_shells_enabled
 from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
+from .net.service import start_egress
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated
@@ -122,6 +123,7 @@ class Kernel:
             spool_dir=self.spool_dir,
         )
         self.tasks = TaskManager(self.events, finalizer.finalize)
+        self.egress = start_egress(state, self.db, self.confinement, self._running_exec)
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
@@ -259,6 +261,14 @@ class Kernel:
         self.warm.close()  # after the tasks: a zygote exits once its jobs have ended
         return drained
 
+    def _running_exec(self, principal: str, session: str) -> tuple[int | None, bool]:
+        """The exec an egress connection of this principal's session is attributed to:
+        its one running exec, else the latest started (``ambiguous``: docs/security.md)."""
+        running = [t for t in self.tasks.running_of(session, principal) if t.journal_id]
+        if not running:
+            return None, False
+        return max(running, key=lambda t: t.id).journal_id, len(running) > 1
+
     def _task_allowance(self, principal: str) -> int:
         """``max_tasks`` of ``principal``: a principal that may run nothing gets no zygote."""
         return self.guard.for_principal(principal).max_tasks
@@ -268,6 +278,8 @@ class Kernel:
         self.events.close()
         self.event_store.close()
         self.refs.close()  # after the last finalize: reservations shrink to what was used
+        if self.egress is not None:
+            self.egress.close()  # before the database: its last rows are written first
         self.db.close()
         self.confinement.close()
         self.values.outputs.close()

@@ -290,6 +290,16 @@ JOURNAL_QUERY = closed(
     }
 )
 
+EGRESS_QUERY = closed(
+    {
+        "exec_id": {"type": "integer", "minimum": 1},
+        "principal": {"type": "string", "maxLength": 256},
+        "limit": {"type": "integer", "minimum": 1, "maximum": JOURNAL_MAX_ROWS},
+    }
+)
+
+EGRESS_CHECK = NONE
+
 PTY_OPEN = closed(
     {
         "cmd": NONEMPTY,
@@ -374,6 +384,8 @@ PARAMS: dict[str, dict] = {
     "events.subscribe": EVENTS_SUBSCRIBE,
     "events.unsubscribe": EVENTS_UNSUBSCRIBE,
     "journal.query": JOURNAL_QUERY,
+    "egress.query": EGRESS_QUERY,
+    "egress.check": EGRESS_CHECK,
     "pty.open": PTY_OPEN,
     "pty.send": PTY_SEND,
     "pty.read": PTY_READ,

@@ -32,13 +32,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
+from ..net.limits import BRIDGE_PORT
 from . import namespaces, sandbox_probe
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec
 from .sandbox_probe import SandboxSupport
+
+if TYPE_CHECKING:
+    from ..net.proxy import EgressProxy
 
 MODES = ("auto", "required", "off")
 TMPDIR_PREFIX = "shoal-sandbox-"
@@ -83,6 +88,7 @@ class Confinement:
         if self.enforcing and support.view and self._tmp_root:
             self._scratch = os.path.join(self._tmp_root, ".view")
             os.mkdir(self._scratch, 0o700)
+        self.egress: EgressProxy | None = None  # the kernel installs its proxy (app.py)
         self._tmpdirs: dict[str, str] = {}
         self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
         self._lock = threading.Lock()
@@ -91,10 +97,23 @@ class Confinement:
         """``caps.enforced``: what the OS enforces here for ``policy``'s principal (False
         when it runs unconfined); without a policy, for a principal with no network."""
         if policy is None:
-            return self.support.enforced() if self.enforcing else False
+            return self._routed(self.support.enforced()) if self.enforcing else False
         if not self.applies_to(policy):
             return False
+        if self.routes_network():
+            return self._routed(self.support.enforced(private_net=True))
         return self.support.enforced(private_net=not policy.net_grants)
+
+    def _routed(self, out: dict[str, object] | bool) -> dict[str, object] | bool:
+        if isinstance(out, dict) and self.routes_network():
+            out["net"] = "proxy+netns"
+        return out
+
+    def routes_network(self) -> bool:
+        """Sandboxed trees get a network namespace of their own whose one way out is the
+        egress proxy (net/): namespaces work here and the kernel runs the proxy.
+        Elsewhere the Landlock TCP port rules are the fallback."""
+        return self.egress is not None and self.enforcing and self.support.view
 
     def applies_to(self, policy: PrincipalPolicy) -> bool:
         """Whether this principal's processes run confined."""
@@ -104,7 +123,7 @@ class Confinement:
         """For ``ping``/``shoal doctor``: the mode and what it enforces."""
         return {
             "mode": self.mode,
-            "enforced": self.support.enforced() if self.enforcing else False,
+            "enforced": self.enforced(),
             "reason": "" if self.enforcing else (self.support.reason or "off"),
         }
 
@@ -115,21 +134,36 @@ class Confinement:
         ttys: tuple[str, ...] = (),
         also_read: tuple[str, ...] = (),
         also_write: tuple[str, ...] = (),
+        session: str = "",
+        net_extra: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The spec for one process of ``policy``'s principal, or None when unconfined.
         ``also_read``: exact kernel-made paths it may read even inside the state dir
-        (``$SHOAL_OUT``: the caller's own outputs).
+        (``$SHOAL_OUT``: the caller's own outputs).  ``session``, ``net_extra``: the
+        egress channel's session and the hosts approvals added to the principal's.
 
         Fails closed: a spec that cannot be built raises -32010 and nothing runs."""
         if not self.applies_to(policy):
             return None
-        key = (policy.principal, policy.grant_key(), ttys, also_read, also_write)
+        key = (
+            policy.principal,
+            policy.grant_key(),
+            ttys,
+            also_read,
+            also_write,
+            session,
+            net_extra,
+        )
         now = time.monotonic()
         with self._lock:
             cached = self._specs.get(key)
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
-        spec = self._fit_network(self._build(policy, ttys, also_read, also_write))
+        spec = self._build(policy, ttys, also_read, also_write)
+        if self.routes_network() and spec.view is not None:
+            spec = self._route_network(spec, policy, session, net_extra)
+        else:
+            spec = self._fit_network(spec)
         if not all(os.path.exists(p) for p in also_read):
             return spec  # made later (a session's $SHOAL_OUT): not kept without it
         with self._lock:
@@ -176,6 +210,22 @@ class Confinement:
             data["tcp_connect"] = None
         why = "TCP denied by Landlock; UDP open" if self.support.tcp else "network not confined"
         data["notes"] = [*spec.notes, f"no private network namespace on this machine: {why}"]
+        return SandboxSpec.from_dict(data)
+
+    def _route_network(
+        self, spec: SandboxSpec, policy: PrincipalPolicy, session: str, extra: tuple[str, ...]
+    ) -> SandboxSpec:
+        """A network namespace in every case, its one way out the egress channel of this
+        principal's session (revealed in the view, bridged to a loopback port).  Landlock
+        (ABI 4+) still lets TCP connect only to the bridge's port: a second layer."""
+        assert self.egress is not None and spec.view is not None
+        path = self.egress.channel(
+            policy.principal, session, (*policy.net_allow, *extra), policy.net_deny
+        )
+        data = spec.to_dict()
+        data.update(private_net=True, tcp_connect=[BRIDGE_PORT], egress=path)
+        data["view"] = {**spec.view, "reveal": sorted({*spec.view["reveal"], path})}
+        data["notes"] = [n for n in spec.notes if not n.startswith("net_connect:")]
         return SandboxSpec.from_dict(data)
 
     def _tmpdir(self, principal: str) -> str:

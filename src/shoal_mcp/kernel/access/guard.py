@@ -60,6 +60,8 @@ class Guard:
         also_read: tuple[str, ...] = (),
         also_write: tuple[str, ...] = (),
         project: tuple[str, ...] = (),
+        session: str = "",
+        net_extra: tuple[str, ...] = (),
     ) -> SandboxSpec | None:
         """The sandbox for one process ``principal`` starts, or None when unconfined;
         ``also_read``/``also_write``: paths it may read (``$SHOAL_OUT``, approved
@@ -69,6 +71,8 @@ class Guard:
             ttys=ttys,
             also_read=also_read,
             also_write=also_write,
+            session=session,
+            net_extra=net_extra,
         )
 
     def isolated(self, principal: str) -> bool:

@@ -408,7 +408,9 @@ def _write_at(dir_fd: int, rel: str, text: str) -> None:
         os.close(fd)
 
 
-def enter(flags: int, view: View | None, *, init: bool, max_procs: int = 0) -> None:
+def enter(
+    flags: int, view: View | None, *, init: bool, max_procs: int = 0, egress: str = ""
+) -> None:
     """Move the calling (single-threaded) process's future into new namespaces.
 
     Returns in a new process inside them, with the view built when given; the calling
@@ -417,13 +419,21 @@ def enter(flags: int, view: View | None, *, init: bool, max_procs: int = 0) -> N
     else the returned process is pid 1 itself (the exec zygote, which reaps its jobs).
     Raises :class:`NamespaceError` (in the caller, nothing forked) when the namespaces
     cannot be made; a view that cannot be built ends the child with status 125 and the
-    reason on stderr.
+    reason on stderr.  ``egress`` (with a new network namespace): the egress proxy's
+    channel socket, which the relay bridges a loopback port to (``net/bridge.py``).
     """
     uid, gid = os.geteuid(), os.getegid()
     cgroup = pids_cgroup(max_procs)  # joined here: the namespace's processes inherit it
     unshare(flags)
     if flags & CLONE_NEWUSER:
         map_own_ids(uid, gid)
+    bridge: tuple[socket.socket, str] | None = None
+    if flags & CLONE_NEWNET:
+        loopback_up()  # here: the relay, which stays in this network namespace, bridges it
+        if egress:
+            from ..net import bridge as _bridge
+
+            bridge = (_bridge.listen(), egress)
     pid = os.fork()
     if pid:
         if cgroup is not None:
@@ -431,16 +441,16 @@ def enter(flags: int, view: View | None, *, init: bool, max_procs: int = 0) -> N
                 _write_at(cgroup[1], "cgroup.procs", str(os.getpid()))
             except OSError:
                 cgroup = None
-        _relay(pid, cgroup)  # never returns
+        _relay(pid, cgroup, bridge)  # never returns
     if cgroup is not None:
         os.close(cgroup[1])
+    if bridge is not None:
+        bridge[0].close()  # the relay's alone: the tree can neither accept nor close it
     try:
         # The relay gone (killed), this init goes too, and the namespace with it.  (Its
         # parent is outside the pid namespace: getppid() says 0, so no race check here;
         # the relay only exits after this process.)
         _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-        if flags & CLONE_NEWNET:
-            loopback_up()
         if view is not None:
             build_view(view)
             _limit_user_namespace()
@@ -453,19 +463,32 @@ def enter(flags: int, view: View | None, *, init: bool, max_procs: int = 0) -> N
             _relay(child)
 
 
-def _relay(child: int, cgroup: tuple[str, int] | None = None) -> None:
+def _relay(
+    child: int,
+    cgroup: tuple[str, int] | None = None,
+    bridge: tuple[socket.socket, str] | None = None,
+) -> None:
     """Wait for ``child`` (reaping any other child on the way) and end like it: its exit
     code, or death by its signal; ``cgroup`` (name, parent descriptor), emptied with it,
-    is removed.  Never returns."""
+    is removed; ``bridge`` (listening socket, channel path) is served meanwhile.  Never
+    returns."""
     import _signal
 
     # Only the child's ends of pipes and sockets count: a relay holding a copy would keep
     # an EOF (a spawn error pipe, the kernel's control socket) from ever arriving.
-    keep = cgroup[1] if cgroup is not None else os.sysconf("SC_OPEN_MAX")
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    keep = sorted(
+        {cgroup[1] if cgroup else -1, bridge[0].fileno() if bridge else -1} - {-1}
+    )  # fmt: skip
+    start = 3
+    for fd in [*keep, os.sysconf("SC_OPEN_MAX")]:
+        os.closerange(start, fd)
+        start = fd + 1
     for sig in (_signal.SIGINT, _signal.SIGQUIT, _signal.SIGTSTP, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_IGN)  # a terminal's signals are the program's
+    if bridge is not None:
+        from ..net import bridge as _bridge
+
+        _bridge.serve_until(bridge[0], bridge[1], child)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)

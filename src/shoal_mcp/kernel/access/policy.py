@@ -3,7 +3,8 @@
 One table per principal, ``[principal."NAME"]``, with optional ``[principal."NAME".fs]``::
 
     proc_spawn  = ["git", "rg"]       argv0 names, absolute paths or globs ("*" = any)
-    net_connect = ["*.github.com:443"] host glob ":" port or "*"
+    net_connect = ["*.github.com:443"] host glob ":" port or "*" (old form of net.allow)
+    net.allow / net.deny = ["pypi.org", "*.github.com:443"]  by host name (net/rules.py)
     env_read    = ["HOME", "LC_*"]     names or globs ("*" also covers the whole env)
     env_write   = []
     session_write = true               may `cd` (default true: cwd is the agent's own)
@@ -56,6 +57,7 @@ from wcmatch import fnmatch, glob
 
 from ...protocol.limits import AGENT_PRINCIPAL, PROJECT_PLACEHOLDER, PROJECT_POLICIES_KEPT
 from ..effects.analyzer import SHELL_BUILTINS
+from ..net import rules as net_rules
 from .budgets import (
     KERNEL_BUDGETS,
     PRINCIPAL_BUDGETS,
@@ -125,20 +127,11 @@ def _unknown(where: str, key: str, known: Any) -> PolicyError:
     )
 
 
-_TABLE_KEYS = (*_LIST_KEYS, *_CHOICES, *_BOOL_KEYS, *_INT_KEYS, *PRINCIPAL_BUDGETS, "fs")
+_TABLE_KEYS = (*_LIST_KEYS, *_CHOICES, *_BOOL_KEYS, *_INT_KEYS, *PRINCIPAL_BUDGETS, "fs", "net")
 
 
 def _key(principal: str, *parts: str) -> str:
     return ".".join([f"principal.{json.dumps(principal)}", *parts])
-
-
-def _check_net(entry: str) -> str | None:
-    host, sep, port = entry.rpartition(":")
-    if not sep or not host:
-        return "expected HOST:PORT (port may be *)"
-    if port != "*" and not (port.isdigit() and 0 < int(port) < 65536):
-        return f"bad port {port!r}"
-    return None
 
 
 def _validate_table(name: str, table: Any) -> dict[str, Any]:
@@ -151,7 +144,7 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
             out[k] = _string_list(where, v)
             if k == "net_connect":
                 for entry in out[k]:
-                    why = _check_net(entry)
+                    why = net_rules.check_connect_entry(entry)
                     if why:
                         raise PolicyError(where, f"{entry!r}: {why}")
         elif k in _CHOICES:
@@ -171,6 +164,11 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
                 out[k] = check_budget_value(v)
             except BudgetValueError as exc:
                 raise PolicyError(where, str(exc)) from None
+        elif k == "net":
+            try:
+                out.update(net_rules.validate_table(v))
+            except ValueError as e:
+                raise PolicyError(_key(name, "net", *e.args[:1]), e.args[1]) from None
         elif k == "fs":
             if not isinstance(v, dict):
                 raise PolicyError(where, "expected a table")
@@ -245,10 +243,7 @@ class PrincipalPolicy:
         self._spawn = [
             (g, fnmatch.compile(g, flags=_NAME_FLAGS)) for g in settings.get("proc_spawn", ())
         ]
-        self._net = [
-            (fnmatch.compile(h.lower(), flags=_NAME_FLAGS), fnmatch.compile(p, flags=_NAME_FLAGS))
-            for h, _, p in (e.rpartition(":") for e in settings.get("net_connect", ()))
-        ]
+        self._net = net_rules.NetRules(self.net_allow, self.net_deny)
         self._env = {
             k: fnmatch.compile(list(settings.get(k, ())), flags=_NAME_FLAGS)  # type: ignore[type-var]
             for k in ("env_read", "env_write")
@@ -354,10 +349,19 @@ class PrincipalPolicy:
     def net_grants(self) -> tuple[str, ...]:
         return tuple(self._s.get("net_connect", ()))
 
+    @property
+    def net_allow(self) -> tuple[str, ...]:
+        """``net.allow`` and the old ``net_connect`` entries (the same form, net/rules.py)."""
+        return (*self._s.get("net_allow", ()), *self.net_grants)
+
+    @property
+    def net_deny(self) -> tuple[str, ...]:
+        return tuple(self._s.get("net_deny", ()))
+
     def grant_key(self) -> tuple[tuple[str, ...], ...]:
         """What the sandbox is built from (the fs and network grants): equal keys, equal
         sandboxes."""
-        return (*(self.fs_grants(k) for k in _FS_KEYS), self.net_grants)
+        return (*(self.fs_grants(k) for k in _FS_KEYS), self.net_allow, self.net_deny)
 
     def sandbox_spec(
         self,
@@ -469,10 +473,8 @@ class PrincipalPolicy:
                 return ALLOW, ""
             return None, f"outside fs.{kind[3:]} grants"
         if kind == "net_connect":
-            host, _, port = target.rpartition(":")
-            if any(h.match(host.lower()) and p.match(port) for h, p in self._net):
-                return ALLOW, ""
-            return None, "not in net_connect"
+            ok, why = net_rules.effect_verdict(self._net, target)
+            return (ALLOW, "") if ok else (None, why)
         if kind in ("env_read", "env_write"):
             if self._env[kind].match(target):
                 return ALLOW, ""

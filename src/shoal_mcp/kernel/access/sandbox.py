@@ -92,6 +92,7 @@ class SandboxSpec:
         "deny_unix_sockets",
         "view",
         "max_procs",
+        "egress",
         "notes",
     )
 
@@ -108,6 +109,7 @@ class SandboxSpec:
         deny_unix_sockets: bool = True,
         view: dict | None = None,
         max_procs: int = 0,
+        egress: str = "",
         notes: tuple[str, ...] = (),
     ) -> None:
         self.read = tuple(read)
@@ -120,6 +122,7 @@ class SandboxSpec:
         self.deny_unix_sockets = deny_unix_sockets
         self.view = view
         self.max_procs = max_procs
+        self.egress = egress
         self.notes = tuple(notes)
 
     def __eq__(self, other: object) -> bool:
@@ -142,6 +145,7 @@ class SandboxSpec:
             "deny_unix_sockets": self.deny_unix_sockets,
             "view": self.view,
             "max_procs": self.max_procs,
+            "egress": self.egress,
             "notes": list(self.notes),
         }
 
@@ -180,10 +184,14 @@ class SandboxSpec:
         max_procs = data.get("max_procs", 0)
         if type(max_procs) is not int or max_procs < 0:  # noqa: E721 (not bool)
             raise SandboxError(errno.EINVAL, "sandbox spec: max_procs must be an int >= 0")
+        egress = data.get("egress", "")
+        if not isinstance(egress, str) or (egress and not egress.startswith("/")):
+            raise SandboxError(errno.EINVAL, "sandbox spec: egress must be an absolute path")
         return cls(
             tmpdir=tmpdir,
             view=view,
             max_procs=max_procs,
+            egress=egress,
             tcp_connect=None if tcp is None else tuple(tcp),
             **flags,  # type: ignore[arg-type]
             **kw,  # type: ignore[arg-type]
@@ -219,8 +227,14 @@ class SandboxSpec:
         return cls.from_dict(obj)
 
     def environ(self) -> dict[str, str]:
-        """Environment the sandboxed tree should get (``TMPDIR`` = the private temp dir)."""
-        return {"TMPDIR": self.tmpdir} if self.tmpdir else {}
+        """Environment the sandboxed tree should get (``TMPDIR`` = the private temp dir;
+        with an egress channel, the proxy variables pointing at its bridge)."""
+        env = {"TMPDIR": self.tmpdir} if self.tmpdir else {}
+        if self.egress:
+            from ..net.bridge import proxy_environ
+
+            env.update(proxy_environ())
+        return env
 
 
 # --- applying a spec (runs in the fresh supervisor process) --------------------------
@@ -262,6 +276,7 @@ def enter_namespaces(spec: SandboxSpec, *, init: bool) -> None:
         namespaces.View.from_dict(spec.view),
         init=init,
         max_procs=spec.max_procs,
+        egress=spec.egress,
     )
 
 

@@ -9,9 +9,12 @@ plan's concrete targets, nothing more (docs/security.md, "Approvals"):
   grant needs an object: granting its directory instead would grant every name in it);
   the placeholder is removed again when the command left it empty.
 * ``fs_read`` of a path the view hides (a secret): that path revealed, read-only.
-* anything else (``fs_delete`` outside a granted tree, the network before the egress
-  proxy, a target under the kernel's own directories) cannot be granted exactly and is
-  reported as refused, never widened to something larger.
+* ``net_connect`` of ``host:port``: that host on that port (any default port when the
+  port is ``*``) let through by the egress proxy (net/), for this principal's session
+  channel.  A host glob is refused.
+* anything else (``fs_delete`` outside a granted tree, a target under the kernel's own
+  directories) cannot be granted exactly and is reported as refused, never widened to
+  something larger.
 
 Paths already within the principal's grants need nothing.
 """
@@ -33,10 +36,20 @@ class Widening:
     created: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
     """Placeholders the kernel made for new files, with their inode and mtime: removed
     afterwards if the command never touched them."""
+    net: tuple[str, ...] = ()
+    """``host:port`` entries the egress proxy lets through besides the policy's."""
+
+    def plus(self, other: Widening) -> Widening:
+        """Both sets of extra grants (no placeholders, no refusals)."""
+        return Widening(
+            (*self.write, *other.write),
+            (*self.read, *other.read),
+            net=tuple(sorted({*self.net, *other.net})),
+        )
 
     @property
     def empty(self) -> bool:
-        return not (self.write or self.read)
+        return not (self.write or self.read or self.net)
 
 
 def target_of(effect: dict) -> str:
@@ -60,6 +73,7 @@ def widening(
     write: list[str] = []
     read: list[str] = []
     refused: list[dict] = []
+    net: list[str] = []
     created: list[tuple[str, int, int]] = []
     for effect in effects:
         kind, target = effect.get("kind"), str(effect.get("target", ""))
@@ -94,11 +108,17 @@ def widening(
         elif kind == "fs_delete" and not writable(path):
             refused.append({**effect, "why": "deleting outside the write grants is not granted"})
         elif kind == "net_connect":
-            refused.append(
-                {**effect, "why": "the network is granted by the egress proxy (issue 27)"}
-            )
+            host, _, port = target.rpartition(":")
+            if not host or host == "*" or "*" in host or "?" in host:
+                refused.append({**effect, "why": "a host glob is not granted by an approval"})
+            else:
+                net.append(f"{host}:{port}" if port.isdigit() else host)
     return Widening(
-        tuple(sorted(set(write))), tuple(sorted(set(read))), tuple(refused), tuple(created)
+        tuple(sorted(set(write))),
+        tuple(sorted(set(read))),
+        tuple(refused),
+        tuple(created),
+        tuple(sorted(set(net))),
     )
 
 

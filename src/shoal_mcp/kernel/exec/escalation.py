@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from ..access.guard import Guard
 
 
+_KINDS = ("write", "read", "net")
+
+
 @dataclass(frozen=True)
 class RunGrants:
     """How one run's sandbox differs from its principal's usual one: an approval's
@@ -55,13 +58,21 @@ class Escalation:
         with self._lock:
             had = self._granted.get((who.session, who.principal), Widening())
             self._granted[(who.session, who.principal)] = Widening(
-                tuple(sorted({*had.write, *extra.write})), tuple(sorted({*had.read, *extra.read}))
+                tuple(sorted({*had.write, *extra.write})),
+                tuple(sorted({*had.read, *extra.read})),
+                net=tuple(sorted({*had.net, *extra.net})),
             )
 
     def listed(self) -> list[dict]:
         with self._lock:
             return [
-                {"session": s, "principal": p, "write": list(w.write), "read": list(w.read)}
+                {
+                    "session": s,
+                    "principal": p,
+                    "write": list(w.write),
+                    "read": list(w.read),
+                    "net": list(w.net),
+                }
                 for (s, p), w in sorted(self._granted.items())
                 if not w.empty
             ]
@@ -75,13 +86,25 @@ class Escalation:
                 return 0
             if target is None:
                 del self._granted[(session, principal)]
-                return len(had.write) + len(had.read)
+                return len(had.write) + len(had.read) + len(had.net)
             kept = Widening(
                 tuple(p for p in had.write if p != target),
                 tuple(p for p in had.read if p != target),
+                net=tuple(h for h in had.net if h != target),
             )
             self._granted[(session, principal)] = kept
-            return len(had.write) + len(had.read) - len(kept.write) - len(kept.read)
+            return sum(len(had.__dict__[k]) - len(kept.__dict__[k]) for k in _KINDS)
+
+    def _proxy_refusals(self, exec_id: int | None) -> list[dict]:
+        """What the egress proxy refused this exec (net/log.py), as denials."""
+        egress = self.guard.confinement.egress
+        if egress is None or exec_id is None:
+            return []
+        out = []
+        for a in egress.log.refused(exec_id):
+            entry = {"access": "connect", "host": a.host, "port": a.port, "source": "proxy"}
+            out.append({**entry, "why": a.why})
+        return out
 
     # -- applying an approved plan --------------------------------------------------------
 
@@ -134,13 +157,16 @@ class Escalation:
         err_tail: bytes,
         project: tuple[str, ...],
         store: Callable[[Plan], Plan],
+        exec_id: int | None = None,
     ) -> dict:
         """The reply's ``sandbox_denied`` and ``ask`` for a failed run whose source is
         ``judged`` (its analysis, the session's cwd and env hash now, which an apply
-        of the plan is checked against); empty when the sandbox refused nothing."""
+        of the plan is checked against); empty when the sandbox refused nothing.
+        ``exec_id``: its journal row, which the egress proxy's refusals name."""
         analysis, cwd, env_hash = judged
         found, plan = self.denied(
             who,
+            exec_id=exec_id,
             src=src,
             cwd=cwd,
             env_hash=env_hash,
@@ -175,20 +201,23 @@ class Escalation:
         err_tail: bytes,
         home: str,
         project: tuple[str, ...],
+        exec_id: int | None = None,
     ) -> tuple[list[dict], Plan | None]:
         """What the sandbox refused this run, and a stored plan asking for it."""
         if not self.guard.isolated(who.principal):
             return [], None
         policy = self.guard.for_principal(who.principal, project)
-        found = denials.find(
+        proxied = self.guard.confinement.routes_network()
+        found = self._proxy_refusals(exec_id) + denials.find(
             err_tail[-STDERR_DENIALS_BYTES:].decode("utf-8", "replace"),
             cwd=cwd,
             home=home,
             writable=self.writable(who, project),
             hidden=self.hidden(who, project),
             predicted=effects,
-            own_network=not policy.net_grants,
+            own_network=proxied or not policy.net_grants,
         )
+        found = _dedupe_hosts(found)
         if not found:
             return [], None
         requested = [_as_effect(d) for d in found]
@@ -207,6 +236,20 @@ class Escalation:
             requested=requested,
         )
         return found, plan
+
+
+def _dedupe_hosts(found: list[dict]) -> list[dict]:
+    """One entry per refused host: the proxy's (first, with its port and reason) wins
+    over what the program's error message said about the same host."""
+    seen: set[str] = set()
+    out = []
+    for d in found:
+        if d["access"] == "connect":
+            if d["host"] in seen:
+                continue
+            seen.add(d["host"])
+        out.append(d)
+    return out
 
 
 def _as_effect(denial: dict) -> dict:

@@ -25,8 +25,8 @@ from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
 from ..access.sandbox import SandboxSpec
-from ..access.widen import Widening
 from ..effects import analyzer
+from ..net.bridge import PROXY_ENV_NAMES
 from ..store.sessions import Session, SessionTable
 from ..values.outputs import SHOAL_OUT_ENV
 from ..values.service import ValueService
@@ -373,19 +373,21 @@ class ExecService:
             return None
         extra = self.escalation.session_grants(who)
         if grants is not None and grants.extra is not None:
-            extra = Widening((*extra.write, *grants.extra.write), (*extra.read, *grants.extra.read))
+            extra = extra.plus(grants.extra)
         return self.guard.sandbox_spec(
             who.principal,
             also_read=(outputs, *extra.read),
             also_write=extra.write,
             project=self.project_of(who),
+            session=who.session,
+            net_extra=extra.net,
         )
 
     def _confined_env(self, who: Principal, env: dict[str, str]) -> dict[str, str]:
         """A sandboxed principal's processes see only the env it may read, no secrets
         (``PrincipalPolicy.confined_env``); $SHOAL_OUT and TMPDIR are its own."""
         kept = self.guard.for_principal(who.principal).confined_env(env)
-        for own in (SHOAL_OUT_ENV, "TMPDIR"):
+        for own in (SHOAL_OUT_ENV, "TMPDIR", *PROXY_ENV_NAMES):
             if own in env:
                 kept[own] = env[own]
         return kept
@@ -547,6 +549,7 @@ class ExecService:
                 tail,
                 self.project_of(who),
                 lambda plan: self.plans.put(plan, self._plan_budget(who)),
+                exec_id=task.journal_id,
             )
         )
 

@@ -12,6 +12,7 @@ thread watches a task at a time.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import logging
 import signal
@@ -226,6 +227,16 @@ class TaskManager:
             t
             for t in tasks
             if t.listed and t.session == session and (see_all or t.principal == principal)
+        ]
+
+    def running_of(self, session: str, principal: str) -> builtins.list[Task]:
+        """The principal's running tasks in a session, listed or not (foreground execs)."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+        return [
+            t
+            for t in tasks
+            if t.session == session and t.principal == principal and not t.done.is_set()
         ]
 
     def running_total(self) -> int:
