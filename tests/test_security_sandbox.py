@@ -176,7 +176,9 @@ class Listener:
             try:
                 conn, peer = self.sock.accept()
             except OSError:
-                return
+                if self.sock.fileno() < 0:
+                    return  # closed: the test is over
+                continue  # a connection aborted before its accept: keep listening
             self.peers.append(peer[1])
             conn.close()
 
