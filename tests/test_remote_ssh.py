@@ -203,6 +203,67 @@ def test_a_silent_link_fails_in_flight_calls_within_the_liveness_bound(remote, t
         assert pipe.close() == 0
 
 
+def test_the_sandboxed_agent_works_in_the_remote_dir(remote, tmp_path):
+    """The default agent (no token, not --unconfined) on a host: ``--remote-dir`` is its
+    working directory and project there, as the local cwd is for a local facade; without
+    it the agent has no project on that host and writes nowhere in it."""
+    project = remote.dir / "project"
+    project.mkdir()
+    beside = remote.dir / "beside"
+    beside.mkdir()
+    env = remote.client_env(SHOAL_UNCONFINED="", SHOAL_SESSION="")
+    host = env.pop("SHOAL_HOST")
+    command = [str(shoal_script().with_name("shoal-mcp")), "--host", host]
+    agent = McpPipe(
+        env,
+        cwd=str(tmp_path),
+        stderr_path=tmp_path / "agent.err",
+        command=[*command, "--remote-dir", str(project)],
+    )
+    try:
+        init = agent.initialize()
+        assert f"({project} on that host" in init["instructions"], init["instructions"]
+        here = agent.call_tool("shoal_exec", {"command": "pwd; echo made > made.txt"})
+        assert shown(here) == str(project), here
+        assert (project / "made.txt").read_text() == "made\n"
+        outside = structured(agent.call_tool("shoal_exec", {"command": f"touch {beside}/x"}))
+        assert outside["value"]["ok"] is False and not (beside / "x").exists(), outside
+        assert f"{beside}/x" in {d["path"] for d in outside["sandbox_denied"]}, outside
+    finally:
+        assert agent.close() == 0
+    homeless = McpPipe(
+        env, cwd=str(tmp_path), stderr_path=tmp_path / "homeless.err", command=command
+    )
+    try:
+        init = homeless.initialize()
+        assert "(none on that host)" in init["instructions"]
+        refused = structured(homeless.call_tool("shoal_exec", {"command": f"touch {project}/y"}))
+        assert refused["value"]["ok"] is False and not (project / "y").exists(), refused
+    finally:
+        assert homeless.close() == 0
+    assert "Traceback" not in (tmp_path / "agent.err").read_text()
+
+
+def test_remote_dir_options_are_checked(remote, tmp_path):
+    env = remote.client_env()
+    host = env.pop("SHOAL_HOST")
+    relative = shoal(remote, "--host", host, "--remote-dir", "src/app", "exec", "true", env=env)
+    assert relative.returncode == 2 and "expected an absolute path on the host" in relative.stderr
+    alone = shoal(remote, "--remote-dir", "/srv/app", "exec", "true", env=env)
+    assert alone.returncode == 2 and "--remote-dir needs --host" in alone.stderr
+    facade_alone = subprocess.run(
+        [str(shoal_script().with_name("shoal-mcp")), "--remote-dir", "/srv/app"],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert facade_alone.returncode == 2 and "--remote-dir needs --host" in facade_alone.stderr
+    # The CLI works there too, and mcp-config writes the flag into the entry.
+    there = shoal(remote, "--host", host, "--remote-dir", str(remote.dir), "exec", "pwd", env=env)
+    assert there.stdout == f"{remote.dir}\n", there.stderr
+    config = shoal(remote, "mcp-config", "--host", host, "--remote-dir", "/srv/app", env=env)
+    entry = orjson.loads(config.stdout[config.stdout.index("{") :])["mcpServers"]["shoal"]
+    assert entry["args"][-4:] == ["--host", host, "--remote-dir", "/srv/app"]
+
+
 # -- the CLI ------------------------------------------------------------------------------
 
 

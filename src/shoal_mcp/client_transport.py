@@ -38,6 +38,10 @@ SSH_ENV = "SHOAL_SSH"
 REMOTE_COMMAND_ENV = "SHOAL_REMOTE_COMMAND"
 """The shoal command on the remote host, as text for its shell (default ``shoal``; e.g.
 ``~/venv/bin/shoal`` or ``env SHOAL_STATE_DIR=/data/shoal shoal``)."""
+REMOTE_DIR_ENV = "SHOAL_REMOTE_DIR"
+"""An absolute directory on the host: the remote session's working directory, as the
+local one is for a local facade (the sandboxed agent's project is its git work tree, else
+the directory itself).  Unset: the host's default session, and no project there."""
 BRIDGE_ARGS = ("kernel", "bridge")
 COMMAND_NOT_FOUND = 127
 """The remote shell's status when the command does not exist there."""
@@ -98,6 +102,18 @@ def configured_host(explicit: str | None = None) -> RemoteHost | None:
     """The host named by ``explicit`` (``--host``), else ``SHOAL_HOST``; None: local."""
     spec = explicit or os.environ.get(HOST_ENV, "")
     return parse_host(spec) if spec.strip() else None
+
+
+def remote_dir(explicit: str | None = None) -> str | None:
+    """The directory named by ``explicit`` (``--remote-dir``), else ``SHOAL_REMOTE_DIR``;
+    an absolute path on the host (a local ``~`` or relative path would mean this
+    machine's).  Its existence is the remote kernel's to judge, on the first command."""
+    path = (explicit or os.environ.get(REMOTE_DIR_ENV, "")).strip()
+    if not path:
+        return None
+    if not path.startswith("/"):
+        raise BadHost(f"bad remote dir {path!r}: expected an absolute path on the host")
+    return path
 
 
 class SshProcess:

@@ -11,6 +11,8 @@ from click.core import ParameterSource
 
 from .. import __version__
 from ..client import KernelLost
+from ..client_transport import BadHost
+from ..client_transport import remote_dir as checked_remote_dir
 from ..protocol.framing import BACKEND
 from ..protocol.paths import NotADirectory
 from .admin import doctor, mcp_config, token_group
@@ -53,6 +55,12 @@ LOCAL_ONLY = frozenset({"kernel", "token", "policy", "gc"})
     default=None,
     help="use the kernel on [user@]host[:port] through your ssh (SHOAL_HOST)",
 )
+@click.option(
+    "--remote-dir",
+    envvar="SHOAL_REMOTE_DIR",
+    default=None,
+    help="with --host: work in this absolute directory there (SHOAL_REMOTE_DIR)",
+)
 @click.version_option(__version__, message=f"shoal %(version)s (framing: {BACKEND})")
 @click.pass_context
 def main(
@@ -61,6 +69,7 @@ def main(
     state_dir: str | None,
     session: str | None,
     host: str | None,
+    remote_dir: str | None,
 ) -> None:
     """shoal: a shell for AI agents that cannot flood their context."""
     if host and ctx.invoked_subcommand in LOCAL_ONLY:
@@ -71,7 +80,16 @@ def main(
         )
     if host and ctx.get_parameter_source("host") is ParameterSource.COMMANDLINE:
         HINT_HOST["host"] = host
-    ctx.obj = Ctx(socket, state_dir, session, host or None)
+    given = ctx.get_parameter_source("remote_dir") is ParameterSource.COMMANDLINE
+    if remote_dir and given and not host:
+        raise click.UsageError(
+            "--remote-dir needs --host (or SHOAL_HOST): it names a directory there"
+        )
+    try:
+        directory = checked_remote_dir(remote_dir) if host else None
+    except BadHost as exc:
+        raise click.UsageError(str(exc)) from None
+    ctx.obj = Ctx(socket, state_dir, session, host or None, directory)
 
 
 for command in (

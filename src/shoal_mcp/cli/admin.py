@@ -16,7 +16,8 @@ import orjson
 
 from .. import __version__
 from ..client import KernelLost, autostart_allowed, connect
-from ..client_transport import REMOTE_COMMAND_ENV, SSH_ENV, parse_host
+from ..client_transport import REMOTE_COMMAND_ENV, SSH_ENV, BadHost, parse_host
+from ..client_transport import remote_dir as checked_remote_dir
 from ..protocol.errors import RpcError
 from ..protocol.framing import BACKEND
 from ..protocol.limits import CALL_TIMEOUT_S
@@ -376,8 +377,11 @@ def _private(path, mode: int, must_exist: bool) -> str:
 @click.command("mcp-config")
 @click.option("--name", default="shoal", show_default=True, help="server name in the client")
 @click.option("--host", default=None, help="an entry for the kernel on [user@]host[:port]")
+@click.option(
+    "--remote-dir", default=None, help="with --host: the entry works in this directory there"
+)
 @pass_ctx
-def mcp_config(ctx: Ctx, name: str, host: str | None) -> None:
+def mcp_config(ctx: Ctx, name: str, host: str | None, remote_dir: str | None) -> None:
     """Print ready-to-paste MCP config (Claude Code, Claude Desktop, generic clients) with
     absolute paths, so a client with a minimal PATH still finds this installation."""
     command, args = facade_command()
@@ -385,7 +389,15 @@ def mcp_config(ctx: Ctx, name: str, host: str | None) -> None:
     host = host or ctx.host
     if host:
         args = [*args, "--host", parse_host(host).label]
+        try:
+            directory = checked_remote_dir(remote_dir) or ctx.remote_dir
+        except BadHost as exc:
+            raise click.UsageError(str(exc)) from None
+        if directory:
+            args += ["--remote-dir", directory]
         env.update(remote_env())
+    elif remote_dir:
+        raise click.UsageError("--remote-dir needs --host: it names a directory there")
     if ctx.session:
         env["SHOAL_SESSION"] = ctx.session  # else: each project its own session
     if ctx.socket and not host:  # a remote entry's kernel is found on its host

@@ -50,6 +50,7 @@ class Ctx:
     state_dir: str | None
     session: str | None
     host: str | None = None  # --host / SHOAL_HOST: the kernel of that host, over ssh
+    remote_dir: str | None = None  # --remote-dir / SHOAL_REMOTE_DIR: the cwd there
     _client: KernelClient | None = field(default=None, repr=False)
     attach_info: dict = field(default_factory=dict)
 
@@ -72,8 +73,10 @@ class Ctx:
         if self._client is None or on_event is not None:
             client = self._connect(on_event)
             params: dict = {"client": {"kind": "cli", "tty": sys.stdout.isatty()}}
-            if not self.host:  # a local path means nothing on another host
+            if not self.host:
                 params["cwd"] = os.getcwd()
+            elif self.remote_dir:  # a local path means nothing on another host
+                params["cwd"] = self.remote_dir
             if self.session:
                 params["session"] = self.session  # else: this directory's session
             token = os.environ.get("SHOAL_TOKEN")

@@ -15,9 +15,10 @@ def main() -> None:
         sys.exit(0)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         print(
-            "shoal-mcp [--unconfined] [--host [user@]host[:port]]: MCP stdio server for shoal. "
-            "--host (or SHOAL_HOST) uses the kernel on that host through your ssh "
-            "(SHOAL_SSH, SHOAL_REMOTE_COMMAND). Without SHOAL_TOKEN the "
+            "shoal-mcp [--unconfined] [--host [user@]host[:port] [--remote-dir DIR]]: MCP "
+            "stdio server for shoal. --host (or SHOAL_HOST) uses the kernel on that host "
+            "through your ssh (SHOAL_SSH, SHOAL_REMOTE_COMMAND), working in DIR there "
+            "(SHOAL_REMOTE_DIR, an absolute path on the host). Without SHOAL_TOKEN the "
             "agent's commands run sandboxed (writes in the project, no network); "
             "--unconfined (or SHOAL_UNCONFINED=1) runs them as you instead. Configure with "
             "SHOAL_SOCKET, SHOAL_SESSION, SHOAL_TOKEN, SHOAL_NO_AUTOSTART."
@@ -34,24 +35,46 @@ def main() -> None:
 
 
 def host_from_argv(argv: list[str]) -> None:
-    """``--host H`` / ``--host=H``: checked now (a bad one stops the server with a clear
-    message before any client talks to it) and passed on as ``SHOAL_HOST``."""
-    from ..client_transport import HOST_ENV, BadHost, configured_host
+    """``--host H`` and ``--remote-dir DIR`` (or ``--opt=value``): checked now (a bad one
+    stops the server with a clear message before any client talks to it) and passed on
+    as ``SHOAL_HOST`` / ``SHOAL_REMOTE_DIR``."""
+    from ..client_transport import (
+        HOST_ENV,
+        REMOTE_DIR_ENV,
+        BadHost,
+        configured_host,
+        remote_dir,
+    )
 
-    spec = None
-    for i, arg in enumerate(argv):
-        if arg == "--host":
-            if i + 1 >= len(argv):
-                raise ValueError("--host needs a value: [user@]host[:port]")
-            spec = argv[i + 1]
-        elif arg.startswith("--host="):
-            spec = arg.split("=", 1)[1]
-    if spec is not None:
-        os.environ[HOST_ENV] = spec
+    given = {}
+    for option, env, what in (
+        ("--host", HOST_ENV, "[user@]host[:port]"),
+        ("--remote-dir", REMOTE_DIR_ENV, "an absolute directory on the host"),
+    ):
+        given[option] = _option_value(argv, option, what)
+        if given[option] is not None:
+            os.environ[env] = given[option]
     try:
-        configured_host()
+        host = configured_host()
+        remote_dir()
     except BadHost as exc:
         raise ValueError(str(exc)) from None
+    # SHOAL_REMOTE_DIR alone is ignored locally (a shell may export it for `--host` runs);
+    # the flag alone is a mistake worth stopping for.
+    if given["--remote-dir"] is not None and host is None:
+        raise ValueError("--remote-dir needs --host (or SHOAL_HOST): it names a directory there")
+
+
+def _option_value(argv: list[str], option: str, what: str) -> str | None:
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option:
+            if i + 1 >= len(argv):
+                raise ValueError(f"{option} needs a value: {what}")
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 if __name__ == "__main__":

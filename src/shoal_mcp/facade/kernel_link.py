@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..client import KernelClient, KernelLost, KernelUntrusted, connect
-from ..client_transport import RemoteHost, configured_host, connect_remote
+from ..client_transport import RemoteHost, configured_host, connect_remote, remote_dir
 from ..client_versions import version_mismatch
 from ..protocol.limits import REMOTE_RECONNECT_BACKOFF_S
 from .inflight import current_flight, wait_cancellable
@@ -68,6 +68,7 @@ class KernelLink:
         # --host / SHOAL_HOST: the kernel of that host through the user's ssh
         # (client_transport); one facade talks to one host.
         self.host: RemoteHost | None = configured_host()
+        self.remote_dir = remote_dir() if self.host else None
         self.backoff = ReconnectBackoff()
 
     def _attach(self, client: KernelClient) -> dict:
@@ -77,8 +78,10 @@ class KernelLink:
                 **{k: v for k, v in self.client_info.items() if k in ("name", "version")},
             },
         }
-        if self.host is None:  # a local path means nothing on another host
+        if self.host is None:
             params["cwd"] = os.getcwd()
+        elif self.remote_dir:  # a local path means nothing on another host
+            params["cwd"] = self.remote_dir
         if self.session:
             params["session"] = self.session
         if self.token:

@@ -125,7 +125,13 @@ def remote_instructions(link: object, host: str) -> str:
     elif getattr(link, "unconfined", False):
         who = UNCONFINED_INSTRUCTIONS
     else:
-        who = AGENT_INSTRUCTIONS.format(principal=AGENT_PRINCIPAL, project="none on that host")
+        directory = getattr(link, "remote_dir", None)
+        project = (
+            f"{directory} on that host, or the git work tree holding it"
+            if directory
+            else "none on that host"
+        )
+        who = AGENT_INSTRUCTIONS.format(principal=AGENT_PRINCIPAL, project=project)
     return INSTRUCTIONS + who + REMOTE_INSTRUCTIONS.format(host=host)
 
 
