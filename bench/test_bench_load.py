@@ -16,8 +16,11 @@ import json
 import os
 from pathlib import Path
 
+from bench import agents
 from bench.loadgen import run_load
+from bench.mcp_pipe import PipeClient
 from shoal_mcp.protocol.framing import BACKEND
+from tests.support.facade import facade_env
 from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import fd_count, kernel_commands, threads
@@ -123,3 +126,98 @@ def test_load_many_facades(benchmark, request, tmp_path):
     assert figures["errors"] == []
     assert figures["duplicates"] == {}
     assert figures["answered"] == FACADES * CALLS
+
+
+# -- many agents, each with its own server (issue 30) --------------------------------------
+
+AGENTS = 4 if QUICK else 32
+AGENT_CALLS = 10 if QUICK else 100
+OLD_REF_ENV = "SHOAL_BENCH_OLD_REF"
+"""A git ref of this repository: the bench adds a row for that commit's kernel and facade
+(built into a temporary directory), so a kernel change is A/B'd in one run."""
+AGENTS_RESULTS = RESULTS.with_name("agents.json")
+
+
+def _shoal_row(env: dict[str, str] | None, policy: Path) -> dict:
+    """AGENTS facades, each in a session of its own, on one kernel (run with ``env``)."""
+    with running_kernel("--policy", str(policy), env=env, prefix="shag-") as kernel:
+        tree = {"PYTHONPATH": env["PYTHONPATH"]} if env else {}
+        clients = [
+            PipeClient(agents.facade_argv(), facade_env(kernel, f"agent-{i}", **tree))
+            for i in range(AGENTS)
+        ]
+        try:
+
+            def ok(result: dict) -> None:
+                assert result["structuredContent"]["value"]["ok"] is True, result
+
+            for c in clients:  # each session's first exec starts its shell: not measured
+                ok(c.call_tool("shoal_exec", {"command": "true"}))
+            cpu0 = cpu_seconds(kernel.pid)
+            row = agents.mcp_row(clients, "shoal_exec", {"command": "true"}, AGENT_CALLS, ok)
+            row["server_cpu_ms_per_call"] = round(
+                (cpu_seconds(kernel.pid) - cpu0) / row["calls"] * 1e3, 3
+            )
+        finally:
+            for c in clients:
+                c.close()
+    return row
+
+
+def _fastmcp_row() -> dict:
+    with agents.started([agents.fastmcp_argv()] * AGENTS, dict(os.environ)) as clients:
+
+        def ok(result: dict) -> None:
+            assert result["content"] == [] or result["content"][0]["text"] == "", result
+
+        for c in clients:
+            ok(c.call_tool("exec", {"src": "true"}))
+        cpu0 = sum(cpu_seconds(c.pid) for c in clients)
+        row = agents.mcp_row(clients, "exec", {"src": "true"}, AGENT_CALLS, ok)
+        row["server_cpu_ms_per_call"] = round(
+            (sum(cpu_seconds(c.pid) for c in clients) - cpu0) / row["calls"] * 1e3, 3
+        )
+    return row
+
+
+def test_agents_each_with_a_server(request, tmp_path):
+    """AGENTS agents x AGENT_CALLS sequential ``true`` calls: shoal, (shoal at another
+    commit,) FastMCP servers, bare bash; ratios to the FastMCP row (issue 30's targets:
+    shoal's throughput >= 1.0x, its p99 <= 1.0x)."""
+    policy = tmp_path / "load-policy.toml"
+    policy.write_text(LOAD_POLICY)
+    rows: dict[str, dict] = {"shoal": _shoal_row(None, policy)}
+    old_ref = os.environ.get(OLD_REF_ENV, "").strip()
+    if old_ref:
+        with agents.old_tree(old_ref, tmp_path / "old") as old_env:
+            rows[f"shoal@{old_ref}"] = _shoal_row(old_env, policy)
+    rows["fastmcp"] = _fastmcp_row()
+    rows["bash"] = agents.bash_row(AGENTS, AGENT_CALLS)
+    peer = rows["fastmcp"]
+    for row in rows.values():
+        row["throughput_over_fastmcp"] = round(row["calls_per_s"] / peer["calls_per_s"], 2)
+        row["p99_over_fastmcp"] = round(row["p99_ms"] / peer["p99_ms"], 2)
+    AGENTS_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    AGENTS_RESULTS.write_text(
+        json.dumps({"agents": AGENTS, "calls": AGENT_CALLS, "backend": BACKEND,
+                    "cpus": os.cpu_count(), "quick": QUICK, "rows": rows}, indent=2) + "\n"
+    )  # fmt: skip
+    lines = [
+        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19}"
+    ]
+    for name, row in rows.items():
+        cpu = row.get("server_cpu_ms_per_call")
+        lines.append(
+            f"{name:>14} {row['calls_per_s']:9.1f} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} "
+            f"{row['throughput_over_fastmcp']:10.2f} {row['p99_over_fastmcp']:6.2f} "
+            f"{'' if cpu is None else f'{cpu:19.3f}'}"
+        )
+    lines.append(f"saved to {AGENTS_RESULTS}")
+    print("\n" + "\n".join(lines))
+    register_summary(
+        request.config,
+        f"{AGENTS} agents x {AGENT_CALLS} calls, each its own server ({BACKEND})",
+        lines,
+    )
+    for row in rows.values():
+        assert row["calls"] == AGENTS * AGENT_CALLS
