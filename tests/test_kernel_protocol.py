@@ -151,6 +151,20 @@ def test_unattached_exempt_methods_answer(raw):
     assert "cwd" in c.call("session.cwd")["result"]
 
 
+def test_attach_with_a_cwd_that_is_not_a_directory_is_refused(raw, tmp_path):
+    """A remote client names its cwd (``--remote-dir``): a typo is an error, never a
+    session quietly created in the home directory; the connection may attach again."""
+    c = raw()
+    missing = str(tmp_path / "no-such-dir")
+    err = _error(c.call("session.attach", {"cwd": missing}), ErrorCode.INVALID_PARAMS)
+    assert err["data"]["field"] == "cwd" and missing in err["message"]
+    _error(c.call("session.cwd"), ErrorCode.NOT_ATTACHED)  # nothing was attached
+    attached = c.call("session.attach", {"cwd": str(tmp_path)})["result"]
+    assert attached["cwd"] == str(tmp_path)
+    names = c.call("kernel.status")["result"]["sessions"]
+    assert not any("no-such-dir" in str(n) for n in names), names
+
+
 def test_malformed_json_then_connection_keeps_working(raw):
     c = raw()
     c.send_raw(b'{"jsonrpc": "2.0", "id": 1, "method": "ping",\n')

@@ -256,6 +256,24 @@ def test_remote_dir_options_are_checked(remote, tmp_path):
         env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert facade_alone.returncode == 2 and "--remote-dir needs --host" in facade_alone.stderr
+    missing = shoal(remote, "--host", host, "--remote-dir", "/no/such/dir", "exec", "pwd", env=env)
+    assert missing.returncode != 0 and "'/no/such/dir' is not a directory on this host" in (
+        missing.stderr
+    ), missing
+    typo = McpPipe(
+        env,
+        cwd=str(tmp_path),
+        stderr_path=tmp_path / "typo.err",
+        command=[str(shoal_script().with_name("shoal-mcp")), "--host", host,
+                 "--remote-dir", "/no/such/dir"],
+    )  # fmt: skip
+    try:
+        typo.initialize()
+        failed = typo.call_tool("shoal_exec", {"command": "pwd"})["result"]
+        assert failed["isError"] is True, failed
+        assert "is not a directory on this host" in failed["content"][0]["text"]
+    finally:
+        assert typo.close() == 0
     # The CLI works there too, and mcp-config writes the flag into the entry.
     there = shoal(remote, "--host", host, "--remote-dir", str(remote.dir), "exec", "pwd", env=env)
     assert there.stdout == f"{remote.dir}\n", there.stderr

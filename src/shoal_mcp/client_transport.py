@@ -107,7 +107,8 @@ def configured_host(explicit: str | None = None) -> RemoteHost | None:
 def remote_dir(explicit: str | None = None) -> str | None:
     """The directory named by ``explicit`` (``--remote-dir``), else ``SHOAL_REMOTE_DIR``;
     an absolute path on the host (a local ``~`` or relative path would mean this
-    machine's).  Its existence is the remote kernel's to judge, on the first command."""
+    machine's).  Its existence is the remote kernel's to judge: its attach refuses a
+    cwd that is not a directory there."""
     path = (explicit or os.environ.get(REMOTE_DIR_ENV, "")).strip()
     if not path:
         return None

@@ -49,6 +49,10 @@ _GLOB_CHARS = frozenset("*?[]{}")
 @method("session.attach", SESSION_ATTACH)
 def attach(call: Call, params: dict) -> dict:
     kernel = call.kernel
+    if params.get("cwd") and not os.path.isdir(params["cwd"]):
+        # A local client's cwd exists (getcwd says so); a remote one's is named by its
+        # user (--remote-dir) and may be a typo: never a session quietly in $HOME.
+        raise invalid_params("cwd", f"{params['cwd']!r} is not a directory on this host")
     # No session named: the session of the client's working directory (its project),
     # created there; a raw client that says neither gets the default one.
     name = params.get("session") or (
