@@ -25,7 +25,7 @@ def main() -> None:
         )
         sys.exit(0)
     try:
-        host_from_argv(sys.argv[1:])
+        remote_options_from_argv(sys.argv[1:])
     except ValueError as exc:
         print(f"shoal-mcp: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -34,7 +34,7 @@ def main() -> None:
     sys.exit(main_loop())
 
 
-def host_from_argv(argv: list[str]) -> None:
+def remote_options_from_argv(argv: list[str]) -> None:
     """``--host H`` and ``--remote-dir DIR`` (or ``--opt=value``): checked now (a bad one
     stops the server with a clear message before any client talks to it) and passed on
     as ``SHOAL_HOST`` / ``SHOAL_REMOTE_DIR``."""
