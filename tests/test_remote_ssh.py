@@ -318,6 +318,21 @@ def test_doctor_and_mcp_config_for_a_host(remote):
     assert checks[f"shoal on {host}"]["detail"] == f"shoal {__version__} (same as here)"
     kernel = checks[f"kernel on {host}"]
     assert kernel["status"] == "ok" and str(remote.state) in kernel["detail"]
+    assert not any(" on " in name and name.startswith("/") for name in checks)  # no dir given
+
+    # With a remote dir: a fourth check, the attach there (a typo fails it, named).
+    there = shoal(
+        remote, "doctor", "--host", host, "--json", env={**env, "SHOAL_REMOTE_DIR": str(remote.dir)}
+    )
+    found = {c["check"]: c for c in orjson.loads(there.stdout)}[f"{remote.dir} on {host}"]
+    assert there.returncode == 0 and found["status"] == "ok", there.stdout
+    assert f"cwd {remote.dir}" in found["detail"]
+    typo = shoal(
+        remote, "--host", host, "--remote-dir", "/no/such/dir", "doctor", "--json", env=env
+    )
+    failed = {c["check"]: c for c in orjson.loads(typo.stdout)}[f"/no/such/dir on {host}"]
+    assert typo.returncode != 0 and failed["status"] != "ok", typo.stdout
+    assert "is not a directory on this host" in failed["detail"], failed
 
     config = shoal(remote, "mcp-config", "--host", host, env=env)
     assert config.returncode == 0, config.stderr

@@ -124,7 +124,12 @@ def doctor(ctx: Ctx, as_json: bool, verify: bool, repair: bool, host: str | None
     bash grammar, pyte, permissions, backend; with --host, ssh and that host's shoal and
     kernel (versions compared with this machine's)."""
     if host or ctx.host:
-        report(remote_checks(parse_host(host or ctx.host or ""), _check, _warn), as_json)
+        try:
+            directory = ctx.remote_dir or checked_remote_dir()
+        except BadHost as exc:
+            raise click.UsageError(str(exc)) from None
+        checks = remote_checks(parse_host(host or ctx.host or ""), _check, _warn, directory)
+        report(checks, as_json)
         return
     if repair:
         _repair(ctx, as_json)

@@ -3,7 +3,8 @@
 Three checks, each naming what to do: the local ``ssh`` (and the ``sshd`` a test or a
 self-hosted setup uses), the remote shoal (ssh logs in, the remote command exists, its
 version against ours), and the remote kernel (reached through ``shoal kernel bridge``,
-autostarted there if needed, its version and state dir).
+autostarted there if needed, its version and state dir); with a remote directory
+(``--remote-dir``), a fourth: the kernel there attaches in it (the session it gets).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..client_transport import (
     run_remote,
     ssh_hint,
 )
+from ..protocol.errors import RpcError
 from ..protocol.limits import CALL_TIMEOUT_S, SSH_CONNECT_TIMEOUT_S, STATUS_PROBE_TIMEOUT_S
 
 SSHD = Path("/usr/sbin/sshd")
@@ -33,13 +35,18 @@ Check = tuple[str, str, str]
 CheckFn = Callable[[str, Callable[[], object]], Check]
 
 
-def remote_checks(host: RemoteHost, check: CheckFn, warn: Callable[[str], None]) -> list[Check]:
+def remote_checks(
+    host: RemoteHost, check: CheckFn, warn: Callable[[str], None], directory: str | None = None
+) -> list[Check]:
     """The doctor's checks for ``host`` (``check`` runs one and catches its failure)."""
-    return [
+    checks = [
         check("ssh", lambda: ssh_available(warn)),
         check(f"shoal on {host.label}", lambda: _remote_version(host, warn)),
         check(f"kernel on {host.label}", lambda: _remote_kernel(host, warn)),
     ]
+    if directory:
+        checks.append(check(f"{directory} on {host.label}", lambda: _remote_dir(host, directory)))
+    return checks
 
 
 def ssh_available(warn: Callable[[str], None]) -> str:
@@ -91,3 +98,24 @@ def _remote_kernel(host: RemoteHost, warn: Callable[[str], None]) -> str:
             f"version skew: the kernel on {host.label} runs {version}, this machine {__version__} ({where})"
         )
     return f"{where}, version {version}"
+
+
+def _remote_dir(host: RemoteHost, directory: str) -> str:
+    """Attach in ``directory`` there, as the facade will (the session is made if new)."""
+    try:
+        client = connect_remote(host)
+    except KernelLost as exc:
+        raise RuntimeError(str(exc)) from None
+    try:
+        attached = client.call(
+            "session.attach",
+            {"cwd": directory, "client": {"kind": "cli"}},
+            STATUS_PROBE_TIMEOUT_S + SSH_CONNECT_TIMEOUT_S,
+        )
+    except RpcError as exc:
+        raise RuntimeError(f"{exc.message}: create it there, or fix --remote-dir") from None
+    except KernelLost as exc:
+        raise RuntimeError(str(exc)) from None
+    finally:
+        client.close()
+    return f"session {attached['session']}, cwd {attached['cwd']}"
