@@ -46,14 +46,14 @@ def remote_options_from_argv(argv: list[str]) -> None:
         remote_dir,
     )
 
-    given = {}
+    given: dict[str, str | None] = {}
     for option, env, what in (
         ("--host", HOST_ENV, "[user@]host[:port]"),
         ("--remote-dir", REMOTE_DIR_ENV, "an absolute directory on the host"),
     ):
-        given[option] = _option_value(argv, option, what)
-        if given[option] is not None:
-            os.environ[env] = given[option]
+        value = given[option] = _option_value(argv, option, what)
+        if value is not None:
+            os.environ[env] = value
     try:
         host = configured_host()
         remote_dir()
