@@ -22,7 +22,6 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,38 +158,34 @@ __attribute__((constructor)) static void evil(void) { close(creat("%s/ld-preload
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that records the client port of each connection."""
+    """A TCP listener on 127.0.0.1 that counts the connections made to it.
+
+    No accept thread: ``settled_count`` accepts in the caller's thread until it meets a
+    probe of its own, so every connection made before the call is counted (accept order
+    is arrival order) and nothing depends on a thread keeping up (one that fell behind,
+    or died on an aborted connection, made this test flaky)."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
+        self.sock.listen(128)
+        self.sock.settimeout(30)
         self.port = self.sock.getsockname()[1]
         self.peers: list[int] = []
-        self._sentinels: set[int] = set()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                if self.sock.fileno() < 0:
-                    return  # closed: the test is over
-                continue  # a connection aborted before its accept: keep listening
-            self.peers.append(peer[1])
-            conn.close()
 
     def settled_count(self) -> int:
-        """Connections so far, not counting our own probes, once every connection made
-        before this call has been accepted: connect ourselves and wait for it (accept
-        order is arrival order)."""
+        """Connections so far, our own probes not counted."""
         with socket.create_connection(("127.0.0.1", self.port)) as probe:
             mine = probe.getsockname()[1]
-        self._sentinels.add(mine)
-        wait_until(lambda: mine in self.peers, timeout=30, what="the listener to catch up")
-        return sum(1 for p in self.peers if p not in self._sentinels)
+        while True:
+            try:
+                conn, peer = self.sock.accept()  # TimeoutError after 30 s: a clear failure
+            except ConnectionAbortedError:
+                continue  # gone before its accept: it never reached the listener
+            conn.close()
+            if peer[1] == mine:
+                return len(self.peers)
+            self.peers.append(peer[1])
 
     def close(self) -> None:
         self.sock.close()
