@@ -78,7 +78,7 @@ def walk(tree_env: dict[str, str], tmp: Path) -> dict:
         finally:
             client.close()
     return {
-        name: {k: r[k] for k in ("calls", "threads", "thread_hops", "counts")}
+        name: {k: r[k] for k in ("calls", "threads", "thread_hops", "counts", "sites")}
         | {"modules": len(r["modules"]), "module_names": r["modules"]}
         for name, r in reports.items()
     }

@@ -18,7 +18,7 @@ import pytest
 
 from shoal_mcp.kernel.store.cas import ContentStore
 from shoal_mcp.kernel.store.db import Database
-from shoal_mcp.kernel.values import outputs as outputs_mod
+from shoal_mcp.kernel.values import output_entries as entries_mod
 from shoal_mcp.kernel.values.outputs import SharedOutputs
 from shoal_mcp.protocol.limits import OUTPUTS_EAGER_COPY_MAX
 from tests.support.polling import wait_until
@@ -49,13 +49,13 @@ def store(tmp_path: Path):
 def test_an_exec_start_leaves_a_large_copy_to_the_background(store, monkeypatch):
     tmp, cas, db, outputs = store
     copied: list[str] = []
-    real_copy = outputs_mod._copy
+    real_copy = entries_mod._copy
 
     def watched_copy(blob: Path, name: Path) -> bool:
         copied.append(f"{time.monotonic_ns()} {blob.stat().st_size}")
         return real_copy(blob, name)
 
-    monkeypatch.setattr(outputs_mod, "_copy", watched_copy)
+    monkeypatch.setattr(entries_mod, "_copy", watched_copy)
     small, large = b"small\n", b"x" * (OUTPUTS_EAGER_COPY_MAX + 1)
     _store_output(tmp, cas, db, 1, small)
     _store_output(tmp, cas, db, 2, large)

@@ -32,9 +32,15 @@ def _install() -> None:
     state: dict = {"on": False}
     calls: list[tuple[int, str, str]] = []
     counts: dict[str, int] = {}
+    sites: dict[str, int] = {}  # "what shoal_module:function" -> times, to find the callers
 
-    def bump(key: str) -> None:
+    def bump(key: str, frame=None) -> None:  # noqa: ANN001 - a frame or None
         counts[key] = counts.get(key, 0) + 1
+        while frame is not None and not frame.f_globals.get("__name__", "").startswith(PACKAGE):
+            frame = frame.f_back
+        if frame is not None:
+            site = f"{key} {frame.f_globals['__name__']}:{frame.f_code.co_qualname}"
+            sites[site] = sites.get(site, 0) + 1
 
     def profile(frame, event, arg):  # noqa: ANN001 - the sys.setprofile signature
         if not state["on"]:
@@ -44,12 +50,12 @@ def _install() -> None:
             if module.startswith(PACKAGE):
                 calls.append((threading.get_ident(), module, frame.f_code.co_qualname))
             elif module == "json" and frame.f_code.co_name in JSON_CALLS:
-                bump(f"json.{frame.f_code.co_name}")
+                bump(f"json.{frame.f_code.co_name}", frame.f_back)
         elif event == "c_call":
             name = getattr(arg, "__name__", "")
             owner = getattr(arg, "__module__", None) or ""
             if name in JSON_CALLS and owner.split(".")[0] in JSON_MODULES:
-                bump(f"json.{name}")
+                bump(f"json.{name}", frame)
 
     real_connect = sqlite3.connect
 
@@ -61,9 +67,10 @@ def _install() -> None:
                 return
             head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
             if head in ("COMMIT", "END"):
-                bump("sqlite.commit")
+                bump("sqlite.commit", sys._getframe(1))
             elif head in ("INSERT", "UPDATE", "DELETE", "REPLACE") and not conn.in_transaction:
-                bump("sqlite.commit")  # a write outside a transaction commits by itself
+                # a write outside a transaction commits by itself
+                bump("sqlite.commit", sys._getframe(1))
 
         conn.set_trace_callback(trace)
         return conn
@@ -73,6 +80,7 @@ def _install() -> None:
     def start(signum, frame):  # noqa: ANN001
         calls.clear()
         counts.clear()
+        sites.clear()
         state["on"] = True
         with open(os.path.join(WALK_DIR, f"walk-{os.getpid()}.ready"), "w"):
             pass
@@ -88,6 +96,7 @@ def _install() -> None:
             "threads": len({t for t, _, _ in calls}),
             "thread_hops": hops,
             "counts": counts,
+            "sites": sites,
             "sequence": [f"{m}:{q}" for _, m, q in calls],
         }
         path = os.path.join(WALK_DIR, f"walk-{os.getpid()}.json")

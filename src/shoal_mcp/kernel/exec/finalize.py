@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ class Finalizer:
         self.events = events
         self.guard = guard
         self.spool_dir = spool_dir
+        # Told of every stored out:N (principal, session, n, {"out"|"err": blob hash}): the
+        # kernel makes its $SHOAL_OUT entry from them (values/outputs.py ``record``).
+        self.record_output: Callable[[str, str, int, dict[str, str]], None] = _no_record
 
     # -- the start row --------------------------------------------------------------------
 
@@ -190,6 +194,9 @@ class Finalizer:
                 self.sessions.adopt(session, new_state)
         self.cas.remember_info(out.info)  # the reply shows them next
         self.cas.remember_info(err.info)
+        self.record_output(
+            task.principal, task.session, n, {"out": out.info.hash, "err": err.info.hash}
+        )
         self._publish(task, row_id, ref, outcome["ok"])
         return {
             "ref": ref,
@@ -287,6 +294,10 @@ class Finalizer:
                 ref=ref,
             )
         )
+
+
+def _no_record(principal: str, session: str, n: int, blobs: dict[str, str]) -> None:
+    return None
 
 
 def run_duration_ns(run: RunningCommand, report_end_ns: int | None) -> int:

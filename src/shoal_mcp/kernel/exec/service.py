@@ -274,9 +274,6 @@ class ExecService:
 
     def _after_exec(self, who: Principal, task: Task) -> None:
         """A foreground exec's housekeeping, done once its reply is on its way."""
-        # $SHOAL_OUT/<n> for this output: made in the background, not at the next exec's
-        # start (which only waits if it is not done).
-        self.values.outputs.schedule(who.principal, who.session)
         if task.result is not None:  # not after an output that could not be stored
             self._refill(who)
         # A finished foreground exec is never named again (its value is out:N in the

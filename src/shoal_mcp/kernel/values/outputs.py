@@ -4,9 +4,11 @@
 the CAS blobs of ``out:N``. A root kernel, whose writes ignore file modes, shows them
 through a read-only bind mount, ``<state>/outputs-ro`` (issue 31: the copies it made
 before doubled the disk); where it may not mount: reflinks, copy-on-write clones that
-share the blob's disk blocks, where the file system has them, else copies. Made for the values it owns in that session: in the background
-right after a foreground exec of that principal ended (``schedule``), and when its next
-exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
+share the blob's disk blocks, where the file system has them, else copies
+(``output_entries.py`` makes an entry). Made for the values it owns in that session: by
+finalize right after it stored ``out:N`` (``record``: the blobs are known, a few link
+calls), and, for what that did not make (a kernel restart, a root kernel's copies, an
+output stored elsewhere), from the transcript when its next exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
 copy: the exec starts with the entries made so far and the background makes the rest
 (issue 31: the exec after a 1 GiB output waited 2.2 s). Each ``<n>/`` is built under a temporary name and
 renamed into place whole, so no exec sees a half-made entry. Files and directories are read-only (0400 / 0500) so a
@@ -19,7 +21,6 @@ sandbox rules call).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -36,18 +37,14 @@ from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUT
 from ..access.namespaces import bind_read_only, mounted_at, unmount
 from ..store.cas import ContentStore
 from ..store.db import Database
+from .output_entries import DIR_MODE, FILE_MODE, EntryMaker
 from .resolver import blob_hashes, trusted
 
 log = logging.getLogger(__name__)
 
 SHOAL_OUT_ENV = "SHOAL_OUT"
 """The variable every exec gets: its caller's ``session_dir``."""
-COPIES_DIR = ".copies"
-"""A root kernel's copies of blobs, linked into entries (never inside a ``$SHOAL_OUT``)."""
-DIR_MODE = 0o500
-FILE_MODE = 0o400
-# Read-only for the owner alone: every reader (the kernel, the caller's commands, their
-# sandbox) runs as the kernel's uid, and the state dir stays private (docs/security.md).
+__all__ = ["DIR_MODE", "FILE_MODE", "SHOAL_OUT_ENV", "SharedOutputs"]
 
 
 def _key(name: str) -> str:
@@ -88,7 +85,7 @@ class SharedOutputs:
         self._wake = threading.Condition()
         self._pending: list[tuple[str, str]] = []  # keys to sync in the background
         self._worker: threading.Thread | None = None
-        self._clones = False  # a reflink worked here: a root kernel's "copies" are free
+        self.entries = EntryMaker(self.root, cas, self._copies)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
         self.view: Path | None = None  # a root kernel's read-only mount of ``root``
 
@@ -153,6 +150,31 @@ class SharedOutputs:
                 self._worker.start()
             self._wake.notify()
 
+    def record(self, principal: str, session: str, n: int, blobs: dict[str, str]) -> None:
+        """``out:N`` was just stored with ``blobs`` (``{"out"|"err": hash}``): make its
+        entry now (no transcript lookup; a few link calls, no thread). A root kernel that
+        copies leaves it to the background (``schedule``), never on the exec's path.
+
+        Entries are never required here: a failure is logged and the next ``sync``, which
+        reads the transcript, makes what is missing."""
+        if blobs and self._copies() and not self.entries.clones:
+            self.schedule(principal, session)
+            return
+        key = (principal, session)
+        target = self._own_dir(principal, session)
+        with self._lock_of(principal, session):
+            last = self._synced.get(key)
+            if last is None or last >= n:
+                return  # not synced by this kernel yet (its first sync reads the transcript)
+            if blobs:
+                try:
+                    self._writable(target, lambda: self.entries.make(target, n, blobs))
+                except OSError:
+                    log.warning("$SHOAL_OUT entry %d not made now", n, exc_info=True)
+                    return
+            if last == n - 1:  # every entry up to n is made: the next sync has nothing to do
+                self._synced[key] = n
+
     def _drain(self) -> None:
         """The background syncs; the thread ends once idle for ``OUTPUTS_SYNC_IDLE_S``."""
         while True:
@@ -197,7 +219,7 @@ class SharedOutputs:
                 " ORDER BY n",
                 (session, principal, last),
             )
-            if rows and self._copies() and not self._clones:
+            if rows and self._copies() and not self.entries.clones:
                 # A root kernel that copies: large outputs are left to the background, which
                 # copies them only while the state dir has room (no copy for an exec
                 # refused for disk use, or one that would make the state dir go over).
@@ -245,23 +267,8 @@ class SharedOutputs:
                     removed += 1
             finally:
                 os.chmod(target, DIR_MODE)
-            self._drop_unlinked_copies(target)
+            self.entries.drop_unlinked_copies(target)
         return removed
-
-    def _drop_unlinked_copies(self, target: Path) -> None:
-        """A root kernel's copies that no entry of ``target`` links any more (a link
-        count of 1: only the copy) hold a pruned output's bytes: delete them."""
-        copies = self.root / COPIES_DIR / target.parent.name / target.name
-        try:
-            names = list(copies.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for copy in names:
-            try:
-                if copy.stat().st_nlink == 1:
-                    copy.unlink()
-            except FileNotFoundError:
-                pass
 
     def _small_first(self, rows: list) -> list:
         """The leading rows whose outputs are each at most ``OUTPUTS_EAGER_COPY_MAX``."""
@@ -294,87 +301,6 @@ class SharedOutputs:
 
     def _link_rows(self, target: Path, rows: list) -> None:
         for row in rows:
-            value = trusted(orjson.loads(row["value"]))
-            blobs = _stored_blobs(value)
-            if not blobs:  # no output stored (an error, a value pruned by gc): no entry
-                continue
-            entry = target / str(row["n"])
-            if entry.is_dir():  # made by an earlier kernel: complete what it missed
-                os.chmod(entry, 0o700)
-                self._fill(entry, blobs)
-                os.chmod(entry, DIR_MODE)
-                continue
-            part = target / f".{row['n']}.part"  # not a number: never taken for an entry
-            if part.exists():
-                os.chmod(part, 0o700)
-                shutil.rmtree(part)  # cut short by a crash or a full disk
-            part.mkdir(mode=0o700)
-            self._fill(part, blobs)
-            os.chmod(part, DIR_MODE)
-            os.rename(part, entry)
-
-    def _fill(self, entry: Path, blobs: dict[str, str]) -> None:
-        for stream, digest in blobs.items():
-            self._link(self.cas.path_of(digest), entry / stream, self._copy_of(entry, digest))
-
-    def _copy_of(self, entry: Path, digest: str) -> Path:
-        """Where a root kernel keeps its one copy of blob ``digest`` for the session of
-        ``entry``: outside every ``$SHOAL_OUT`` (under ``root/.copies/<principal>/<session>``),
-        so no listing shows it twice."""
-        session_dir = entry.parent
-        return self.root / COPIES_DIR / session_dir.parent.name / session_dir.name / digest
-
-    def _link(self, blob: Path, name: Path, copy: Path) -> None:
-        if name.exists() or not blob.exists():
-            return
-        if not self._copies():
-            # A hard link shares the blob's mode: CAS blobs never change, read-only.
-            os.chmod(blob, FILE_MODE)
-            try:
-                os.link(blob, name)
-                return
-            except OSError:
-                pass  # another file system or no hard links: a copy
-        # root ignores file modes: a hard link would let `>>` rewrite the CAS blob itself,
-        # so a root kernel exposes a copy, one per blob and session, hard-linked into each
-        # entry with those bytes (a new file per exec was most of this sync's cost). A
-        # root write through one entry changes that session's other entries of the same
-        # bytes, never the stored output (a sandbox makes them read-only too).
-        if not copy.exists():
-            copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._clones = _copy(blob, copy)
-        try:
-            os.link(copy, name)
-        except OSError:
-            _copy(blob, name)  # too many links to one file: this entry gets its own
-
-
-def _copy(blob: Path, name: Path) -> bool:
-    """Copied under a temporary name, then renamed: a copy cut short (a full disk) is
-    never left where the next sync would take it for complete. A reflink (``FICLONE``:
-    btrfs, XFS, bcachefs…) when the file system has them: True then (no bytes copied;
-    a write to the clone never reaches the blob)."""
-    part = name.with_name(name.name + ".part")
-    try:
-        with open(blob, "rb") as src, open(part, "wb") as dst:
-            cloned = _reflink(src.fileno(), dst.fileno())
-            if not cloned:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-        os.chmod(part, FILE_MODE)
-        os.replace(part, name)
-        return cloned
-    finally:
-        part.unlink(missing_ok=True)
-
-
-FICLONE = 0x40049409
-"""ioctl(dest, FICLONE, src): dest shares src's blocks, copy-on-write (linux/fs.h)."""
-
-
-def _reflink(src_fd: int, dst_fd: int) -> bool:
-    try:
-        fcntl.ioctl(dst_fd, FICLONE, src_fd)
-        return True
-    except OSError:  # EOPNOTSUPP (ext4, tmpfs), EXDEV, EINVAL: copy the bytes instead
-        return False
+            blobs = _stored_blobs(trusted(orjson.loads(row["value"])))
+            if blobs:  # no output stored (an error, a value pruned by gc): no entry
+                self.entries.make(target, int(row["n"]), blobs)

@@ -1,0 +1,83 @@
+"""``$SHOAL_OUT/<n>`` is made by finalize from the blobs it just stored (``record``), so
+the entry is there when the exec's reply is, with no transcript lookup and no thread; a
+gap (an entry made elsewhere, a kernel restart) is left to the next exec's ``sync``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from shoal_mcp.kernel.store.cas import ContentStore
+from shoal_mcp.kernel.store.db import Database
+from shoal_mcp.kernel.values.outputs import SharedOutputs
+from tests.support.kernel import close_client
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    db = Database(tmp_path / "db.sqlite3")
+    cas = ContentStore(tmp_path / "cas", db)
+    outputs = SharedOutputs(tmp_path / "outputs", cas, db)
+    outputs.entries.clones = True  # a root kernel's copies made on the spot, as reflinks are
+    yield tmp_path, cas, db, outputs
+    db.close()
+
+
+def _stored(tmp: Path, cas: ContentStore, db: Database, n: int, data: bytes) -> dict[str, str]:
+    """out:N in the CAS and the transcript, as finalize leaves it; its blobs."""
+    spool = tmp / f"spool-{n}"
+    spool.write_bytes(data)
+    info = cas.ingest(spool)
+    value = {"$": "outcome", "status": 0, "ok": True, "out": info.node()}
+    with db.transaction() as conn:
+        conn.execute(
+            "INSERT INTO transcript(session, n, principal, ts, value) VALUES (?,?,?,?,?)",
+            ("s", n, "p", time.time(), orjson.dumps(value).decode()),
+        )
+    return {"out": info.hash}
+
+
+def test_record_makes_the_entry_at_once(store):
+    tmp, cas, db, outputs = store
+    target = outputs.sync("p", "s")  # the session's first exec starts: nothing yet
+    outputs.record("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))
+    assert (target / "1" / "out").read_bytes() == b"one\n"
+    assert outputs._synced[("p", "s")] == 1  # the next exec's start has nothing to look up
+
+
+def test_a_gap_is_left_to_the_next_sync(store):
+    tmp, cas, db, outputs = store
+    target = outputs.sync("p", "s")
+    _stored(tmp, cas, db, 1, b"one\n")  # stored without a record (another path)
+    outputs.record("p", "s", 2, _stored(tmp, cas, db, 2, b"two\n"))
+    assert (target / "2" / "out").read_bytes() == b"two\n"
+    assert not (target / "1").exists()
+    assert outputs._synced[("p", "s")] == 0  # not past the gap: the sync reads the transcript
+    outputs.sync("p", "s")
+    assert (target / "1" / "out").read_bytes() == b"one\n"
+    assert outputs._synced[("p", "s")] == 2
+
+
+def test_a_session_this_kernel_never_synced_is_left_to_its_first_sync(store):
+    tmp, cas, db, outputs = store
+    outputs.record("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))
+    target = outputs.session_dir("p", "s")
+    assert not (target / "1").exists()
+    outputs.sync("p", "s")
+    assert (target / "1" / "out").read_bytes() == b"one\n"
+
+
+def test_the_entry_is_there_when_the_reply_is(kernel):
+    """Through a real kernel: no later exec, no background, and the entry is made."""
+    c = kernel.client("shoal-out-record")
+    try:
+        c.call("exec", {"src": "true"}, timeout=60)  # the session's first sync
+        ref = c.call("exec", {"src": "echo recorded-at-once"}, timeout=60)["ref"]
+        n = ref.split(":")[1]
+        made = [p.read_bytes() for p in (kernel.state / "outputs").glob(f"*/*/{n}/out")]
+        assert b"recorded-at-once\n" in made
+    finally:
+        close_client(c)
