@@ -80,6 +80,18 @@ def encoded_size(wire: Any) -> int:
     return len(orjson.dumps(wire))
 
 
+def str_encoded_size(text: str) -> int:
+    """``len(orjson.dumps(text))``, without encoding it when ``text`` is printable ASCII
+    (most output and commands): each character is one byte but ``"`` and ``\\``, two."""
+    if text.isascii() and text.isprintable():
+        return len(text) + 2 + text.count('"') + text.count("\\")
+    return len(orjson.dumps(text))
+
+
+STR_NODE_OVERHEAD = len('{"$":"str","v":}')
+"""What ``{"$": "str", "v": text}`` adds to the encoded ``text``."""
+
+
 def _cut_chars(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "\u2026"
 
@@ -98,6 +110,7 @@ class WireEncoder:
         self.opts = opts
         self.base_uri = base_uri
         self.base_path = base_path
+        self._last_measured: tuple[dict, int] | None = None
 
     def uri_for(self, rel: list[Segment]) -> str:
         path = format_path(self.base_path + rel)
@@ -121,7 +134,7 @@ class WireEncoder:
         if isinstance(node, float):
             return {"$": "float", "v": node}
         if isinstance(node, str):
-            if len(node) * 4 + 16 > budget and encoded_size(node) + 16 > budget:
+            if len(node) * 4 + 16 > budget and str_encoded_size(node) + 16 > budget:
                 return self.ref(node, rel)
             return {"$": "str", "v": node}
         if isinstance(node, bytes):
@@ -133,8 +146,10 @@ class WireEncoder:
                 return self.ref(node, rel)
             data = node.read()
             if node.is_text:
-                text = {"$": "str", "v": data.decode("utf-8", "replace")}
-                return text if encoded_size(text) <= budget else self.ref(node, rel)
+                decoded = data.decode("utf-8", "replace")
+                if str_encoded_size(decoded) + STR_NODE_OVERHEAD > budget:
+                    return self.ref(node, rel)
+                return {"$": "str", "v": decoded}
             return {"$": "bytes", "v": base64.b64encode(data).decode("ascii")}
         if isinstance(node, LinesView):
             if len(node) > self.opts.max_items or len(node) * 4 > budget:
@@ -188,7 +203,7 @@ class WireEncoder:
         """Elide the largest children until ``wire`` fits, else elide the node itself."""
         size = encoded_size(wire)
         if size <= budget:
-            return wire
+            return self._measured(wire, size)
         sizes = {k: encoded_size(slots[k]) for k in keys}
         for k in sorted(keys, key=lambda k: sizes[k], reverse=True):
             if slots[k].get("$") == "ref" or sizes[k] < 64:
@@ -198,8 +213,18 @@ class WireEncoder:
             slots[k] = self.ref(self.hydrate(child), child_rel)
             size = encoded_size(wire)
             if size <= budget:
-                return wire
+                return self._measured(wire, size)
         return self.ref(node, rel)
+
+    def _measured(self, wire: dict, size: int) -> dict:
+        self._last_measured = (wire, size)
+        return wire
+
+    def measured_size(self, wire: dict) -> int | None:
+        """The encoded size of ``wire`` when ``_fit`` measured that very object (a
+        record, list or outcome: refs' previews included), so nobody dumps it again."""
+        measured = self._last_measured
+        return measured[1] if measured is not None and measured[0] is wire else None
 
     # -- refs -------------------------------------------------------------------------
 

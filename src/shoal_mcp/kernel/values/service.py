@@ -21,7 +21,7 @@ from ...protocol.wiretext import text_node
 from ..access.identity import Principal
 from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
-from .elision import ElideOptions, WireEncoder
+from .elision import ElideOptions, WireEncoder, encoded_size, str_encoded_size
 from .find import Finder
 from .find_reply import find_query, find_reply
 from .match import MatchSpec
@@ -98,8 +98,10 @@ class ValueService:
         # preview_items, render_head lines, JSON escapes up to 6x): enforce the hard cap
         # on the result, retrying with smaller previews.
         for opts in _shrinking(elide):
-            wire = WireEncoder(opts, sel.base_uri, sel.path, sel.resolver.hydrate).encode(sel.node)
-            if len(orjson.dumps(wire)) <= VALUE_HARD_CAP:
+            encoder = WireEncoder(opts, sel.base_uri, sel.path, sel.resolver.hydrate)
+            wire = encoder.encode(sel.node)
+            size = encoder.measured_size(wire)
+            if (size if size is not None else encoded_size(wire)) <= VALUE_HARD_CAP:
                 return wire
         path = format_path(sel.path)
         return {"$": "ref", "uri": uri.with_query(sel.base_uri, path=path)}
@@ -110,7 +112,7 @@ class ValueService:
         # Renders are bounded in UTF-8 bytes; control characters encode up to 6x in JSON.
         for opts in _shrinking(elide):
             text = Renderer(opts, sel.ref, sel.base_uri, sel.path, sel.resolver).render(sel.node)
-            if len(orjson.dumps(text)) <= VALUE_HARD_CAP:
+            if str_encoded_size(text) <= VALUE_HARD_CAP:
                 return text
         return bound_text(text, VALUE_HARD_CAP // 7, sel.base_uri)  # even all-escapes fit
 
