@@ -322,7 +322,7 @@ class EventBus:
                 grown = ch.append(event, size)
                 if ch.subs:
                     for sub in ch.subs:
-                        sub._offer(event)
+                        sub.offer(event)
             if self._add_bytes(grown) > self._total_bytes:
                 self._shrink_to_total(keep=ch)
             return event
@@ -461,21 +461,28 @@ class EventBus:
                     continue
                 if sub.closed:  # bus.close() won the race; don't leave it registered
                     break
-                latest = ch.next_seq - 1
                 if since is not None:
-                    sub._floor = since
-                    lo = since + 1
-                    first = ch.first_seq()
-                    sub._replay = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
-                    if lo < first and lo <= latest:
-                        if ch.durable:
-                            sub._replay_store = (since, first - 1)
-                        else:
-                            sub._gap = gap_summary(channel, first - lo, first - 1, truncated=True)
+                    self._set_replay(sub, ch, since)
                 ch.subs = (*ch.subs, sub)
             break
-        sub._thread.start()
+        sub.start()
         return sub
+
+    @staticmethod
+    def _set_replay(sub: Subscription, ch: Channel, since: int) -> None:
+        """``sub``'s replay of ``ch`` after ``since``, taken under the channel lock."""
+        latest = ch.next_seq - 1
+        lo = since + 1
+        first = ch.first_seq()
+        ring_part = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
+        stored: tuple[int, int] | None = None
+        gap: Event | None = None
+        if lo < first and lo <= latest:
+            if ch.durable:
+                stored = (since, first - 1)
+            else:
+                gap = gap_summary(ch.name, first - lo, first - 1, truncated=True)
+        sub.set_replay(since, ring_part, stored, gap)
 
     def subscription(self, sub_id: str) -> Subscription | None:
         with self._lock:
@@ -489,7 +496,13 @@ class EventBus:
         sub.close()
         return True
 
-    def _detach(self, sub: Subscription) -> None:
+    @property
+    def store(self) -> EventStore | None:
+        """The SQLite store of the durable channels (None: every channel in memory only)."""
+        return self._store
+
+    def forget(self, sub: Subscription) -> None:
+        """Drop the closed ``sub`` from the tables (``Subscription.close`` calls it)."""
         with self._lock:
             self._subs.pop(sub.id, None)
             ch = self._channels.get(sub.channel)

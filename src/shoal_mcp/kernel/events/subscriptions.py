@@ -12,13 +12,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...protocol.limits import EVENT_RING
-from .store import Event
-
-if TYPE_CHECKING:
-    from .bus import EventBus
+from .store import Event, EventStore
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +23,19 @@ Sink = Callable[[Event], None]
 
 REPLAY_PAGE = EVENT_RING
 """Rows fetched from SQLite per step when a subscription replays a durable channel."""
+
+
+class SubscriptionHost(Protocol):
+    """What a subscription needs of the bus that made it (``EventBus`` is one)."""
+
+    @property
+    def store(self) -> EventStore | None:
+        """Where a durable channel's older events are replayed from (None: memory only)."""
+        ...
+
+    def forget(self, sub: Subscription) -> None:
+        """Drop the closed ``sub`` from the bus's tables; called once, by ``close``."""
+        ...
 
 
 class Subscription:
@@ -51,7 +61,7 @@ class Subscription:
 
     def __init__(
         self,
-        bus: EventBus,
+        bus: SubscriptionHost,
         sub_id: str,
         channel: str,
         sink: Sink,
@@ -94,7 +104,7 @@ class Subscription:
             self._queue.clear()
             self._replay = []
             self._cond.notify_all()
-        self._bus._detach(self)
+        self._bus.forget(self)
         if self._on_close is not None:
             try:
                 self._on_close(self)
@@ -108,9 +118,30 @@ class Subscription:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    # -- publisher side (called under the channel lock; never blocks on the sink) ----------
+    # -- bus side (called under the channel lock; never blocks on the sink) ----------------
 
-    def _offer(self, event: Event) -> None:
+    def set_replay(
+        self,
+        since: int,
+        ring_part: list[Event],
+        stored: tuple[int, int] | None,
+        gap: Event | None,
+    ) -> None:
+        """What to deliver before live events, taken at registration: the ring's events
+        after ``since``, and before them either the stored seqs ``(after, until]`` of a
+        durable channel or the ``gap`` summary of a ring that lost them. Live events with
+        a seq up to ``since`` are not delivered."""
+        self._floor = since
+        self._replay = ring_part
+        self._replay_store = stored
+        self._gap = gap
+
+    def start(self) -> None:
+        """Start the delivery thread, once the subscription is registered."""
+        self._thread.start()
+
+    def offer(self, event: Event) -> None:
+        """A live event, queued (or counted as dropped when the queue is full)."""
         with self._cond:
             if self._closed or event["seq"] <= self._floor:
                 return
@@ -145,7 +176,7 @@ class Subscription:
         self._gap = None
         if self._replay_store is not None:
             after, until = self._replay_store
-            store = self._bus._store
+            store = self._bus.store
             while store is not None and after < until and not self._closed:
                 page = store.page(self.channel, after, until, REPLAY_PAGE)
                 if not page:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ...protocol.params import NONE
 
 if TYPE_CHECKING:
-    from .server import Call
+    from .call import Call
 
 # Methods callable before session.attach (docs/protocol.md, Kernel methods).
 UNATTACHED_METHODS = frozenset({"session.attach", "parse", "ping"})

@@ -25,7 +25,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +55,7 @@ from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
 from ..pty.orphans import OrphanReaper
+from .call import Call
 from .callqueue import REFUSED, RUN, BlockingCalls
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
@@ -140,46 +140,6 @@ class InflightCall:
             if self.task is None:
                 self.cancel_requested = True
             return self.task
-
-
-@dataclass
-class Call:
-    """What a handler sees: the kernel, the connection, the caller and (if blocking) its slot."""
-
-    kernel: Kernel
-    conn: Connection
-    id: Any
-    slot: InflightCall | None = None
-    cpu: CpuBudgets | None = None  # the server's, for kernel.status
-    deferred: list[Callable[[], None]] = field(default_factory=list)  # after_reply work
-
-    @property
-    def who(self) -> Principal:
-        assert self.conn.who is not None
-        return self.conn.who
-
-    # The exec service's ``Caller``: whether anyone still waits, and early cancels.
-
-    def gone(self) -> bool:
-        return self.conn.closed.is_set()
-
-    def spawned(self, task: Any) -> bool:
-        return self.slot is not None and self.slot.attach(task)
-
-    def cancelled(self) -> bool:
-        return self.slot is not None and self.slot.cancel_requested
-
-    def after_reply(self, work: Callable[[], None]) -> None:
-        self.deferred.append(work)
-
-    def run_deferred(self) -> None:
-        """The handler's ``after_reply`` work, once its reply is written (or not)."""
-        for work in self.deferred:
-            try:
-                work()
-            except Exception:  # noqa: BLE001 - housekeeping: logged, the reply is gone
-                log.exception("work after the reply of %s failed", self.id)
-        self.deferred.clear()
 
 
 class KernelServer:

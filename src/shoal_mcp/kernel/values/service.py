@@ -19,7 +19,6 @@ from ...protocol.framing import bound_text
 from ...protocol.limits import ELIDE_MAX_ITEMS, ELIDE_MAX_ROWS, VALUE_HARD_CAP
 from ...protocol.wiretext import text_node
 from ..access.identity import Principal
-from ..exec.tasks import TaskManager
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder, encoded_size, str_encoded_size
 from .find import Finder
@@ -30,6 +29,7 @@ from .render import Renderer, raw_page
 from .resolver import LinesView, Node, Resolver, blob_hashes, trusted
 from .search import match_reply
 from .selectors import Segment, format_path, parse_path, parse_slice
+from .task_view import TaskLookup
 
 RAW_PAGE_RESERVE = 1024
 """Room in a 64 KiB response for what surrounds a raw page (ref, uri, path, next)."""
@@ -50,7 +50,7 @@ class ValueService:
     def __init__(
         self,
         transcript: TranscriptStore,
-        tasks: TaskManager,
+        tasks: TaskLookup,
         resolver: Resolver,
         reads_all: Callable[[str], bool],
     ) -> None:

@@ -13,7 +13,7 @@ from ...admin.config_file import ConfigError
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("kernel.status")

@@ -10,7 +10,7 @@ from ...net import doctor
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("egress.query", EGRESS_QUERY)

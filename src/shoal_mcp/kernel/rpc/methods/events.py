@@ -20,7 +20,7 @@ from ..paging import bounded_page
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("events.read", EVENTS_READ)

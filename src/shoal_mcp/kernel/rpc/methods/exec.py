@@ -10,7 +10,7 @@ from ...exec.calls import RunOptions
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("exec", EXEC, blocking=True)

@@ -17,7 +17,7 @@ from ...access.identity import owner_key
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -16,7 +16,7 @@ from ...values.elision import ElideOptions
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("ping")

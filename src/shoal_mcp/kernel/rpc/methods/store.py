@@ -10,7 +10,7 @@ from ...store.gc import GarbageCollector
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 @method("store.gc", STORE_GC, blocking=True)

@@ -10,7 +10,7 @@ from ..paging import bounded_page
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 
 def _task(call: Call, params: dict):

@@ -20,7 +20,7 @@ from ...values.service import RAW_PAGE_RESERVE
 from ..registry import method
 
 if TYPE_CHECKING:
-    from ..server import Call
+    from ..call import Call
 
 # Any page size may be asked for; it is clamped to what encodes under the hard cap.
 
