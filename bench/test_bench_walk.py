@@ -4,8 +4,8 @@ For one ``tools/call shoal_exec {"command": "true"}`` through a real ``shoal-mcp
 kernel, after a warm-up: the shoal modules and Python calls each process ran, how many
 threads took part and how often the work hopped between them, the whole-message JSON
 passes (``orjson``/``json`` dumps and loads) and the SQLite commits.  The recorder is
-bench/walk/sitecustomize.py, loaded through ``PYTHONPATH``: the code under test is
-unchanged.  Then, on a kernel without the recorder, the kernel's CPU and its futex calls
+tests/support/walk/sitecustomize.py, loaded through ``PYTHONPATH``: the code under test
+is unchanged.  Then, on a kernel without the recorder, the kernel's CPU and its futex calls
 per exec (``strace -c``, where strace exists).
 
 ``SHOAL_BENCH_OLD_REF=REF`` adds the same figures for that commit's kernel and facade
@@ -35,7 +35,7 @@ from tests.support.polling import wait_until
 from .summary import cpu_seconds, register_summary
 
 HERE = Path(__file__).resolve().parent
-RECORDER = HERE / "walk"
+RECORDER = HERE.parent / "tests" / "support" / "walk"
 RESULTS = HERE / ".results" / "walk.json"
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 WARMUP = 5

@@ -1,14 +1,17 @@
-"""The recorder of bench/test_bench_walk.py: which shoal code one call runs, in which
-threads, with how many JSON passes and SQLite commits.
+"""A recorder of what one call costs a shoal process: which shoal code it runs, in which
+threads, its JSON passes (with their sizes and callers) and its SQLite commits.
 
-Python imports ``sitecustomize`` at start-up from the path, so a process started with
-this directory on ``PYTHONPATH`` and ``SHOAL_WALK_DIR`` set records itself; the code
-under test is not changed in any way (the same recorder measures an old commit's kernel
-for an A/B).  ``SIGUSR1`` starts a recording (``walk-PID.ready`` appears when it has);
-``SIGUSR2`` ends it and writes ``walk-PID.json``.
+Used by tests/test_exec_passes.py (the per-exec bounds) and bench/test_bench_walk.py
+(the walk before/after a change). Python imports ``sitecustomize`` at start-up from the
+path, so a process started with this directory on ``PYTHONPATH`` and ``SHOAL_WALK_DIR``
+set records itself; the code under test is not changed (the same recorder measures an
+old commit's kernel for an A/B). ``SIGUSR1`` starts a recording (``walk-PID.ready``
+appears when it has); ``SIGUSR2`` ends it and writes ``walk-PID.json``.
 
-While not recording, the profile hook returns at once: the process runs slower than
-usual (a Python call per call), which is why this measures counts, never time.
+JSON passes are seen by wrapping ``orjson``'s and ``json``'s ``dumps``/``loads`` (the
+package calls them as module attributes), which is how their sizes are known. While not
+recording, the hooks return at once: the process runs slower than usual (a Python call
+per call), which is why this measures counts, never time.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import os
 
 WALK_DIR = os.environ.get("SHOAL_WALK_DIR", "")
 PACKAGE = "shoal_mcp"
-JSON_CALLS = frozenset({"dumps", "loads"})
-JSON_MODULES = frozenset({"orjson", "ijson"})
 
 
 def _install() -> None:
@@ -29,33 +30,48 @@ def _install() -> None:
     import sys
     import threading
 
+    import orjson
+
     state: dict = {"on": False}
     calls: list[tuple[int, str, str]] = []
     counts: dict[str, int] = {}
     sites: dict[str, int] = {}  # "what shoal_module:function" -> times, to find the callers
+    passes: list[tuple[str, str, int]] = []  # (json.dumps|json.loads, site, bytes of JSON)
 
-    def bump(key: str, frame=None) -> None:  # noqa: ANN001 - a frame or None
-        counts[key] = counts.get(key, 0) + 1
+    def site_of(frame) -> str:  # noqa: ANN001 - a frame or None
         while frame is not None and not frame.f_globals.get("__name__", "").startswith(PACKAGE):
             frame = frame.f_back
-        if frame is not None:
-            site = f"{key} {frame.f_globals['__name__']}:{frame.f_code.co_qualname}"
-            sites[site] = sites.get(site, 0) + 1
+        return "" if frame is None else f"{frame.f_globals['__name__']}:{frame.f_code.co_qualname}"
+
+    def bump(key: str, frame=None) -> str:  # noqa: ANN001 - a frame or None
+        counts[key] = counts.get(key, 0) + 1
+        site = site_of(frame)
+        if site:
+            sites[f"{key} {site}"] = sites.get(f"{key} {site}", 0) + 1
+        return site
 
     def profile(frame, event, arg):  # noqa: ANN001 - the sys.setprofile signature
-        if not state["on"]:
-            return
-        if event == "call":
+        if state["on"] and event == "call":
             module = frame.f_globals.get("__name__", "")
             if module.startswith(PACKAGE):
                 calls.append((threading.get_ident(), module, frame.f_code.co_qualname))
-            elif module == "json" and frame.f_code.co_name in JSON_CALLS:
-                bump(f"json.{frame.f_code.co_name}", frame.f_back)
-        elif event == "c_call":
-            name = getattr(arg, "__name__", "")
-            owner = getattr(arg, "__module__", None) or ""
-            if name in JSON_CALLS and owner.split(".")[0] in JSON_MODULES:
-                bump(f"json.{name}", frame)
+
+    def watched(kind: str, real):  # noqa: ANN001, ANN202 - wraps a dumps or a loads
+        key = f"json.{kind}"
+
+        def call(obj, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = real(obj, *args, **kwargs)
+            if state["on"]:
+                text = out if kind == "dumps" else obj
+                size = len(text) if isinstance(text, (str, bytes, bytearray, memoryview)) else 0
+                passes.append((key, bump(key, sys._getframe(1)), size))
+            return out
+
+        return call
+
+    for module in (orjson, json):
+        module.dumps = watched("dumps", module.dumps)
+        module.loads = watched("loads", module.loads)
 
     real_connect = sqlite3.connect
 
@@ -81,6 +97,7 @@ def _install() -> None:
         calls.clear()
         counts.clear()
         sites.clear()
+        passes.clear()
         state["on"] = True
         with open(os.path.join(WALK_DIR, f"walk-{os.getpid()}.ready"), "w"):
             pass
@@ -97,6 +114,7 @@ def _install() -> None:
             "thread_hops": hops,
             "counts": counts,
             "sites": sites,
+            "json_passes": passes,
             "sequence": [f"{m}:{q}" for _, m, q in calls],
         }
         path = os.path.join(WALK_DIR, f"walk-{os.getpid()}.json")

@@ -57,6 +57,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import orjson
@@ -78,6 +79,7 @@ from .channels import (
     require_client_publishable,
     validate_channel,
 )
+from .durable import DurableBatch
 from .ring import (
     EVENT_OVERHEAD,
     Channel,
@@ -295,37 +297,61 @@ class EventBus:
             raise invalid_params("channel", "must be a string")
         if not isinstance(payload, (dict, orjson.Fragment)):
             raise invalid_params("payload", "must be an object")
-        payload_json: str | None = None
+        durable = self._store is not None and channel in DURABLE_CHANNELS
+        payload_json = dumps_payload(payload) if durable else None
         if size is None:
-            try:
-                size = payload_size(payload)
-            except TypeError:  # checked where it matters (durable channels, below)
+            try:  # a durable event is measured by the encoding it is stored as
+                size = len(payload_json) if payload_json is not None else payload_size(payload)
+            except TypeError:  # checked where it matters (durable channels, above)
                 size = 0
         size += EVENT_OVERHEAD
-        while True:
-            ch = self._channel(channel, create=True, budget=budget)
-            assert ch is not None
-            if ch.durable and payload_json is None:
-                payload_json = dumps_payload(payload)
-            with ch.lock:
-                if ch.evicted:
-                    continue  # lost a race with eviction: look the channel up again
-                seq = ch.next_seq
-                ts = time.time()
-                if ch.durable and self._store is not None and payload_json is not None:
-                    try:
-                        self._store._insert(channel, seq, ts, payload_json)
-                    except sqlite3.Error:
-                        log.exception("events: could not store %s seq %d", channel, seq)
-                ch.next_seq = seq + 1
-                event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
-                grown = ch.append(event, size)
-                if ch.subs:
-                    for sub in ch.subs:
-                        sub.offer(event)
-            if self._add_bytes(grown) > self._total_bytes:
-                self._shrink_to_total(keep=ch)
-            return event
+        store = self._store if durable else None
+        with store.write_turn() if store is not None else nullcontext(False) as writable:
+            # A durable event's seq is taken under the write turn, the turn first: the
+            # order a finalize's DurableBatch takes them in (its transaction holds it).
+            while True:
+                ch = self._channel(channel, create=True, budget=budget)
+                assert ch is not None
+                with ch.lock:
+                    if ch.evicted:
+                        continue  # lost a race with eviction: look the channel up again
+                    seq = ch.next_seq
+                    ts = time.time()
+                    if writable and store is not None and payload_json is not None:
+                        try:
+                            store.insert(channel, seq, ts, payload_json)
+                        except sqlite3.Error:
+                            log.exception("events: could not store %s seq %d", channel, seq)
+                    ch.next_seq = seq + 1
+                    event: Event = {"channel": channel, "seq": seq, "ts": ts, "payload": payload}
+                    grown = self.deliver_locked(ch, event, size)
+                break
+        self.account(ch, grown)
+        return event
+
+    def durable_batch(self) -> DurableBatch:
+        """Durable events to write in the caller's own transaction (events/durable.py)."""
+        return DurableBatch(self)
+
+    def durable_channel(self, name: str) -> Channel:
+        """The channel ``name`` when it is durable here (a ``DurableBatch`` stages on it)."""
+        ch = self._channel(name, create=True) if self._store is not None else None
+        if ch is None or not ch.durable:
+            raise ValueError(f"{name} is not a durable channel of this bus")
+        return ch
+
+    def deliver_locked(self, ch: Channel, event: Event, size: int) -> int:
+        """Ring and subscribers get ``event`` (``ch.lock`` held); the ring's growth."""
+        grown = ch.append(event, size)
+        for sub in ch.subs:
+            sub.offer(event)
+        return grown
+
+    def account(self, ch: Channel, grown: int) -> None:
+        """Count a ring's growth (``deliver_locked``), outside its lock: over the kernel's
+        ``max_event_bytes`` the least recently used rings go."""
+        if self._add_bytes(grown) > self._total_bytes:
+            self._shrink_to_total(keep=ch)
 
     def _add_bytes(self, delta: int) -> int:
         with self._bytes_lock:
@@ -529,6 +555,7 @@ __all__ = [  # channel names live in channels.py; re-exported for existing impor
     "CLIENT_PUBLISH_REFUSED",
     "MAX_CHANNEL_LEN",
     "ChannelBudget",
+    "DurableBatch",
     "EventBus",
     "EventStore",
     "Subscription",

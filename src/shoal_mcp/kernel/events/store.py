@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import orjson
@@ -66,14 +68,31 @@ class EventStore:
 
     def append(self, event: Event) -> None:
         """Insert one event ``{"channel", "seq", "ts", "payload"}`` (its own transaction)."""
-        self._insert(event["channel"], event["seq"], event["ts"], dumps_payload(event["payload"]))
+        self.insert(event["channel"], event["seq"], event["ts"], dumps_payload(event["payload"]))
 
-    def _insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
-        with self._lock, self._writers.turn(EVENTS_WRITE_WAIT_S):
-            self._conn.execute(
-                "INSERT INTO events (channel, seq, ts, payload) VALUES (?, ?, ?, ?)",
-                (channel, seq, ts, payload_json),
-            )
+    def insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
+        """One event in its own transaction (the write turn is re-entrant: a caller may
+        hold it already, as ``EventBus.publish`` does)."""
+        with self._lock, self.turn():
+            insert_event_in(self._conn, channel, seq, ts, payload_json)
+
+    def turn(self) -> AbstractContextManager[None]:
+        """The kernel's database write turn (store/db.py ``WriteQueue``), shared with the
+        journal's connections: durable events are written only while holding it."""
+        return self._writers.turn(EVENTS_WRITE_WAIT_S)
+
+    @contextmanager
+    def write_turn(self) -> Iterator[bool]:
+        """The write turn (True), or False and a log line when SQLite stays busy past its
+        wait: the caller then keeps its event in memory only, as after a failed insert."""
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(self.turn())
+            except sqlite3.Error:
+                log.exception("events: no write turn; an event is kept in memory only")
+                yield False
+                return
+            yield True
 
     def since(
         self, channel: str, since: int | None, limit: int | None, *, until: int | None = None
@@ -119,6 +138,17 @@ class EventStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def insert_event_in(
+    conn: sqlite3.Connection, channel: str, seq: int, ts: float, payload_json: str
+) -> None:
+    """One event's row through ``conn``: in its transaction when it has one (an exec's
+    finalize commits its events with the rest of what it stores)."""
+    conn.execute(
+        "INSERT INTO events (channel, seq, ts, payload) VALUES (?, ?, ?, ?)",
+        (channel, seq, ts, payload_json),
+    )
 
 
 def _row_event(channel: str, row: tuple[Any, ...]) -> Event:

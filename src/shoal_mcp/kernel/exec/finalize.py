@@ -172,32 +172,46 @@ class Finalizer:
             effects=task.effects,
         )
         # One transaction, under the session's lock: deltas of one session apply in
-        # finishing order and nothing is half-applied.
-        with session.lock:
-            try:
-                with self.db.transaction() as conn:
-                    self.cas.record_in(conn, out.info)
-                    self.cas.record_in(conn, err.info)
-                    self.transcript.insert_in(conn, task.session, n, task.principal, outcome)
-                    # A sandboxed principal's cd/export stay its own (store/sessions.py).
-                    own = task.principal if self.guard.isolated(task.principal) else None
-                    new_state = (
-                        None
-                        if filtered.delta.empty
-                        else self.sessions.stage(conn, session, filtered.delta, own)
-                    )
-                    row_id = self.journal.finish_in(conn, task.journal_id, entry)
-            except BaseException:
-                session.warnings[:0] = taken  # the lock is held (an RLock)
-                raise
-            if new_state is not None:
-                self.sessions.adopt(session, new_state)
+        # finishing order and nothing is half-applied. The durable events go in the same
+        # commit (events/durable.py), delivered once it is done.
+        events = self.events.durable_batch() if self.events.store is not None else None
+        try:
+            with session.lock:
+                try:
+                    with self.db.transaction() as conn:
+                        self.cas.record_in(conn, out.info)
+                        self.cas.record_in(conn, err.info)
+                        self.transcript.insert_in(conn, task.session, n, task.principal, outcome)
+                        # A sandboxed principal's cd/export stay its own (store/sessions.py).
+                        own = task.principal if self.guard.isolated(task.principal) else None
+                        new_state = (
+                            None
+                            if filtered.delta.empty
+                            else self.sessions.stage(conn, session, filtered.delta, own)
+                        )
+                        row_id = self.journal.finish_in(conn, task.journal_id, entry)
+                        payloads = self._event_payloads(task, row_id, ref, outcome["ok"])
+                        if events is not None:
+                            for channel, payload in payloads:
+                                events.stage(conn, channel, payload)
+                except BaseException:
+                    session.warnings[:0] = taken  # the lock is held (an RLock)
+                    raise
+                if new_state is not None:
+                    self.sessions.adopt(session, new_state)
+            if events is not None:
+                events.publish()
+            else:  # a bus without a store: the events live in memory only
+                for channel, payload in payloads:
+                    self.events.publish(channel, payload)
+        finally:
+            if events is not None:
+                events.release()
         self.cas.remember_info(out.info)  # the reply shows them next
         self.cas.remember_info(err.info)
         self.record_output(
             task.principal, task.session, n, {"out": out.info.hash, "err": err.info.hash}
         )
-        self._publish(task, row_id, ref, outcome["ok"])
         return {
             "ref": ref,
             "uri": uri.out_uri(n),
@@ -237,19 +251,24 @@ class Finalizer:
             env_grants=policy.env_write_grants,
         )
 
-    def _publish(self, task: Task, row_id: int, ref: str, ok: bool) -> None:
-        self.events.publish(
-            "journal",
-            {
-                "id": row_id,
-                "session": task.session,
-                "principal": task.principal,
-                "head": command_head(task.run.src),
-                "ok": ok,
-                "ref": ref,
-            },
-        )
-        self.events.publish("session.transcript", {"session": task.session, "ref": ref, "ok": ok})
+    @staticmethod
+    def _event_payloads(
+        task: Task, row_id: int, ref: str, ok: bool
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The durable events of a stored exec: its journal row and its transcript entry."""
+        assert task.run is not None
+        journal = {
+            "id": row_id,
+            "session": task.session,
+            "principal": task.principal,
+            "head": command_head(task.run.src),
+            "ok": ok,
+            "ref": ref,
+        }
+        return [
+            ("journal", journal),
+            ("session.transcript", {"session": task.session, "ref": ref, "ok": ok}),
+        ]
 
     def _spool_full(self, run: RunningCommand) -> str | None:
         """Why ``run``'s spooled output is incomplete for lack of room, or None.
