@@ -70,7 +70,7 @@ def _inflight(call: Call, params: dict):
     """The in-flight exec behind request id ``call`` on this connection."""
     if "call" not in params:
         raise invalid_params("task", "required (or call)")
-    slot = call.conn.inflight.get(params["call"])
+    slot = call.conn.inflight_call(params["call"])
     if slot is None:
         raise RpcError(
             ErrorCode.UNKNOWN_TASK,
