@@ -393,13 +393,13 @@ class KernelServer:
 
     def _run(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         call = None
+        slot = conn.begin_call(msg.id) if spec.blocking else None
         try:
             params = msg.params if isinstance(msg.params, dict) else None
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
             params, ignored = split_unknown(params, spec.schema)
             validate(params, spec.schema)
-            slot = conn.begin_call(msg.id) if spec.blocking else None
             call = Call(self.kernel, conn, msg.id, slot, self.cpu)
             result = spec.func(call, params)
             if ignored and isinstance(result, dict):
@@ -486,18 +486,6 @@ def _refuse(sock: socket.socket, why: RpcError | None = None) -> None:
     except OSError:
         pass
     sock.close()
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes already peeked (so present): recv until all are taken."""
-    chunks = []
-    while n > 0:
-        data = sock.recv(n)
-        if not data:
-            break
-        chunks.append(data)
-        n -= len(data)
-    return b"".join(chunks)
 
 
 def _principal_of(conn: Connection) -> str | None:
