@@ -7,7 +7,8 @@ task to ``finalize`` (CAS ingest, transcript, journal) exactly once. A foregroun
 watched by the thread serving its call, which then writes the reply itself (no hand-off
 to another thread on the lean path); a background task, or a foreground one whose caller
 stopped waiting, gets a waiter thread of its own (``watch_in_background``). Only one
-thread watches a task at a time.
+thread watches a task at a time. A task's state moves only through its
+``TaskLifecycle`` (``lifecycle.py``), under the task's lock.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
+from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand
 
 log = logging.getLogger(__name__)
-
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 
 
 @dataclass
@@ -42,7 +42,9 @@ class Task:
     run: RunningCommand
     listed: bool  # background or timed out: visible in task.list
     effects: list[dict] = field(default_factory=list)
-    state: str = "running"
+    # Created once spawned: its lifecycle starts running (the spawn-pending phase is the
+    # in-flight call's, rpc/connection.py).
+    lifecycle: TaskLifecycle = field(default_factory=lambda: TaskLifecycle(TaskState.RUNNING))
     started: float = field(default_factory=time.time)
     finished: float | None = None
     result: dict | None = None  # what exec returns, once finished
@@ -54,6 +56,11 @@ class Task:
     # The watcher's throttle for ``output`` events: last sizes sent and when the next may go.
     sizes_sent: tuple[int, int] = (0, 0)
     next_output_at: float = 0.0
+
+    @property
+    def state(self) -> TaskState:
+        """The state as clients see it (``TaskLifecycle.shown``)."""
+        return self.lifecycle.shown
 
     @property
     def ref(self) -> str:
@@ -73,7 +80,7 @@ class Task:
             "session": self.session,
             "principal": self.principal,
             "src": self.src,
-            "state": self.state,
+            "state": self.state.value,
             "pid": self.run.pid,
             "started": self.started,
             "out_bytes": out_bytes,
@@ -185,25 +192,25 @@ class TaskManager:
             )
 
     def _finish(self, task: Task) -> None:
+        with task.lock:
+            task.lifecycle.exited()
         try:
             result = self.finalize(task)
             with task.lock:
                 task.result = result
-                if task.state != "cancelled":
-                    task.state = "completed" if result.get("ok") else "failed"
+                task.lifecycle.finished(bool(result.get("ok")))
         except RpcError as exc:
             with task.lock:
                 task.error = exc.to_error()
-                if task.state != "cancelled":
-                    task.state = "failed"
+                task.lifecycle.finished(ok=False)
         except Exception as exc:  # noqa: BLE001 - a task must always finish
             log.exception("finalizing task %s failed", task.id)
             with task.lock:
                 task.error = {"code": int(ErrorCode.INTERNAL), "message": f"finalize failed: {exc}"}
-                task.state = "failed"
+                task.lifecycle.crashed()
         task.finished = time.time()
         task.done.set()
-        payload = {"kind": "finished", "task": task.ref, "state": task.state}
+        payload = {"kind": "finished", "task": task.ref, "state": task.state.value}
         if task.result:
             payload["result_ref"] = task.result["ref"]
         self.events.publish(task.channel, payload)
@@ -266,43 +273,50 @@ class TaskManager:
         with task.lock:
             task.listed = True
 
-    def cancel(self, task: Task, *, at_once: bool = False) -> None:
+    def cancel(self, task: Task, *, at_once: bool = False) -> CancelResult:
         """Cancel a running task: SIGTERM its group, SIGKILL after ``CANCEL_GRACE_S``.
         ``at_once``: SIGKILL now, for a cancel that overtook the spawn (nothing has seen
-        the command, and bash can hold a SIGTERM that lands while it forks)."""
+        the command, and bash can hold a SIGTERM that lands while it forks). A task whose
+        command has exited and is being finalized is left alone (TOO_LATE)."""
         with task.lock:
-            if task.done.is_set():
+            result = task.lifecycle.cancel()
+            if result is CancelResult.ALREADY_DONE:
                 raise RpcError(
                     ErrorCode.TASK_CONTROL,
                     f"{task.ref} already {task.state}",
-                    {"state": task.state},
+                    {"state": task.state.value},
                 )
-            task.state = "cancelled"
+        if result is CancelResult.TOO_LATE:
+            return result
         threading.Thread(
             target=task.run.terminate,
             args=(0.0,) if at_once else (),
             name=f"cancel-{task.id}",
             daemon=True,
         ).start()
+        return result
 
     def suspend(self, task: Task) -> None:
-        self._signal(task, signal.SIGSTOP, "running", "suspended")
+        self._signal(task, signal.SIGSTOP, Move.SUSPEND, TaskState.RUNNING)
 
     def resume(self, task: Task) -> None:
-        self._signal(task, signal.SIGCONT, "suspended", "running")
+        self._signal(task, signal.SIGCONT, Move.RESUME, TaskState.SUSPENDED)
 
-    def _signal(self, task: Task, sig: int, need: str, becomes: str) -> None:
+    def _signal(self, task: Task, sig: int, move: Move, need: TaskState) -> None:
         with task.lock:
-            if task.state != need or task.done.is_set():
+            # Judged on the state shown: a finalizing task shows the state it left, and
+            # its group, which has exited, is then gone (the table refuses the move).
+            if task.state is not need:
                 raise RpcError(
                     ErrorCode.TASK_CONTROL,
                     f"{task.ref} is {task.state}; {signal.Signals(sig).name} needs {need}",
-                    {"state": task.state},
+                    {"state": task.state.value},
                 )
-            if not task.run.signal_group(sig):
+            lifecycle = task.lifecycle
+            if not lifecycle.allows(move) or not task.run.signal_group(sig):
                 raise RpcError(ErrorCode.TASK_CONTROL, f"{task.ref}: process group is gone")
-            task.state = becomes
-        self.events.publish(task.channel, {"kind": becomes, "task": task.ref})
+            lifecycle.fire(move)
+        self.events.publish(task.channel, {"kind": task.state.value, "task": task.ref})
 
     def shutdown(self, drain_s: float) -> bool:
         """Kernel exit: terminate every running task's process group, then wait (up to

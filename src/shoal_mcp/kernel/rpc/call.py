@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,9 @@ class CallSlot(Protocol):
 
     @property
     def cancel_requested(self) -> bool: ...
+
+    @property
+    def task(self) -> Any: ...
 
     def attach(self, task: Any) -> bool:
         """Record the spawned task; True when a cancel already arrived for it."""
@@ -49,8 +52,9 @@ class CallConnection(Protocol):
     @property
     def closed(self) -> threading.Event: ...
 
-    @property
-    def inflight(self) -> Mapping[Any, CallSlot]: ...
+    def inflight_call(self, request_id: Any) -> CallSlot | None:
+        """The blocking call in flight under ``request_id`` (a ``task.get {call}``)."""
+        ...
 
     def notify_event(self, event: dict) -> None: ...
 

@@ -11,25 +11,24 @@ closed), a connection runs at most ``MAX_BLOCKING_CALLS`` blocking calls at once
 before ``session.attach`` a frame may not exceed ``FRAME_BEFORE_ATTACH`` bytes and the
 connection must attach within ``[kernel] attach_timeout_ms``. Each attached frame and
 blocking call is metered against its principal's ``max_cpu_ms_per_s`` (``fairness.py``):
-a principal over it waits before its next frame is handled, so it cannot starve others. Until it attaches, a connection is
-read byte-exactly (``_read_until_attached``): nothing past the attaching frame is
-consumed, so the full-size reader that follows starts at the right byte.
+a principal over it waits before its next frame is handled, so it cannot starve others.
+A connection's state (attach, the pre-attach rule, oversize accounting, the in-flight
+table) is the sans-I/O ``connection.Connection``; the threads here read its socket into
+it, act on its events and write the replies.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.framing import FrameReader, FrameTooLarge, FrameWriter, Oversize, encode_frame
+from ...protocol.framing import FrameTooLarge, FrameWriter, encode_frame
 from ...protocol.jsonrpc import (
     NO_ID,
     Invalid,
@@ -37,18 +36,9 @@ from ...protocol.jsonrpc import (
     Request,
     Response,
     error_response,
-    oversize_reply,
-    parse_message,
-    recover_id,
     response,
 )
-from ...protocol.limits import (
-    FRAME_BEFORE_ATTACH,
-    MAX_BLOCKING_CALLS,
-    MAX_OVERSIZE_PER_CONNECTION,
-    MAX_QUEUED_BLOCKING_CALLS,
-    OVERSIZE_HEAD,
-)
+from ...protocol.limits import MAX_BLOCKING_CALLS, MAX_QUEUED_BLOCKING_CALLS, READ_CHUNK
 from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
@@ -57,6 +47,7 @@ from ..app import Kernel
 from ..pty.orphans import OrphanReaper
 from .call import Call
 from .callqueue import REFUSED, RUN, BlockingCalls
+from .connection import NEED_DATA, Connection, Oversized, Received
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
@@ -64,31 +55,21 @@ from .workers import Workers
 
 log = logging.getLogger(__name__)
 
-_conn_ids = itertools.count(1)
 ACCEPT_POLL_S = 0.25
 
 
-@dataclass(eq=False)  # identity semantics: connections live in a set
-class Connection:
-    sock: socket.socket
-    kernel: Kernel
-    peer_pid: int | None = None
-    id: int = field(default_factory=lambda: next(_conn_ids))
-    who: Principal | None = None
-    client: dict = field(default_factory=dict)
-    oversize: int = 0
-    closed: threading.Event = field(default_factory=threading.Event)
-    subscriptions: dict[str, Any] = field(default_factory=dict)
-    inflight: dict[Any, InflightCall] = field(default_factory=dict)  # blocking calls by request id
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    calls: BlockingCalls = field(default_factory=BlockingCalls)  # running and queued ones
+class SocketConnection(Connection):
+    """A connection's state (``connection.Connection``) with its socket: what the
+    server's threads need to read it, write to it and close it."""
 
-    def __post_init__(self) -> None:
-        self.writer = FrameWriter(self.sock.fileno())
-
-    @property
-    def attached(self) -> bool:
-        return self.who is not None
+    def __init__(self, sock: socket.socket, peer_pid: int | None = None) -> None:
+        super().__init__(peer_pid)
+        self.sock = sock
+        self.closed = threading.Event()
+        self.subscriptions: dict[str, Any] = {}
+        self.lock = threading.Lock()  # a write, or the close of the fd
+        self.calls = BlockingCalls()  # running and queued ones
+        self.writer = FrameWriter(sock.fileno())
 
     def send(self, message: dict) -> bool:
         """Write one message; False when the peer is gone."""
@@ -116,37 +97,11 @@ class Connection:
         self.send({"jsonrpc": "2.0", "method": "throttled", "params": {"wait_s": round(wait_s, 3)}})
 
 
-class InflightCall:
-    """A blocking call known by its request id, from receipt to reply.
-
-    An exec attaches its task here once spawned; a ``task.cancel {call}`` that arrives
-    earlier is remembered and applied at the spawn.
-    """
-
-    def __init__(self) -> None:
-        self.task: Any = None
-        self.cancel_requested = False
-        self._lock = threading.Lock()
-
-    def attach(self, task: Any) -> bool:
-        """Record the spawned task; True when a cancel already arrived for it."""
-        with self._lock:
-            self.task = task
-            return self.cancel_requested
-
-    def request_cancel(self) -> Any:
-        """The task to cancel now, or None when not spawned yet (then cancelled on spawn)."""
-        with self._lock:
-            if self.task is None:
-                self.cancel_requested = True
-            return self.task
-
-
 class KernelServer:
     def __init__(self, kernel: Kernel, listener: socket.socket) -> None:
         self.kernel = kernel
         self.listener = listener
-        self.connections: set[Connection] = set()
+        self.connections: set[SocketConnection] = set()
         self._lock = threading.Lock()
         self._workers = 0  # connection and blocking-call threads still running
         self._workers_done = threading.Condition(self._lock)
@@ -199,7 +154,7 @@ class KernelServer:
                 log.warning("refusing connection from pid %s: %d connections open", pid, cap)
                 _refuse(sock, over_budget("kernel.max_connections", cap, "connections open"))
                 continue
-            conn = Connection(sock, self.kernel, peer_pid=pid)
+            conn = SocketConnection(sock, peer_pid=pid)
             with self._lock:
                 self.connections.add(conn)
             self._start_worker(self._serve, (conn,), f"conn-{conn.id}")
@@ -241,7 +196,7 @@ class KernelServer:
 
     # -- per connection -----------------------------------------------------------------
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: SocketConnection) -> None:
         try:
             attached = self._read_until_attached(conn)
         except OSError:
@@ -249,115 +204,102 @@ class KernelServer:
         if not attached:
             self._cleanup(conn)
             return
-        self._read_frames(conn, FrameReader(conn.sock.fileno()), [])
+        self._read_frames(conn)
 
-    def _read_frames(self, conn: Connection, reader: FrameReader, pending: list) -> None:
-        """Read and handle ``conn``'s frames (``pending`` first: read already).
+    def _read_frames(self, conn: SocketConnection) -> None:
+        """Read ``conn``'s socket into it and act on its events.
 
         A blocking call runs on the thread that read it, which first hands the reading
-        (the reader and the frames after the call's) to another worker: the call starts
-        without a thread hand-off, and this connection is read on meanwhile. Whichever
-        thread reads last cleans the connection up."""
+        (the connection, with the frames it holds after the call's) to another worker:
+        the call starts without a thread hand-off, and this connection is read on
+        meanwhile. Whichever thread reads last cleans the connection up."""
         handed_off = False
         try:
+            cpu_start = time.thread_time()  # reading the frames is this principal's too
             while not conn.closed.is_set():
-                cpu_start = time.thread_time()  # reading the frames is this principal's too
-                events, pending = pending or reader.read_frames(), []
-                if not events:
+                event = conn.next_event()
+                if event is NEED_DATA:
+                    conn.receive_data(conn.sock.recv(READ_CHUNK))
+                    continue
+                if not isinstance(event, (Received, Oversized)):  # CLOSED
                     break
-                for i, event in enumerate(events):
-                    principal = _principal_of(conn)
-                    if principal is not None and not is_unmetered(event):
-                        self.cpu.admit(principal, conn.closed, conn.notify_throttled)
-                    blocking = None
-                    if isinstance(event, Oversize):
-                        ok = self._oversize(conn, event)
-                    else:
-                        blocking = self._handle_frame(conn, event)
-                        ok = True
-                    if principal is not None:
-                        now = time.thread_time()
-                        self.cpu.charge(principal, now - cpu_start)
-                        cpu_start = now
-                    if not ok:
-                        return
-                    if blocking is not None:
-                        rest = events[i + 1 :]
-                        self._start_worker(
-                            self._read_frames, (conn, reader, rest), f"conn-{conn.id}"
-                        )
-                        handed_off = True
-                        self._run_metered(conn, *blocking)
-                        return
+                principal = _principal_of(conn)
+                if principal is not None and not _unmetered(event):
+                    self.cpu.admit(principal, conn.closed, conn.notify_throttled)
+                blocking = None
+                if isinstance(event, Oversized):
+                    ok = self._oversize(conn, event)
+                else:
+                    blocking = self._handle_frame(conn, event)
+                    ok = True
+                if principal is not None:
+                    now = time.thread_time()
+                    self.cpu.charge(principal, now - cpu_start)
+                    cpu_start = now
+                if not ok:
+                    return
+                if blocking is not None:
+                    self._start_worker(self._read_frames, (conn,), f"conn-{conn.id}")
+                    handed_off = True
+                    self._run_metered(conn, *blocking)
+                    return
         except OSError:
             pass
         finally:
             if not handed_off:
                 self._cleanup(conn)
 
-    def _read_until_attached(self, conn: Connection) -> bool:
-        """Serve frames of at most FRAME_BEFORE_ATTACH bytes until the connection
-        attaches (True) or closes, times out or sends too many oversize frames (False).
+    def _read_until_attached(self, conn: SocketConnection) -> bool:
+        """Serve frames until the connection attaches (True) or closes, times out or
+        sends too many oversize frames (False).
 
-        Bytes are peeked, then taken only up to the end of a line, so what follows the
-        attaching frame is still in the socket for the connection's FrameReader.
+        The connection decodes one line at a time until it attaches (the pre-attach
+        rule, ``connection.py``): what follows the attaching frame stays in it for the
+        full-size decoding that ``_read_frames`` does next.
         """
         sock = conn.sock
         timeout_s = self.kernel.guard.policy.kernel["attach_timeout_ms"] / 1000
         deadline = time.monotonic() + timeout_s
-        line = bytearray()  # the current frame (its head once over the limit)
-        length = 0
         try:
             while not conn.attached:
                 if conn.closed.is_set():
                     return False
-                try:
-                    sock.settimeout(max(0.001, deadline - time.monotonic()))
-                    peeked = sock.recv(FRAME_BEFORE_ATTACH + 1, socket.MSG_PEEK)
-                except TimeoutError:
-                    sock.settimeout(None)
-                    conn.send(_attach_timeout(timeout_s))
-                    return False
-                if not peeked:
-                    return False
-                newline = peeked.find(b"\n")
-                data = _recv_exactly(sock, len(peeked) if newline < 0 else newline + 1)
-                length += len(data) - (newline >= 0)
-                room = FRAME_BEFORE_ATTACH + 1 - len(line)
-                if room > 0:
-                    line += data[:room] if newline < 0 else data[: min(room, newline)]
-                if newline < 0:
+                event = conn.next_event()
+                if event is NEED_DATA:
+                    try:
+                        sock.settimeout(max(0.001, deadline - time.monotonic()))
+                        data = sock.recv(READ_CHUNK)
+                    except TimeoutError:
+                        sock.settimeout(None)
+                        conn.send(_attach_timeout(timeout_s))
+                        return False
+                    conn.receive_data(data)
                     continue
-                frame, size = bytes(line), length
-                line, length = bytearray(), 0
-                if size > FRAME_BEFORE_ATTACH:
-                    conn.oversize += 1
-                    sock.settimeout(None)
-                    conn.send(_oversize_before_attach(frame[:OVERSIZE_HEAD], size))
-                    if conn.oversize >= MAX_OVERSIZE_PER_CONNECTION:
+                if not isinstance(event, (Received, Oversized)):  # CLOSED
+                    return False
+                sock.settimeout(None)  # replies are written in blocking mode
+                if isinstance(event, Oversized):
+                    if not self._oversize(conn, event):
                         return False
                     continue
-                if frame.endswith(b"\r"):
-                    frame = frame[:-1]
-                if frame:
-                    sock.settimeout(None)  # replies are written in blocking mode
-                    blocking = self._handle_frame(conn, frame)
-                    if blocking is not None:  # before attach: only a call that refuses
-                        self._start_worker(self._run_metered, (conn, *blocking), "call")
+                blocking = self._handle_frame(conn, event)
+                if blocking is not None:  # before attach: only a call that refuses
+                    self._start_worker(self._run_metered, (conn, *blocking), "call")
         finally:
             if not conn.closed.is_set():
-                sock.settimeout(None)  # the FrameReader reads the fd in blocking mode
+                sock.settimeout(None)  # the socket is read in blocking mode from now on
         return True
 
-    def _oversize(self, conn: Connection, event: Oversize) -> bool:
-        conn.oversize += 1
-        conn.send(oversize_reply(event.head, event.discarded_bytes))
-        return conn.oversize < MAX_OVERSIZE_PER_CONNECTION
+    def _oversize(self, conn: SocketConnection, event: Oversized) -> bool:
+        conn.send(event.reply)
+        return not event.close
 
-    def _handle_frame(self, conn: Connection, frame: bytes) -> tuple[MethodSpec, Request] | None:
-        """Answer ``frame``, or return the blocking call it is (its slot is taken: the
+    def _handle_frame(
+        self, conn: SocketConnection, event: Received
+    ) -> tuple[MethodSpec, Request] | None:
+        """Answer the message, or return the blocking call it is (its slot is taken: the
         caller runs it, on a thread of its own)."""
-        msg = parse_message(frame)
+        msg = event.message
         if isinstance(msg, Invalid):
             if msg.reply is not None:
                 conn.send(msg.reply)
@@ -382,7 +324,7 @@ class KernelServer:
             )
             return None
         if spec.blocking:
-            admitted = conn.calls.admit((spec, msg), len(frame))  # callqueue.py
+            admitted = conn.calls.admit((spec, msg), len(event.frame))  # callqueue.py
             if admitted == REFUSED:
                 err = over_budget(
                     "blocking_calls",
@@ -392,12 +334,12 @@ class KernelServer:
                 conn.send(error_response(msg.id, err.code, err.message, err.data))
                 return None
             # Known by its id before it runs, so task.cancel {call} can't overtake it.
-            conn.inflight[msg.id] = InflightCall()
+            conn.add_call(msg.id)
             return (spec, msg) if admitted == RUN else None
         self._run(conn, spec, msg)
         return None
 
-    def _run_metered(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
+    def _run_metered(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an
         inline call's is charged by the reader that runs it)."""
         call: tuple[MethodSpec, Request] | None = (spec, msg)
@@ -406,17 +348,18 @@ class KernelServer:
                 self._run(conn, *call)
             call, dropped = conn.calls.next_after(conn.closed.is_set())
         for _, gone in dropped:  # the connection closed: nobody waits for them
-            conn.inflight.pop(gone.id, None)
+            conn.pop_call(gone.id)
 
-    def _run(self, conn: Connection, spec: MethodSpec, msg: Request) -> None:
+    def _run(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         call = None
+        slot = conn.begin_call(msg.id) if spec.blocking else None
         try:
             params = msg.params if isinstance(msg.params, dict) else None
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
             params, ignored = split_unknown(params, spec.schema)
             validate(params, spec.schema)
-            call = Call(self.kernel, conn, msg.id, conn.inflight.get(msg.id), self.cpu)
+            call = Call(self.kernel, conn, msg.id, slot, self.cpu)
             result = spec.func(call, params)
             if ignored and isinstance(result, dict):
                 result = {**result, "ignored_params": ignored}
@@ -431,13 +374,21 @@ class KernelServer:
                 f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500],
             )
         if spec.blocking:
-            conn.inflight.pop(msg.id, None)
+            conn.pop_call(msg.id)
         conn.send(reply)
         if call is not None:
             call.run_deferred()
 
-    def _cleanup(self, conn: Connection) -> None:
+    def _cleanup(self, conn: SocketConnection) -> None:
         _close_conn(conn)
+        lost = conn.connection_lost()  # queued calls never run; running ones see gone()
+        if lost.cancelled or lost.detached:
+            log.debug(
+                "connection %s closed: %d queued calls dropped, %d running ones detached",
+                conn.id,
+                len(lost.cancelled),
+                len(lost.detached),
+            )
         for sub in list(conn.subscriptions.values()):
             try:
                 sub.close()
@@ -470,7 +421,7 @@ def _encode_reply(message: dict) -> bytes:
     return encode_frame(error_response(message.get("id"), ErrorCode.INTERNAL, why))
 
 
-def _close_conn(conn: Connection, close_fd: bool = True) -> None:
+def _close_conn(conn: SocketConnection, close_fd: bool = True) -> None:
     conn.closed.set()
     try:
         conn.sock.shutdown(socket.SHUT_RDWR)  # wakes a writer blocked on a slow peer
@@ -496,31 +447,13 @@ def _refuse(sock: socket.socket, why: RpcError | None = None) -> None:
     sock.close()
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes already peeked (so present): recv until all are taken."""
-    chunks = []
-    while n > 0:
-        data = sock.recv(n)
-        if not data:
-            break
-        chunks.append(data)
-        n -= len(data)
-    return b"".join(chunks)
-
-
-def _oversize_before_attach(head: bytes, size: int) -> dict:
-    return error_response(
-        recover_id(head),
-        ErrorCode.INVALID_REQUEST,
-        f"frame too large before attach: {size} bytes exceeds the {FRAME_BEFORE_ATTACH}-byte"
-        " limit (FRAME_BEFORE_ATTACH); call session.attach first",
-        {"limit": FRAME_BEFORE_ATTACH, "discarded_bytes": size},
-    )
-
-
 def _principal_of(conn: Connection) -> str | None:
     who = conn.who
     return who.principal if who is not None else None
+
+
+def _unmetered(event: Received | Oversized) -> bool:
+    return isinstance(event, Received) and is_unmetered(event.frame)
 
 
 def _attach_timeout(timeout_s: float) -> dict:

@@ -11,6 +11,7 @@ without grants cannot grow the journal with distinct 1 MiB sources (issue 31).
 
 from __future__ import annotations
 
+import enum
 import logging
 import sqlite3
 import threading
@@ -44,12 +45,19 @@ log = logging.getLogger(__name__)
 JOURNAL_QUERY_MAX = 1000
 JOURNAL_QUERY_DEFAULT = 50
 
-RUNNING = "running"
-DONE = "done"
-LOST = "lost"
-FAILED = "failed"
-"""An exec row's ``state``: spawned; finished and stored; the kernel died while it ran
-(what it had spooled is kept as a partial output); finalizing failed (``error`` says why)."""
+
+class RowState(enum.StrEnum):
+    """An exec row's ``state``: spawned; finished and stored; the kernel died while it ran
+    (what it had spooled is kept as a partial output); finalizing failed (``error`` says
+    why). The task's own states, on the wire, are ``exec/lifecycle.py``'s ``TaskState``."""
+
+    RUNNING = "running"
+    DONE = "done"
+    LOST = "lost"
+    FAILED = "failed"
+
+
+RUNNING, DONE, LOST, FAILED = RowState.RUNNING, RowState.DONE, RowState.LOST, RowState.FAILED
 
 
 @dataclass

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
 from ....protocol.params import TASK_AWAIT, TASK_CANCEL, TASK_GET, TASK_LIST, TASK_STEER
+from ...exec.lifecycle import TaskState
 from ..paging import bounded_page
 from ..registry import method
 
@@ -58,17 +59,18 @@ def task_list(call: Call, params: dict) -> dict:
 def task_get(call: Call, params: dict) -> dict:
     if "task" in params:
         return _task(call, params).record()
-    task = _inflight(call, params).task
-    if task is None:
-        return {"call": params["call"], "state": "starting", "out_bytes": 0, "err_bytes": 0}
-    return task.record()
+    slot = _inflight(call, params)
+    if slot.task is None:
+        state = TaskState.SPAWN_PENDING.value
+        return {"call": params["call"], "state": state, "out_bytes": 0, "err_bytes": 0}
+    return slot.task.record()
 
 
 def _inflight(call: Call, params: dict):
     """The in-flight exec behind request id ``call`` on this connection."""
     if "call" not in params:
         raise invalid_params("task", "required (or call)")
-    slot = call.conn.inflight.get(params["call"])
+    slot = call.conn.inflight_call(params["call"])
     if slot is None:
         raise RpcError(
             ErrorCode.UNKNOWN_TASK,
@@ -95,20 +97,20 @@ def task_cancel(call: Call, params: dict) -> dict:
     else:
         task = _inflight(call, params).request_cancel()
         if task is None:  # not spawned yet: it is cancelled the moment it is
-            return {"call": params["call"], "state": "cancelled"}
+            return {"call": params["call"], "state": TaskState.CANCELLED.value}
     call.kernel.tasks.cancel(task)
-    return {"task": task.ref, "state": task.state}
+    return {"task": task.ref, "state": task.state.value}
 
 
 @method("task.suspend", TASK_STEER)
 def task_suspend(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.suspend(task)
-    return {"task": task.ref, "state": task.state}
+    return {"task": task.ref, "state": task.state.value}
 
 
 @method("task.resume", TASK_STEER)
 def task_resume(call: Call, params: dict) -> dict:
     task = _steerable(call, params)
     call.kernel.tasks.resume(task)
-    return {"task": task.ref, "state": task.state}
+    return {"task": task.ref, "state": task.state.value}
