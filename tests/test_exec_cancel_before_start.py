@@ -18,7 +18,7 @@ import pytest
 from shoal_mcp.kernel.access.identity import Principal
 from shoal_mcp.kernel.app import Kernel, KernelConfig
 from shoal_mcp.kernel.exec.calls import RunOptions
-from shoal_mcp.kernel.exec.service import CancelledBeforeStart
+from shoal_mcp.kernel.exec.start import CancelledBeforeStart
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 
 

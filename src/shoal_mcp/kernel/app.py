@@ -18,16 +18,17 @@ from typing import Any
 
 from .. import __version__
 from ..protocol import uri
-from ..protocol.errors import ErrorCode, RpcError
+from ..protocol.errors import RpcError
 from ..protocol.framing import BACKEND
-from ..protocol.limits import AGENT_PRINCIPAL, DURABLE_CHANNELS
+from ..protocol.limits import AGENT_PRINCIPAL
 from ..protocol.paths import ensure_private_dir, local_principal
-from .access.budgets import StateBudget, over_budget
+from .access.budgets import StateBudget
 from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root, trusted_base
 from .access.guard import Guard
 from .access.identity import Principal, owner_key
 from .access.plans import PlanStore
 from .access.policy import Policy, PolicyError
+from .access.spanning import CrossServiceChecks
 from .admin.config_file import ConfigError, resolve
 from .admin.package_stamp import compare, take_stamp
 from .events.bus import EventBus, EventStore
@@ -69,10 +70,14 @@ class KernelConfig:
     """Settings given as flags at start; they win over kernel.toml on a reload too."""
 
 
-class Kernel:
+class Kernel(CrossServiceChecks):
     """The kernel's services, wired together; transport-free (the socket server calls in,
     tests can too). Each subsystem is its own object: ``exec`` (gate, spawn, finalize),
-    ``values``, ``events``, ``ptys``, ``guard`` (policy, tokens, quotas) and the stores."""
+    ``values``, ``events``, ``ptys``, ``guard`` (policy, tokens, quotas) and the stores.
+    The access checks that span services are ``CrossServiceChecks``'s (access/spanning.py)."""
+
+    tasks: TaskManager  # the full services, not only what those checks look at
+    ptys: PtyManager
 
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
@@ -285,30 +290,6 @@ class Kernel:
         self.confinement.close()
         self.values.outputs.close()
 
-    # -- access checks that span services --------------------------------------------------
-
-    def check_subscription_quota(self, who: Principal, current: int) -> None:
-        """max_subscriptions counts the principal's subscriptions on every connection."""
-        with self._subscriptions_lock:
-            total = len(self._subscriptions.get(who.principal, ()))
-        self.guard.check_quota(who.principal, "max_subscriptions", max(current, total))
-
-    def track_subscription(self, principal: str, sub_id: str, live: bool) -> None:
-        with self._subscriptions_lock:
-            ids = self._subscriptions.setdefault(principal, set())
-            if live:
-                ids.add(sub_id)
-            else:
-                ids.discard(sub_id)
-
-    def check_connection_budget(self, principal: str, already: bool) -> None:
-        """max_connections: attached connections per principal (``already``: this
-        connection is one of them, re-attaching)."""
-        limit = self.guard.for_principal(principal).budget("max_connections")
-        held = self.connections_of(principal) - (1 if already else 0)
-        if held >= limit:
-            raise over_budget("max_connections", limit, f"{principal} has {held} connections")
-
     def _state_has_room(self) -> bool:
         """Whether the state dir may grow (a root kernel's large ``$SHOAL_OUT`` copies)."""
         try:
@@ -316,55 +297,6 @@ class Kernel:
         except RpcError:
             return False
         return True
-
-    def pty_count(self, principal: str) -> int:
-        """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""
-        return sum(
-            1 for p in self.ptys.list(None) if p.get("owner", "").split("\x00", 1)[-1] == principal
-        )
-
-    def can_see_all_tasks(self, principal: str) -> bool:
-        return self.guard.for_principal(principal).tasks_read == "all"
-
-    def journal_read_all(self, principal: str) -> bool:
-        return self.guard.for_principal(principal).journal_read == "all"
-
-    def check_blob_access(self, who: Principal, digest: str) -> None:
-        """A blob is readable by principals whose journal rows (or policy) reach it."""
-        if self.journal_read_all(who.principal):
-            return
-        rows = self.db.query(
-            "SELECT 1 FROM journal WHERE principal = ? AND outputs LIKE ? LIMIT 1",
-            (who.principal, f"%{digest}%"),
-        )
-        if not rows:
-            raise RpcError(ErrorCode.UNKNOWN_REF, f"unknown blob {digest}", {"hash": digest})
-
-    def check_channel_access(self, who: Principal, channel: str) -> None:
-        """task.N / pty.N only for their owners; journal and approval per policy."""
-        kind = channel.partition(".")[0]
-        num = uri.parse_channel(channel)[1]
-        if kind == "task":
-            self.tasks.get(
-                channel.partition(".")[2] if num is None else num,  # a bad N: unknown task
-                who.session,
-                who.principal,
-                see_all=self.can_see_all_tasks(who.principal),
-            )
-        elif kind == "pty":
-            pty_id = uri.pty_ref(num) if num is not None else channel.partition(".")[2]
-            if not any(p["pty_id"] == pty_id for p in self.ptys.list(owner_key(who))):
-                raise RpcError(
-                    ErrorCode.UNKNOWN_PTY, f"unknown pty {pty_id}"[:200], {"pty_id": pty_id[:100]}
-                )
-        elif channel in DURABLE_CHANNELS and not self.journal_read_all(who.principal):
-            raise RpcError(
-                ErrorCode.DENIED, f"{channel} events need journal_read = all", {"channel": channel}
-            )
-        elif channel == "approval" and not self.guard.for_principal(who.principal).approver:
-            raise RpcError(
-                ErrorCode.DENIED, "approval events are for approvers", {"channel": channel}
-            )
 
 
 __all__ = ["Kernel", "KernelConfig", "Principal", "owner_key"]

@@ -65,6 +65,7 @@ from .budgets import (
     check_budget_value,
     kernel_budgets,
 )
+from .principal_settings import FS_KEYS, PrincipalSettings
 from .profiles import AGENT_DEFAULTS as _AGENT_DEFAULTS
 from .profiles import ALLOW, ASK, DENY, SANDBOX
 from .profiles import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
@@ -85,7 +86,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 _BOOL_KEYS = ("approver", "session_write", "sandbox")
 _INT_KEYS = ("max_tasks", "max_ptys", "max_subscriptions")
-_FS_KEYS = ("read", "write", "delete")
 _MAX_QUOTA = 1_000_000
 
 SECRET_ENV = re.compile(
@@ -174,8 +174,8 @@ def _validate_table(name: str, table: Any) -> dict[str, Any]:
                 raise PolicyError(where, "expected a table")
             for fk, fv in v.items():
                 fwhere = _key(name, "fs", fk)
-                if fk not in _FS_KEYS:
-                    raise _unknown(fwhere, fk, _FS_KEYS)
+                if fk not in FS_KEYS:
+                    raise _unknown(fwhere, fk, FS_KEYS)
                 globs = _string_list(fwhere, fv)
                 for g in globs:
                     if not g.startswith(("/", "~", PROJECT_PLACEHOLDER)):
@@ -217,8 +217,9 @@ class Verdict:
         return {"verdict": self.verdict, "reasons": self.reasons, "ungranted": self.ungranted}
 
 
-class PrincipalPolicy:
-    """The effective rules for one principal, with its globs compiled."""
+class PrincipalPolicy(PrincipalSettings):
+    """The effective rules for one principal: its settings, with its globs compiled to
+    match effects and give the verdict."""
 
     def __init__(
         self,
@@ -229,11 +230,7 @@ class PrincipalPolicy:
         permissive: bool = False,
         defined: bool = True,
     ) -> None:
-        self.principal = principal
-        self.home = home
-        self.permissive = permissive
-        self.defined = defined
-        self._s = dict(settings)
+        super().__init__(principal, settings, home=home, permissive=permissive, defined=defined)
 
         def expand(g: str) -> str:
             if g == "~" or g.startswith("~/"):
@@ -252,15 +249,6 @@ class PrincipalPolicy:
             k: [_FsPattern(expand(g)) for g in settings.get(k, ())]
             for k in ("fs_read", "fs_write", "fs_delete")
         }
-
-    @property
-    def uses_project(self) -> bool:
-        """Some fs glob names ``{project}``: the rules depend on the session."""
-        return any(
-            g.startswith(PROJECT_PLACEHOLDER)
-            for k in ("fs_read", "fs_write", "fs_delete")
-            for g in self._s.get(k, ())
-        )
 
     def in_project(self, roots: tuple[str, ...]) -> PrincipalPolicy:
         """These rules with ``{project}`` replaced by each of ``roots`` (none: those
@@ -282,86 +270,7 @@ class PrincipalPolicy:
             defined=self.defined,
         )
 
-    # settings the kernel reads directly
-
-    @property
-    def approver(self) -> bool:
-        return bool(self._s["approver"])
-
-    @property
-    def journal_read(self) -> str:
-        return str(self._s["journal_read"])
-
-    @property
-    def tasks_read(self) -> str:
-        return str(self._s["tasks_read"])
-
-    @property
-    def max_tasks(self) -> int:
-        return int(self._s["max_tasks"])
-
-    @property
-    def max_ptys(self) -> int:
-        return int(self._s["max_ptys"])
-
-    @property
-    def max_subscriptions(self) -> int:
-        return int(self._s["max_subscriptions"])
-
-    def budget(self, key: str) -> int:
-        """A budget key's value for this principal (``budgets.PRINCIPAL_BUDGETS``)."""
-        return int(self._s[key])
-
-    @property
-    def max_output_bytes(self) -> int:
-        """Cap on one exec's stdout + stderr (a budget key); 0 means none."""
-        return self.budget("max_output_bytes")
-
-    @property
-    def auto_apply(self) -> str:
-        return str(self._s["auto_apply"])
-
-    @property
-    def sandboxed(self) -> bool:
-        """Whether this principal's processes run in the OS sandbox (policy ``sandbox``)."""
-        return bool(self._s["sandbox"])
-
-    def opaque_mode(self, enforcing: bool) -> str:
-        """The effective ``opaque`` setting: deny | ask | allow | sandbox.
-
-        ``sandbox`` holds only for a sandboxed principal while the kernel's sandbox
-        enforces (``enforcing``); an explicit ``opaque = "sandbox"`` falls back to
-        ``ask`` otherwise.  Unset means ``sandbox`` where it holds, else ``deny``.
-        """
-        setting = self._s["opaque"]
-        can_sandbox = enforcing and self.sandboxed
-        if setting is None:
-            return SANDBOX if can_sandbox else DENY
-        if setting == SANDBOX and not can_sandbox:
-            return ASK
-        return str(setting)
-
-    def fs_grants(self, kind: str) -> tuple[str, ...]:
-        """The raw ``fs.read`` / ``fs.write`` / ``fs.delete`` globs (``kind`` without ``fs.``)."""
-        return tuple(self._s.get(f"fs_{kind}", ()))
-
-    @property
-    def net_grants(self) -> tuple[str, ...]:
-        return tuple(self._s.get("net_connect", ()))
-
-    @property
-    def net_allow(self) -> tuple[str, ...]:
-        """``net.allow`` and the old ``net_connect`` entries (the same form, net/rules.py)."""
-        return (*self._s.get("net_allow", ()), *self.net_grants)
-
-    @property
-    def net_deny(self) -> tuple[str, ...]:
-        return tuple(self._s.get("net_deny", ()))
-
-    def grant_key(self) -> tuple[tuple[str, ...], ...]:
-        """What the sandbox is built from (the fs and network grants): equal keys, equal
-        sandboxes."""
-        return (*(self.fs_grants(k) for k in _FS_KEYS), self.net_allow, self.net_deny)
+    # the sandbox and the environment
 
     def sandbox_spec(
         self,
@@ -401,11 +310,6 @@ class PrincipalPolicy:
         ``env_read`` says what ``session.env`` shows.)"""
         exact = set(self._s.get("env_read", ()))
         return {k: v for k, v in env.items() if k in exact or not SECRET_ENV.search(k)}
-
-    @property
-    def env_write_grants(self) -> tuple[str, ...]:
-        """The raw ``env_write`` names/globs (exec's state reports are checked against them)."""
-        return tuple(self._s.get("env_write", ()))
 
     # verdicts
 

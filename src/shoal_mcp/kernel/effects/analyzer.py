@@ -292,14 +292,14 @@ def _ansi_c(body: str) -> str:
 
 
 class _Analyzer(Recorder):
-    """Walks the syntax tree, recording what it finds (``Recorder``) as it goes."""
+    """Walks the syntax tree's statements, recording what it finds (``Recorder``) as it
+    goes; the values of words are ``_Words``'s."""
 
     def __init__(self, src: bytes, cwd: str, home: str | None) -> None:
         super().__init__(cwd, home)
         self.src = src
-        self.bindings: dict[str, list[str]] = {}  # for-loop variables over literal lists
         self.depth = 0
-        self._subst = False  # set while evaluating a word that holds $(...)
+        self.words = _Words(self)  # the static values of its words
 
     def text(self, node: Node) -> str:
         return self.src[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
@@ -383,21 +383,21 @@ class _Analyzer(Recorder):
             if child.type in _STATEMENTS or child.type == "do_group":
                 body.append(child)
             else:
-                values.extend(self.fields(child))
+                values.extend(self.words.fields(child))
         self.assigned.add(name)
         # `for f in a b; do rm "$f"; done`: a literal list binds "$f" to its values.
         static = None not in values and 0 < len(values) <= MAX_BRACE
-        saved = self.bindings.pop(name, None)
+        saved = self.words.bindings.pop(name, None)
         if static:
-            self.bindings[name] = [v for v in values if v is not None]
+            self.words.bindings[name] = [v for v in values if v is not None]
         try:
             with self.branch():
                 for child in body:
                     self.visit(child)
         finally:
-            self.bindings.pop(name, None)
+            self.words.bindings.pop(name, None)
             if saved is not None:
-                self.bindings[name] = saved
+                self.words.bindings[name] = saved
 
     def function(self, node: Node) -> None:
         name = node.child_by_field_name("name")
@@ -426,7 +426,7 @@ class _Analyzer(Recorder):
         name_node = node.child_by_field_name("name")
         value = node.child_by_field_name("value")
         if value is not None:
-            self.fields(value)
+            self.words.fields(value)
         if name_node is None:
             return
         name_text = self.text(name_node)
@@ -477,7 +477,77 @@ class _Analyzer(Recorder):
             if _ENVISH.fullmatch(w):
                 self.env_write(w)
 
-    # words
+    # commands
+
+    def command(self, node: Node, redirects: Sequence[Node] = ()) -> None:
+        name_node = node.child_by_field_name("name")
+        own_redirects = []
+        for child in node.named_children:
+            if child.type == "variable_assignment":
+                self.assignment(child, "prefix" if name_node is not None else "bare")
+            elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
+                own_redirects.append(child)
+        outer_subst = self.words.substituted  # we may be inside another command's $(...)
+        if name_node is not None:
+            self.words.substituted = False
+            argv0 = self.words.fields(name_node)
+            if self.words.substituted:
+                self.opaque("command substitution in argv0")
+            elif argv0[0] is None or len(argv0) != 1:
+                self.opaque("dynamic argv0")
+            self.words.substituted = False
+            argv: Args = []
+            for arg in node.children_by_field_name("argument"):
+                argv.extend(self.words.fields(arg))
+            if self.words.substituted:
+                self.opaque("command substitution in argv")
+            if argv0[0] is not None and len(argv0) == 1:
+                run(self, [argv0[0], *argv])
+        for r in [*own_redirects, *redirects]:
+            self.redirect(r)
+        self.words.substituted = outer_subst
+
+    def redirect(self, node: Node) -> None:
+        if node.type == "herestring_redirect":
+            for c in node.named_children:
+                self.words.fields(c)
+            return
+        if node.type == "heredoc_redirect":
+            for c in node.named_children:
+                if c.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
+                    self.redirect(c)
+                elif c.type == "heredoc_body":
+                    self.scan(c)
+                elif c.type in _STATEMENTS:
+                    self.visit(c)
+            return
+        op = next((c.type for c in node.children if not c.is_named), "")
+        dest = node.child_by_field_name("destination")
+        if dest is None:
+            return
+        if op in (">&", "<&") and (dest.type == "number" or self.text(dest) == "-"):
+            return  # fd duplication, not a file
+        outer_subst, self.words.substituted = self.words.substituted, False
+        values = self.words.fields(dest)
+        if self.words.substituted:
+            self.opaque("command substitution in redirect")
+        self.words.substituted = outer_subst
+        for value in values:
+            if ">" in op:
+                self.write(value, "redirect")
+            else:
+                self.read(value, "redirect")
+
+
+class _Words:
+    """Static values of one source's words: quoting, ``~``, brace expansion, ``$v`` of a
+    loop over a literal list; what a word runs (``$(...)``, ``<(...)``) goes back to the
+    statement walk it is part of."""
+
+    def __init__(self, walk: _Analyzer) -> None:
+        self.walk = walk
+        self.bindings: dict[str, list[str]] = {}  # for-loop variables over literal lists
+        self.substituted = False  # set while evaluating a word that holds $(...)
 
     def fields(self, node: Node) -> Args:
         """Static values of one argument word (brace expansion may give several)."""
@@ -503,38 +573,38 @@ class _Analyzer(Recorder):
     def eval(self, node: Node, first: bool = False) -> str | None:
         t = node.type
         if t == "word":
-            text = re.sub(r"\\(.)", r"\1", self.text(node), flags=re.S)
+            text = re.sub(r"\\(.)", r"\1", self.walk.text(node), flags=re.S)
             if first and text.startswith("~") and (len(text) == 1 or text[1] == "/"):
-                if self.home is None:
+                if self.walk.home is None:
                     return None
-                text = self.home + text[1:]
+                text = self.walk.home + text[1:]
             return text
         if t in ("number", "brace_expression", "heredoc_content"):
-            return self.text(node)
+            return self.walk.text(node)
         if t == "raw_string":
-            return self.text(node)[1:-1]
+            return self.walk.text(node)[1:-1]
         if t == "ansi_c_string":
-            return _ansi_c(self.text(node)[2:-1])
+            return _ansi_c(self.walk.text(node)[2:-1])
         if t in ("string", "translated_string", "concatenation"):
             parts: list[str | None] = []
             for i, c in enumerate(node.children):
                 if c.type == "string_content":
-                    parts.append(re.sub(r'\\([$`"\\\n])', r"\1", self.text(c)))
+                    parts.append(re.sub(r'\\([$`"\\\n])', r"\1", self.walk.text(c)))
                 elif c.is_named:
                     parts.append(self.eval(c, first=first and i == 0 and t == "concatenation"))
             return None if any(p is None for p in parts) else "".join(parts)  # type: ignore[arg-type]
         if t in ("simple_expansion", "expansion"):
             return self.expansion(node)
         if t == "command_substitution":
-            with self.subshell():
-                self.visit_children(node)
-            self._subst = True  # after the visit: nested commands reset the flag
+            with self.walk.subshell():
+                self.walk.visit_children(node)
+            self.substituted = True  # after the visit: nested commands reset the flag
             return None
         if t == "process_substitution":
-            with self.subshell():
-                self.visit_children(node)
+            with self.walk.subshell():
+                self.walk.visit_children(node)
             return "/dev/fd/63"
-        self.scan(node)
+        self.walk.scan(node)
         return None
 
     def bound(self, node: Node) -> list[str] | None:
@@ -546,80 +616,19 @@ class _Analyzer(Recorder):
         inner = node.named_children[0]
         if inner.type != "variable_name":
             return None
-        return self.bindings.get(self.text(inner))
+        return self.bindings.get(self.walk.text(inner))
 
     def expansion(self, node: Node) -> str | None:
         names = [c for c in node.named_children if c.type == "variable_name"]
         plain = len(node.named_children) == 1 and len(names) == 1
-        self.scan(node)
+        self.walk.scan(node)
         if plain:
-            name = self.text(names[0])
-            if name == "HOME" and self.home and name not in self.assigned:
-                return self.home
-            if name == "PWD" and self.cwd and name not in self.assigned:
-                return self.cwd
+            name = self.walk.text(names[0])
+            if name == "HOME" and self.walk.home and name not in self.walk.assigned:
+                return self.walk.home
+            if name == "PWD" and self.walk.cwd and name not in self.walk.assigned:
+                return self.walk.cwd
         return None
-
-    # commands
-
-    def command(self, node: Node, redirects: Sequence[Node] = ()) -> None:
-        name_node = node.child_by_field_name("name")
-        own_redirects = []
-        for child in node.named_children:
-            if child.type == "variable_assignment":
-                self.assignment(child, "prefix" if name_node is not None else "bare")
-            elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
-                own_redirects.append(child)
-        outer_subst = self._subst  # we may be inside another command's $(...)
-        if name_node is not None:
-            self._subst = False
-            argv0 = self.fields(name_node)
-            if self._subst:
-                self.opaque("command substitution in argv0")
-            elif argv0[0] is None or len(argv0) != 1:
-                self.opaque("dynamic argv0")
-            self._subst = False
-            argv: Args = []
-            for arg in node.children_by_field_name("argument"):
-                argv.extend(self.fields(arg))
-            if self._subst:
-                self.opaque("command substitution in argv")
-            if argv0[0] is not None and len(argv0) == 1:
-                run(self, [argv0[0], *argv])
-        for r in [*own_redirects, *redirects]:
-            self.redirect(r)
-        self._subst = outer_subst
-
-    def redirect(self, node: Node) -> None:
-        if node.type == "herestring_redirect":
-            for c in node.named_children:
-                self.fields(c)
-            return
-        if node.type == "heredoc_redirect":
-            for c in node.named_children:
-                if c.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
-                    self.redirect(c)
-                elif c.type == "heredoc_body":
-                    self.scan(c)
-                elif c.type in _STATEMENTS:
-                    self.visit(c)
-            return
-        op = next((c.type for c in node.children if not c.is_named), "")
-        dest = node.child_by_field_name("destination")
-        if dest is None:
-            return
-        if op in (">&", "<&") and (dest.type == "number" or self.text(dest) == "-"):
-            return  # fd duplication, not a file
-        outer_subst, self._subst = self._subst, False
-        values = self.fields(dest)
-        if self._subst:
-            self.opaque("command substitution in redirect")
-        self._subst = outer_subst
-        for value in values:
-            if ">" in op:
-                self.write(value, "redirect")
-            else:
-                self.read(value, "redirect")
 
 
 _STATEMENT_HANDLERS: dict[str, Callable[[_Analyzer, Node], None]] = {

@@ -1,14 +1,12 @@
-"""The calling side of an exec: how to run and answer (``RunOptions``), what the service
-needs to know about the call it serves (``Caller``), and what the gate decides on
-(``Judgement``)."""
+"""The calling side of an exec: how to run and answer (``RunOptions``), and what the
+service needs to know about the call it serves (``Caller``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..effects import analyzer
 from ..values.elision import ElideOptions
 
 if TYPE_CHECKING:
@@ -34,15 +32,6 @@ class Caller(Protocol):
         """Run ``work`` once the reply is written (housekeeping the caller need not wait
         for); it runs even when no reply could be written."""
         ...
-
-
-class Judgement(NamedTuple):
-    """What the gate decides on: ``src``'s effects where the session is, and the verdict."""
-
-    analysis: analyzer.Analysis
-    cwd: str
-    env_hash: str
-    verdict: Any
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Pseudoterminals owned by the kernel (docs/protocol.md, PTYs): spawn, read, send, resize, close.
 
-Owns `PtyManager`: the open PTYs, their reader threads, `changed`, events, send, resize,
-close/reap. Around it, one concern each (imports only go pty -> them, never back):
-`ptyspawn` starts the program on a new terminal (trampoline, env, PATH lookup), `ptykeys`
-is the key protocol (`encode_input`, `KEY_NAMES`), `ptyscreen` the emulator (`_Screen`) and
-the fitting of `pty.read` results under VALUE_HARD_CAP. Their public names are re-exported.
+Owns `PtyManager`: the table of open PTYs and the calls on it (open, send, read, resize,
+list, close/reap, `changed`). Around it, one concern each (imports only go pty -> them,
+never back): `terminal` is one open PTY and its process (signals, reaping, exit),
+`screen_io` its reader thread, input writes and events, `spawn` starts the program on a
+new terminal (trampoline, env, PATH lookup), `keys` is the key protocol (`encode_input`,
+`KEY_NAMES`), `screen` the emulator (`_Screen`) and the fitting of `pty.read` results
+under VALUE_HARD_CAP. Their public names are re-exported.
 
 `PtyManager` knows nothing about sockets; the kernel server calls it from many threads.
 
@@ -40,19 +42,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import errno
 import logging
 import os
-import select
 import signal
-import subprocess
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-
-import pyte
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
@@ -64,14 +60,11 @@ from ...protocol.limits import (
     CANCEL_GRACE_S,
     PTY_DEFAULT_COLS,
     PTY_DEFAULT_ROWS,
-    PTY_EVENT_INTERVAL_S,
-    PTY_IDLE_POLL_S,
     PTY_MAX_CELL_CHARS,
     PTY_MAX_CMD_LEN,
     PTY_MAX_DIM,
     PTY_MAX_READERS,
     PTY_MIN_DIM,
-    PTY_READ_CHUNK,
     PTY_SCROLLBACK_LINES,
     PTY_SEND_TIMEOUT_S,
     PTY_SPAWN_TIMEOUT_S,
@@ -80,9 +73,10 @@ from ...protocol.limits import (
 )
 from ..access.sandbox import SandboxSpec
 from .keys import KEY_NAMES, encode_input
-from .screen import _cursor, _fill, _render, _Screen
-from .spawn import Spawned, _winsize, spawn
-from .termfilter import OscFilter
+from .screen import _cursor, _fill, _Screen
+from .screen_io import ScreenPump
+from .spawn import _winsize, spawn
+from .terminal import OpenPty
 
 __all__ = [
     "PtyManager",
@@ -98,51 +92,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- process helpers
-
-
-def _exit_record(returncode: int) -> dict[str, int]:
-    return {"signal": -returncode} if returncode < 0 else {"status": returncode}
-
-
-class _Pty:
-    def __init__(
-        self, num: int, owner: str, started: Spawned, cmd: str, cols: int, rows: int
-    ) -> None:
-        self.id = uri.pty_ref(num)
-        self.owner = owner
-        self.proc = started.proc  # the supervisor: it ends last, with the program's status
-        self.pid = started.pid  # the program: its group is what close signals
-        self.master = started.master
-        self.ctrl = started.ctrl  # closing it kills the program's whole tree
-        self.cmd = cmd
-        self.screen = _Screen(cols, rows, PTY_SCROLLBACK_LINES)
-        self.stream = pyte.ByteStream(self.screen)
-        self.osc_filter = OscFilter()  # pyte would buffer an unterminated OSC without bound
-        self.lock = threading.Lock()  # screen, caches, version, exit, pending, closed
-        self.write_lock = threading.Lock()  # whole `send`s never interleave
-        self.reap_lock = threading.Lock()  # waitpid and signals to the child's group
-        self.stopping = threading.Event()
-        self.closed = False
-        self.eof = False  # every slave fd is closed: nothing can read input any more
-        self.version = 0
-        self.rows_cache: list[str] = [""] * rows
-        self.dirty_rows: set[int] = set(range(rows))
-        self.seen: OrderedDict[Any, int] = OrderedDict()
-        self.exit: dict[str, int] | None = None
-        self.exit_emitted = False
-        self.pending = False
-        self.last_emit = time.monotonic() - PTY_EVENT_INTERVAL_S
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
-        self.thread: threading.Thread | None = None
-
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):  # pipe full (already awake) or closed
-            os.write(self.wake_w, b"\0")
 
 
 # --------------------------------------------------------------------------- validation
@@ -163,9 +112,9 @@ class PtyManager:
     """All PTYs of one kernel. Thread-safe; see the module docstring for the contract."""
 
     def __init__(self, on_screen_change: Callable[[str, dict], None] | None = None) -> None:
-        self._on_change = on_screen_change
+        self._io = ScreenPump(on_screen_change)  # reader threads, input, events
         self._lock = threading.Lock()
-        self._ptys: dict[str, _Pty] = {}
+        self._ptys: dict[str, OpenPty] = {}
         self._next = 1
 
     # ---------------------------------------------------------------- open
@@ -207,17 +156,17 @@ class PtyManager:
         with self._lock:
             num = self._next
             self._next += 1
-            p = _Pty(num, owner, started, cmd, cols, rows)
+            p = OpenPty(num, owner, started, cmd, cols, rows)
             self._ptys[p.id] = p
         p.thread = threading.Thread(
-            target=self._reader, args=(p,), name=f"shoal-{p.id}", daemon=True
+            target=self._io.run, args=(p,), name=f"shoal-{p.id}", daemon=True
         )
         p.thread.start()
         return {"pty_id": p.id, "pid": p.pid, "cmd": cmd, "cols": cols, "rows": rows}
 
     # ---------------------------------------------------------------- lookup
 
-    def _get(self, pty_id: Any, owner: str | None) -> _Pty:
+    def _get(self, pty_id: Any, owner: str | None) -> OpenPty:
         """The PTY ``pty_id`` of ``owner`` (None: of anyone, for an approver)."""
         if not isinstance(pty_id, str):
             raise invalid_params("pty_id", "must be a string like 'pty:1'")
@@ -236,7 +185,7 @@ class PtyManager:
         with p.lock:
             app_cursor = p.screen.app_cursor
         data = encode_input(input, app_cursor=app_cursor)
-        sent = self._write(p, data, PTY_SEND_TIMEOUT_S)
+        sent = self._io.write(p, data, PTY_SEND_TIMEOUT_S)
         if sent is None:
             with p.lock:
                 exit_ = p.exit
@@ -248,34 +197,6 @@ class PtyManager:
         if sent < len(data):
             result["dropped"] = len(data) - sent
         return result
-
-    def _write(self, p: _Pty, data: bytes, timeout: float) -> int | None:
-        """Write what the program accepts within `timeout`; None if the terminal is gone."""
-        view = memoryview(data)
-        sent = 0
-        deadline = time.monotonic() + timeout
-        with p.write_lock:
-            if p.closed or p.eof:
-                return None
-            poller = select.poll()
-            poller.register(p.master, select.POLLOUT)
-            if any(ev & select.POLLHUP for _fd, ev in poller.poll(0)):
-                return None  # no slave fd open (the reader may not have seen EOF yet)
-            while sent < len(data):
-                try:
-                    sent += os.write(p.master, view[sent:])
-                    continue
-                except BlockingIOError:
-                    pass
-                except OSError as e:
-                    if e.errno in (errno.EIO, errno.EBADF, errno.ENXIO):
-                        return sent or None
-                    raise
-                left = deadline - time.monotonic()
-                if left <= 0 or p.stopping.is_set():
-                    break
-                poller.poll(min(left, 0.05) * 1000)
-        return sent
 
     # ---------------------------------------------------------------- read
 
@@ -293,7 +214,7 @@ class PtyManager:
             key = id(reader)
         with p.lock:
             s = p.screen
-            self._refresh_rows(p)
+            p.refresh_rows()
             last = p.seen.pop(key, None)
             p.seen[key] = p.version
             while len(p.seen) > PTY_MAX_READERS:
@@ -313,17 +234,6 @@ class PtyManager:
             history = list(s.history)[-scrollback:] if scrollback else None
             _fill(s, p.rows_cache, result, history)
         return result
-
-    @staticmethod
-    def _refresh_rows(p: _Pty) -> None:
-        s = p.screen
-        if len(p.rows_cache) != s.lines:
-            p.rows_cache = [""] * s.lines
-            p.dirty_rows = set(range(s.lines))
-        for y in p.dirty_rows:
-            if y < s.lines:
-                p.rows_cache[y] = _render(s.buffer[y], s.columns)
-        p.dirty_rows.clear()
 
     # ---------------------------------------------------------------- resize
 
@@ -409,20 +319,20 @@ class PtyManager:
         if ptys:
             self._shutdown(ptys)
 
-    def _shutdown(self, ptys: builtins.list[_Pty]) -> None:
+    def _shutdown(self, ptys: builtins.list[OpenPty]) -> None:
         for p in ptys:
             p.stopping.set()
             p.wake()
-            self._signal(p, signal.SIGHUP)
-            self._signal(p, signal.SIGCONT)
+            p.signal(signal.SIGHUP)
+            p.signal(signal.SIGCONT)
         deadline = time.monotonic() + CANCEL_GRACE_S
         for p in ptys:
-            self._wait(p, max(0.0, deadline - time.monotonic()))
+            p.wait(max(0.0, deadline - time.monotonic()))
         for p in ptys:
             if p.proc.returncode is None:
-                self._signal(p, signal.SIGKILL)
-                self._release(p)  # the supervisor kills the rest of the tree and ends
-                if not self._wait(p, CANCEL_GRACE_S):
+                p.signal(signal.SIGKILL)
+                p.release()  # the supervisor kills the rest of the tree and ends
+                if not p.wait(CANCEL_GRACE_S):
                     log.warning("%s: pid %d survived SIGKILL", p.id, p.pid)
         for p in ptys:
             if p.thread is not None:
@@ -432,156 +342,6 @@ class PtyManager:
                 for fd in (p.master, p.wake_r, p.wake_w):
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            self._release(p)
-            self._record_exit(p)
-            self._emit_exit(p)  # once per PTY, whoever recorded the exit
-
-    def _signal(self, p: _Pty, sig: int) -> None:
-        """Signal the child's group and the terminal's foreground group, while unreaped."""
-        with p.reap_lock:
-            if p.proc.poll() is not None:
-                return
-            groups = {p.pid}
-            if not p.closed:
-                try:
-                    fg = os.tcgetpgrp(p.master)
-                    if fg > 0:
-                        groups.add(fg)
-                except OSError:
-                    pass
-            for g in groups:
-                with contextlib.suppress(OSError):
-                    os.killpg(g, sig)
-
-    @staticmethod
-    def _release(p: _Pty) -> None:
-        """Close the supervisor's control pipe (once): it kills what is left and ends."""
-        with p.reap_lock:
-            fd, p.ctrl = p.ctrl, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    @staticmethod
-    def _wait(p: _Pty, timeout: float) -> bool:
-        with p.reap_lock:
-            try:
-                p.proc.wait(timeout=timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-
-    # ---------------------------------------------------------------- reader thread
-
-    def _reader(self, p: _Pty) -> None:
-        poller = select.poll()
-        poller.register(p.master, select.POLLIN)
-        poller.register(p.wake_r, select.POLLIN)
-        eof = False
-        next_check = time.monotonic() + PTY_IDLE_POLL_S
-        try:
-            while not p.stopping.is_set():
-                timeout = PTY_IDLE_POLL_S
-                if p.pending:
-                    timeout = max(0.0, p.last_emit + PTY_EVENT_INTERVAL_S - time.monotonic())
-                drained = True  # nothing was waiting on the master this round
-                for fd, _ev in poller.poll(timeout * 1000):
-                    if fd == p.wake_r:
-                        with contextlib.suppress(OSError):
-                            os.read(p.wake_r, 4096)
-                        continue
-                    try:
-                        data = os.read(p.master, PTY_READ_CHUNK)
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # EIO: every slave fd is closed
-                        data = b""
-                    if not data:
-                        eof = p.eof = True
-                        break
-                    drained = False
-                    self._feed(p, data)
-                self._emit_screen(p)
-                if eof:
-                    break
-                now = time.monotonic()
-                # Only once the master is drained: an exit recorded while output is still
-                # buffered would report a finished program with a half-drawn screen.
-                if now >= next_check and drained:
-                    next_check = now + PTY_IDLE_POLL_S
-                    if p.exit is None and self._record_exit(p):
-                        # The child is gone but someone (a background job) holds the tty.
-                        self._emit_exit(p)
-            if eof and not p.stopping.is_set():
-                # The terminal is closed; wait (without reaping) for the child to exit.
-                if hasattr(os, "waitid"):
-                    with contextlib.suppress(ChildProcessError):  # already reaped by close()
-                        os.waitid(os.P_PID, p.proc.pid, os.WEXITED | os.WNOWAIT)
-                    self._record_exit(p)
-                else:  # no waitid (macOS before 3.13): poll
-                    while not self._record_exit(p) and p.exit is None:
-                        if p.stopping.wait(0.02):
-                            break
-                self._emit_screen(p, wait=True)
-                self._emit_exit(p)
-        except Exception:  # never let a reader die silently
-            log.exception("%s: reader thread failed", p.id)
-
-    def _feed(self, p: _Pty, data: bytes) -> None:
-        with p.lock:
-            s = p.screen
-            c = s.cursor
-            before = (c.x, c.y, c.hidden)
-            try:
-                p.stream.feed(p.osc_filter.feed(data))
-            except Exception as e:  # a malformed sequence must not stop the terminal
-                log.debug("%s: emulator error: %r", p.id, e)
-            c = s.cursor
-            if s.dirty or before != (c.x, c.y, c.hidden):
-                p.dirty_rows.update(s.dirty)
-                s.dirty.clear()
-                p.version += 1
-                p.pending = True
-            responses, s.responses = s.responses, []
-        if responses:  # answers to device status queries, best effort
-            self._write(p, "".join(responses).encode(), 0.0)
-
-    def _record_exit(self, p: _Pty) -> bool:
-        """Reap the child if it exited; True if this call recorded the exit."""
-        with p.reap_lock:
-            rc = p.proc.poll()
-        if rc is None:
-            return False
-        with p.lock:
-            if p.exit is not None:
-                return False
-            p.exit = _exit_record(rc)
-            return True
-
-    def _emit_screen(self, p: _Pty, wait: bool = False) -> None:
-        if not p.pending:
-            return
-        due = p.last_emit + PTY_EVENT_INTERVAL_S - time.monotonic()
-        if due > 0 and (not wait or p.stopping.wait(due)):
-            return
-        with p.lock:
-            p.pending = False
-            cursor = _cursor(p.screen)
-        p.last_emit = time.monotonic()
-        self._call(p.id, {"kind": "screen", "cursor": cursor})
-
-    def _emit_exit(self, p: _Pty) -> None:
-        with p.lock:
-            if p.exit is None or p.exit_emitted:
-                return
-            p.exit_emitted = True
-            exit_ = dict(p.exit)
-        self._call(p.id, {"kind": "exit", "exit": exit_})
-
-    def _call(self, pty_id: str, payload: dict[str, Any]) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change(pty_id, payload)
-        except Exception:
-            log.exception("%s: on_screen_change callback failed", pty_id)
+            p.release()
+            p.record_exit()
+            self._io.emit_exit(p)  # once per PTY, whoever recorded the exit
