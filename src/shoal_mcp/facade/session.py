@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +55,7 @@ from .modern import discover_result, request_context, shaped
 from .paging import page
 from .resources import ResourceApi
 from .subscriptions import Subscriptions
-from .tool_calls import ToolRunner
+from .tool_calls import ToolCall, ToolRunner, checked_call
 from .tools import TOOLS
 from .versions import (
     HANDSHAKE,
@@ -153,14 +153,28 @@ Reply = Callable[[dict | None], None]
 """Where a request's answer goes; None: it has none (cancelled)."""
 
 
+Start = Callable[[Request, InFlight, Reply, RequestContext], None]
+"""Serves a concurrent request from the reader thread on: it sees to the answer itself."""
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
-    handler: Handler
-    concurrent: bool  # calls the kernel: served on the pool, cancellable
+    handler: Handler | None
+    concurrent: bool  # calls the kernel: served off the reader, cancellable
+    start: Start | None = None  # instead of handler: serving begins on the reader (tools/call)
 
 
 def _plain(func: Callable[[dict], Any]) -> Handler:
     return lambda params, flight: func(params)
+
+
+def _raising(exc: Exception) -> Handler:
+    """A handler that fails with ``exc``: a refusal made before serving, answered the same way."""
+
+    def handler(params: dict, flight: InFlight | None) -> Any:
+        raise exc
+
+    return handler
 
 
 class BatchReplies:
@@ -192,7 +206,7 @@ class McpSession:
     ) -> None:
         self.send = send
         self.pool = executor or ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="mcp-call")
-        # Lean tools/call path (ToolRunner.begin): no pool hop. Only with the session's own
+        # Lean tools/call path (_call_tool): no pool hop. Only with the session's own
         # pool: a caller-supplied executor keeps control of where calls run.
         self.direct_calls = executor is None
         self.link = link or KernelLink()
@@ -223,7 +237,7 @@ class McpSession:
             "initialize": Method(_plain(self._initialize), False),
             "ping": Method(_plain(lambda p: {}), False),
             "tools/list": Method(_plain(self._tools_list), False),
-            "tools/call": Method(self.tools.call, True),
+            "tools/call": Method(None, True, self._call_tool),
             "resources/list": Method(_plain(lambda p: self.resources.list(p, self.rev())), True),
             "resources/templates/list": Method(
                 _plain(lambda p: self.resources.templates(p, self.rev())), False
@@ -423,18 +437,13 @@ class McpSession:
         elif entry.concurrent:
             self.slots.acquire()  # blocks the reader when MCP_INPUT_QUEUE requests are pending
             flight = self.inflight.add(msg.id)
-            if (
-                msg.method == "tools/call"
-                and self.direct_calls
-                and self._begin_direct(msg, flight, reply, ctx)
-            ):
-                return
-            try:
-                self.pool.submit(self._serve, entry.handler, msg, flight, reply, ctx)
-            except RuntimeError:  # the pool is shut down: the facade is exiting
-                self.inflight.finish(flight)
-                self.slots.release()
+            if entry.start is not None:
+                entry.start(msg, flight, reply, ctx)
+            else:
+                assert entry.handler is not None
+                self._submit(entry.handler, msg, flight, reply, ctx)
         else:
+            assert entry.handler is not None
             token = _CONTEXT.set(ctx)
             try:
                 reply(self._answer(entry.handler, msg, None, ctx))
@@ -460,26 +469,50 @@ class McpSession:
             return
         reply(answer)
 
-    def _begin_direct(
-        self, msg: Request, flight: InFlight, reply: Reply, ctx: RequestContext
-    ) -> bool:
-        """Send the kernel call now; the reply is written by the thread that receives the
-        kernel's answer. False when the call needs the pool (see ``ToolRunner.begin``)."""
+    def _submit(
+        self, handler: Handler, msg: Request, flight: InFlight, reply: Reply, ctx: RequestContext
+    ) -> None:
+        """Serve ``msg`` on the pool."""
+        try:
+            self.pool.submit(self._serve, handler, msg, flight, reply, ctx)
+        except RuntimeError:  # the pool is shut down: the facade is exiting
+            self.inflight.finish(flight)
+            self.slots.release()
+
+    def _call_tool(self, msg: Request, flight: InFlight, reply: Reply, ctx: RequestContext) -> None:
+        """``tools/call``, one path: checked here on the reader (the one schema check), a bad
+        call answered at once; a lean one sent to the kernel from here and answered by the
+        thread that receives the kernel's reply (no pool hop: its latency is why); any other
+        served on the pool. A caller-supplied executor serves every call (it keeps control
+        of where calls run)."""
+        refused: Exception | None = None
+        fut: Future | None = None
         token = _CONTEXT.set(ctx)
         try:
-            fut = self.tools.begin(msg.params, flight)
-        except Exception:  # noqa: BLE001 - the pool path answers whatever this was
-            log.exception("tools/call lean path")
-            return False
+            call = checked_call(msg.params)
+            if self.direct_calls:
+                fut = self._begin_lean(call, flight)
+        except Exception as exc:  # noqa: BLE001 - answered like any handler's failure
+            refused = exc
         finally:
             _CONTEXT.reset(token)
-        if fut is None:
-            return False
-        finish = self.tools.finish
-        fut.add_done_callback(
-            lambda done: self._serve(lambda params, fl: finish(done), msg, flight, reply, ctx)
-        )
-        return True
+        if refused is not None:
+            self._serve(_raising(refused), msg, flight, reply, ctx)
+        elif fut is None:
+            self._submit(lambda params, fl: self.tools.serve(call, fl), msg, flight, reply, ctx)
+        else:
+            finish = self.tools.finish
+            fut.add_done_callback(
+                lambda done: self._serve(lambda params, fl: finish(done), msg, flight, reply, ctx)
+            )
+
+    def _begin_lean(self, call: ToolCall, flight: InFlight) -> Future | None:
+        """The kernel's answer to ``call`` sent from here; None when it needs the pool."""
+        try:
+            return self.tools.begin(call, flight)
+        except Exception:  # noqa: BLE001 - the pool path answers whatever this was
+            log.exception("tools/call lean path")
+            return None
 
     def _answer(
         self, handler: Handler, msg: Request, flight: InFlight | None, ctx: RequestContext
