@@ -127,7 +127,7 @@ class FacadeLoad:
                     name, args, op = self._base_op(base)
                     base += 1
                 msg_id = f"{self.name}:{sent}" if sent % 2 else sent  # string and int ids
-                self.pipe.tool(name, args, msg_id)
+                self.pipe.send_tool(name, args, msg_id)
                 self.sent_ids.append(msg_id)
                 pending[msg_id] = (op, time.perf_counter())
                 sent += 1

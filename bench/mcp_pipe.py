@@ -31,20 +31,20 @@ class PipeClient:
             },
         )
         assert "result" in reply, reply
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.send_message({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def send(self, message: dict) -> None:
+    def send_message(self, message: dict) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(orjson.dumps(message) + b"\n")
         self.proc.stdin.flush()
 
     def request(self, method: str, params: dict) -> dict:
         msg_id = next(self._ids)
-        self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+        self.send_message({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
         assert self.proc.stdout is not None
         while True:
             line = self.proc.stdout.readline()

@@ -175,7 +175,7 @@ class Chaos:
         """One tool call within the deadline; the result on success, else None (tallied)."""
         self.per_tool[tool] += 1
         try:
-            reply = pipe.wait(pipe.tool(tool, args), timeout=CALL_DEADLINE_S)
+            reply = pipe.read_reply(pipe.send_tool(tool, args), timeout=CALL_DEADLINE_S)
         except TimeoutError:
             self._tally("hung", f"{tool} {json.dumps(args)[:200]}")
             return None
@@ -477,8 +477,8 @@ class Chaos:
 
     def _verify_one(self, pipe: McpPipe, ref: str, expected: str) -> str:
         try:
-            reply = pipe.wait(
-                pipe.tool("shoal_get", {"ref": ref, "path": ".out", "format": "json"}),
+            reply = pipe.read_reply(
+                pipe.send_tool("shoal_get", {"ref": ref, "path": ".out", "format": "json"}),
                 timeout=CALL_DEADLINE_S,
             )
         except TimeoutError:

@@ -36,7 +36,7 @@ RATIO_GOAL = 3.0
 
 def _timed_calls(f: RawFacade, pause_s: float) -> tuple[float, list[float]]:
     f.initialize()
-    f.call("tools/list")
+    f.request("tools/list")
     time.sleep(pause_s)
     times = []
     for _ in range(1 + FOLLOWING):

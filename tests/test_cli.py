@@ -458,7 +458,7 @@ def _facade_text(reply: dict) -> str:
 def _agent_exec(facade: RawFacade, command: str) -> str:
     """``shoal_exec`` through a real facade; the source argument is named as its schema
     names it (``command`` since SPEC rev 2, ``src`` before)."""
-    tools = facade.call("tools/list")["result"]["tools"]
+    tools = facade.request("tools/list")["result"]["tools"]
     props = next(t for t in tools if t["name"] == "shoal_exec")["inputSchema"]["properties"]
     key = "command" if "command" in props else "src"
     return _facade_text(facade.tool("shoal_exec", {key: command}))

@@ -127,16 +127,16 @@ def test_kernel_errors_read_the_same_on_the_lean_path(lean):
 
 def test_calls_the_lean_path_leaves_to_the_pool(lean):
     session, out = lean
-    # Bad arguments: the pool path answers them as before (-32602), nothing is sent.
+    # Bad arguments: refused at once by the reader's one check (-32602), nothing is sent.
     session.receive(Request(3, "tools/call", {"name": "shoal_exec", "arguments": {"command": 5}}))
     message, thread = out.reply(3)
     assert message["error"]["code"] == ErrorCode.INVALID_PARAMS
-    assert thread.startswith("mcp-call")
+    assert thread == "MainThread"
     # A progress token: someone must report while it waits, so a pool worker serves it.
     session.receive(_exec(4, "echo p", _meta={"progressToken": "t4"}))
     message, thread = out.reply(4)
     assert message["result"]["isError"] is False and thread.startswith("mcp-call")
-    # Unknown tools and arguments: null keep their pool-path errors.
+    # Unknown tools and arguments: null keep their errors.
     session.receive(Request(5, "tools/call", {"name": "no_such_tool", "arguments": {}}))
     session.receive(Request(6, "tools/call", {"name": "shoal_exec", "arguments": None}))
     assert out.reply(5)[0]["error"]["code"] == ErrorCode.INVALID_PARAMS

@@ -75,10 +75,10 @@ def test_every_call_to_a_stopped_kernel_fails_with_the_remedy(kernel_factory):
         first = f.tool("shoal_exec", {"command": "echo kept"})
         assert first["result"]["isError"] is False, first
         ref = first["result"]["structuredContent"]["ref"]
-        in_flight = f.request(
+        in_flight = f.send(
             "tools/call", {"name": "shoal_exec", "arguments": {"command": "sleep 60"}}
         )
-        with_progress = f.request(
+        with_progress = f.send(
             "tools/call",
             {
                 "name": "shoal_exec",
@@ -87,8 +87,8 @@ def test_every_call_to_a_stopped_kernel_fails_with_the_remedy(kernel_factory):
             },
         )
         os.kill(kernel.pid, signal.SIGSTOP)
-        plain = f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
-        get = f.request("tools/call", {"name": "shoal_get", "arguments": {"ref": ref}})
+        plain = f.send("tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
+        get = f.send("tools/call", {"name": "shoal_get", "arguments": {"ref": ref}})
         replies = _replies(f, {in_flight, with_progress, plain, get})
         for msg_id in (in_flight, with_progress, plain, get):
             _assert_stalled(replies[msg_id])
@@ -131,7 +131,7 @@ def test_a_listener_that_never_answers_is_named_stalled(short_tmp_path):
         f.initialize()
         reply = f.tool("shoal_exec", {"command": "true"}, timeout=ANSWER_WITHIN_S)
         _assert_stalled(reply)
-        reply = f.call(
+        reply = f.request(
             "tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1"}}, ANSWER_WITHIN_S
         )
         _assert_stalled(reply)
@@ -191,7 +191,7 @@ def test_a_throttled_facade_call_reports_throttling(throttle_env):
         f.initialize()
         for _ in range(2):
             f.tool("shoal_exec", {"command": _heavy_src()}, timeout=120)
-        msg_id = f.request(
+        msg_id = f.send(
             "tools/call",
             {
                 "name": "shoal_exec",
@@ -199,7 +199,7 @@ def test_a_throttled_facade_call_reports_throttling(throttle_env):
                 "_meta": {"progressToken": "t"},
             },
         )
-        reply = f.wait_reply(msg_id, timeout=120)
+        reply = f.read_reply(msg_id, timeout=120)
         assert "stalled" not in json.dumps(reply), reply
         notes = [
             m["params"]["message"]

@@ -18,7 +18,8 @@ from concurrent.futures import Executor, Future
 import pytest
 
 from shoal_mcp.facade.inflight import InFlightCalls, progress_reporter, progress_token
-from shoal_mcp.facade.session import McpSession, Method
+from shoal_mcp.facade.methods import Method
+from shoal_mcp.facade.session import McpSession
 from shoal_mcp.facade.stdio import StdioTransport
 from shoal_mcp.facade.tools import TOOLS
 from shoal_mcp.protocol.errors import ErrorCode
@@ -92,7 +93,7 @@ def test_initialize_offers_the_latest_version_for_an_unknown_one(fresh, sent, ve
     session = fresh
     session.receive(_req(1, "initialize", {"protocolVersion": version, "clientInfo": 3}))
     assert sent[0]["result"]["protocolVersion"] == MCP_PROTOCOL_VERSION
-    assert session.client_info == {}
+    assert session.lifecycle.client_info == {}
 
 
 def test_answers_go_out_in_order_with_their_ids(session, sent):
@@ -117,10 +118,10 @@ def test_unknown_method_and_non_object_params_are_errors(session, sent):
 def test_set_level_needs_an_mcp_level(session, sent, bad):
     session.receive(_req(1, "logging/setLevel", {"level": "debug"}))
     session.receive(_req(2, "logging/setLevel", {"level": bad}))
-    assert sent[0]["result"] == {} and session.log_level == "debug"
+    assert sent[0]["result"] == {} and session.client_log.level == "debug"
     assert sent[1]["error"]["code"] == ErrorCode.INVALID_PARAMS
     assert sent[1]["error"]["data"]["field"] == "level"
-    assert session.log_level == "debug"  # a refused level changes nothing
+    assert session.client_log.level == "debug"  # a refused level changes nothing
 
 
 def test_log_messages_respect_the_set_level(fresh, sent):

@@ -119,7 +119,7 @@ def _make_runs(kernel: KernelProcess) -> float:
     try:
         mcp.initialize()
         for i in range(1, RUNS + 1):
-            got = mcp.call_tool("shoal_exec", {"command": source(i)})["result"]
+            got = mcp.tool("shoal_exec", {"command": source(i)})["result"]
             assert f"out:{i}" in orjson.dumps(got).decode(), got
             if i == RUNS // 2:
                 mid = time.time()  # run 101 is stored after this instant
@@ -130,7 +130,7 @@ def _make_runs(kernel: KernelProcess) -> float:
 
 def find(mcp: McpPipe, **args) -> dict:
     """A ``shoal_get`` search across runs: (the whole tools/call result)."""
-    return mcp.call_tool("shoal_get", {"ref": "outputs", **args})["result"]
+    return mcp.tool("shoal_get", {"ref": "outputs", **args})["result"]
 
 
 def read_find(mcp: McpPipe, link: str) -> dict:
@@ -283,7 +283,7 @@ def test_other_principals_outputs_are_found_only_with_journal_read_all(env: Env)
         close_client(a)
     b = env.mcp(shared, token="agent:b")
     try:
-        mine = b.call_tool("shoal_exec", {"command": "echo 'secret-of-b 9d1e'"})["result"]
+        mine = b.tool("shoal_exec", {"command": "echo 'secret-of-b 9d1e'"})["result"]
         assert mine["isError"] is False, mine
         for session in (shared, "all"):
             reply = read_find(b, f"shoal://outputs?match=9d1e&session={session}")
@@ -327,7 +327,7 @@ def test_pruned_outputs_are_skipped_and_counted() -> None:
         mcp = McpPipe(facade_env(kernel, "gc-find"))
         try:
             mcp.initialize()
-            assert structured(mcp.call_tool("shoal_exec", {"command": "echo 'needle 2 3b8c'"}))
+            assert structured(mcp.tool("shoal_exec", {"command": "echo 'needle 2 3b8c'"}))
             got = find(mcp, match="3b8c")
             meta = got["structuredContent"]
             assert meta["total"] == 1 and meta["searched"]["runs"] == 1

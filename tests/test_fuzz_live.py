@@ -55,9 +55,9 @@ def test_facade_survives_hostile_stdin(live):
         # A real oversize frame: answered -32600 to its own id, then business as usual.
         head = b'{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"name":"shoal_exec","arguments":{"command":"'
         pipe.write(head + b"x" * (MAX_FRAME + 10) + b'"}}}\n')
-        big = pipe.wait("big-1", timeout=120)
+        big = pipe.read_reply("big-1", timeout=120)
         assert big["error"]["code"] == ErrorCode.INVALID_REQUEST
-        assert shown(pipe.call_tool("shoal_exec", {"command": "echo after-fuzz"})) == "after-fuzz"
+        assert shown(pipe.tool("shoal_exec", {"command": "echo after-fuzz"})) == "after-fuzz"
         assert pipe.alive()
     finally:
         code = pipe.close()

@@ -182,8 +182,8 @@ def test_match_through_shoal_get_and_resources(kernel):
     try:
         mcp.initialize()
         src = "seq 1 50000 | sed 's/^31337$/FAILED here/'"
-        ref = structured(mcp.call_tool("shoal_exec", {"command": src}))["ref"]
-        got = mcp.call_tool("shoal_get", {"ref": ref, "match": "FAILED"})["result"]
+        ref = structured(mcp.tool("shoal_exec", {"command": src}))["ref"]
+        got = mcp.tool("shoal_get", {"ref": ref, "match": "FAILED"})["result"]
         text = got["content"][0]["text"]
         assert "31337:FAILED here" in text and got["structuredContent"]["total"] == 1
         assert len(text.encode()) < 1024

@@ -168,7 +168,7 @@ def test_layer3_mcp_bounds_a_large_resource_read(kernel, kc, facade):
     assert len(direct["events"]) == 700
     assert len(_pretty(direct).encode()) > 2 * TEXT_LIMIT
 
-    result = facade.call("resources/read", {"uri": uri}, timeout=30)["result"]
+    result = facade.request("resources/read", {"uri": uri}, timeout=30)["result"]
     (content,) = result["contents"]
     assert content["uri"] == uri
     text = content["text"]

@@ -36,16 +36,18 @@ class Recorder:
         self.f = facade
         self.method_of: dict[Any, str] = {}
 
-    def request(self, method: str, params: dict | None = None, msg_id: Any = None) -> Any:
-        msg_id = self.f.request(method, params, msg_id)
+    def send(self, method: str, params: dict | None = None, msg_id: Any = None) -> Any:
+        """Send a request without waiting; returns its id."""
+        msg_id = self.f.send(method, params, msg_id)
         self.method_of[msg_id] = method
         return msg_id
 
-    def call(self, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
-        return self.f.wait_reply(self.request(method, params), timeout)
+    def request(self, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
+        """Send a request and return its reply."""
+        return self.f.read_reply(self.send(method, params), timeout)
 
     def tool(self, name: str, arguments: dict, **extra: Any) -> dict:
-        return self.call("tools/call", {"name": name, "arguments": arguments, **extra})
+        return self.request("tools/call", {"name": name, "arguments": arguments, **extra})
 
     def notes(self, method: str) -> list[dict]:
         """Notifications seen so far (from the raw lines: nothing is consumed)."""
@@ -73,7 +75,7 @@ def _content_types(reply: dict) -> list[str]:
 def _common_session(r: Recorder, revision: str) -> dict[str, Any]:
     """The part every revision runs; returns replies the test looks at."""
     seen: dict[str, Any] = {}
-    seen["init"] = r.call(
+    seen["init"] = r.request(
         "initialize",
         {
             "protocolVersion": revision,
@@ -82,13 +84,13 @@ def _common_session(r: Recorder, revision: str) -> dict[str, Any]:
         },
     )
     r.f.notify("notifications/initialized")
-    assert r.call("ping")["result"] == {}
-    assert r.call("logging/setLevel", {"level": "debug"})["result"] == {}
-    seen["bad_level"] = r.call("logging/setLevel", {"level": "banana"})
-    seen["tools"] = r.call("tools/list")
-    seen["bad_cursor"] = r.call("tools/list", {"cursor": "not-one-of-ours"})
-    r.call("resources/templates/list")
-    r.call("resources/list")
+    assert r.request("ping")["result"] == {}
+    assert r.request("logging/setLevel", {"level": "debug"})["result"] == {}
+    seen["bad_level"] = r.request("logging/setLevel", {"level": "banana"})
+    seen["tools"] = r.request("tools/list")
+    seen["bad_cursor"] = r.request("tools/list", {"cursor": "not-one-of-ours"})
+    r.request("resources/templates/list")
+    r.request("resources/list")
 
     seen["exec"] = r.tool("shoal_exec", {"command": "echo hi; echo there >&2"})
     binary = r.tool("shoal_exec", {"command": "printf 'bin\\000\\377\\376'"})
@@ -103,32 +105,32 @@ def _common_session(r: Recorder, revision: str) -> dict[str, Any]:
     r.tool("shoal_plan", {"command": "rm -rf /tmp/shoal-conformance-nothing"})
     r.tool("shoal_journal", {"limit": 2})
 
-    r.call("resources/read", {"uri": "shoal://out/1"})
-    seen["read_render"] = r.call("resources/read", {"uri": "shoal://out/1?format=render"})
-    seen["read_blob"] = r.call(
+    r.request("resources/read", {"uri": "shoal://out/1"})
+    seen["read_render"] = r.request("resources/read", {"uri": "shoal://out/1?format=render"})
+    seen["read_blob"] = r.request(
         "resources/read", {"uri": f"shoal://out/{ref[4:]}?path=.out&format=raw"}
     )
-    seen["not_subscribable"] = r.call("resources/subscribe", {"uri": "shoal://journal"})
+    seen["not_subscribable"] = r.request("resources/subscribe", {"uri": "shoal://journal"})
 
     started = r.tool("shoal_exec", {"command": "sleep 0.5; echo bg", "background": True})
     # Every revision finds the task's URI in the text (older ones have no link).
     task_uri = re.search(r"shoal://task/[0-9]+", started["result"]["content"][0]["text"])[0]
-    assert r.call("resources/subscribe", {"uri": task_uri})["result"] == {}
+    assert r.request("resources/subscribe", {"uri": task_uri})["result"] == {}
     r.wait_note("notifications/resources/updated", uri=task_uri)
-    assert r.call("resources/unsubscribe", {"uri": task_uri})["result"] == {}
+    assert r.request("resources/unsubscribe", {"uri": task_uri})["result"] == {}
 
     # Progress: a call longer than the progress interval, with a token.
     r.tool("shoal_exec", {"command": "sleep 1.6"}, _meta={"progressToken": "p-1"})
     seen["progress"] = r.notes("notifications/progress")
 
     # Cancellation: no answer for the cancelled request; the session goes on.
-    slow = r.request("tools/call", {"name": "shoal_exec", "arguments": {"command": "sleep 30"}})
+    slow = r.send("tools/call", {"name": "shoal_exec", "arguments": {"command": "sleep 30"}})
     time.sleep(0.3)
     r.f.notify("notifications/cancelled", {"requestId": slow, "reason": "test"})
-    assert r.call("ping")["result"] == {}
+    assert r.request("ping")["result"] == {}
 
-    seen["unknown"] = r.call("no/such/method")
-    seen["discover"] = r.call("server/discover")
+    seen["unknown"] = r.request("no/such/method")
+    seen["discover"] = r.request("server/discover")
     seen["big_id_line"] = None
     # An integer id past 64 bits (orjson's range) comes back exactly.
     r.method_of[BIG_ID] = "ping"
@@ -205,7 +207,7 @@ def test_a_live_session_conforms_to_its_revision(kernel, revision):
 def _batches(r: Recorder) -> None:
     """2025-03-26: a batch of requests and a notification is one array of answers."""
     r.method_of.update({"b1": "ping", "b2": "tools/list"})
-    r.f.send(
+    r.f.send_message(
         [
             {"jsonrpc": "2.0", "id": "b1", "method": "ping"},
             {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
@@ -225,7 +227,7 @@ def _batches(r: Recorder) -> None:
 
 def _tasks(r: Recorder) -> None:
     """2025-11-25: a task-augmented shoal_exec, polled, fetched, listed; a cancel."""
-    tools = r.call("tools/list")["result"]["tools"]
+    tools = r.request("tools/list")["result"]["tools"]
     support = {t["name"]: t["execution"]["taskSupport"] for t in tools}
     assert support["shoal_exec"] == "optional" and support["shoal_journal"] == "forbidden"
 
@@ -237,9 +239,9 @@ def _tasks(r: Recorder) -> None:
     )
     task = created["result"]["task"]
     assert task["status"] == "working" and task["ttl"] == 60000
-    got = r.call("tasks/get", {"taskId": task["taskId"]})["result"]
+    got = r.request("tasks/get", {"taskId": task["taskId"]})["result"]
     assert got["taskId"] == task["taskId"]
-    result = r.call("tasks/result", {"taskId": task["taskId"]})["result"]
+    result = r.request("tasks/result", {"taskId": task["taskId"]})["result"]
     assert result["content"][0]["text"].startswith("tasked\n")
     assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
     r.wait_note("notifications/tasks/status", taskId=task["taskId"], status="completed")
@@ -247,15 +249,15 @@ def _tasks(r: Recorder) -> None:
     assert r.notes("notifications/progress") and any(
         n["params"]["progressToken"] == "task-progress" for n in r.notes("notifications/progress")
     )
-    listed = r.call("tasks/list")["result"]["tasks"]
+    listed = r.request("tasks/list")["result"]["tasks"]
     assert task["taskId"] in [t["taskId"] for t in listed]
 
     sleeper = r.tool("shoal_exec", {"command": "sleep 30"}, task={})["result"]["task"]
-    cancelled = r.call("tasks/cancel", {"taskId": sleeper["taskId"]})["result"]
+    cancelled = r.request("tasks/cancel", {"taskId": sleeper["taskId"]})["result"]
     assert cancelled["status"] == "cancelled"
-    again = r.call("tasks/cancel", {"taskId": sleeper["taskId"]})
+    again = r.request("tasks/cancel", {"taskId": sleeper["taskId"]})
     assert again["error"]["code"] == -32602
-    assert r.call("tasks/get", {"taskId": "task:999999"})["error"]["code"] == -32602
+    assert r.request("tasks/get", {"taskId": "task:999999"})["error"]["code"] == -32602
     forbidden = r.tool("shoal_journal", {"limit": 1}, task={})
     assert forbidden["error"]["code"] == -32601
 
@@ -281,14 +283,14 @@ def test_revisions_without_batches_or_tasks_refuse_them(kernel, revision):
     f = RawFacade(facade_env(kernel, f"refuse-{revision}"))
     try:
         f.initialize(revision)
-        f.send([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}])
+        f.send_message([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}])
         refused = f.next_message()
         assert refused["error"]["code"] == -32600 and "2025-03-26" in refused["error"]["message"]
         assert "id" not in refused
         if revision != "2025-11-25":
-            assert f.call("tasks/list")["error"]["code"] == -32601
+            assert f.request("tasks/list")["error"]["code"] == -32601
             # A task field from a client that ignored our capabilities: served normally.
-            plain = f.call(
+            plain = f.request(
                 "tools/call",
                 {"name": "shoal_exec", "arguments": {"command": "echo plain"}, "task": {}},
             )
@@ -344,7 +346,7 @@ def _wait_task(r: Recorder, task_id: str, caps: dict) -> dict:
     """The task once terminal, polled with tasks/get as a client would."""
 
     def terminal() -> dict | None:
-        got = r.call("tasks/get", {"taskId": task_id, "_meta": _meta(**caps)})["result"]
+        got = r.request("tasks/get", {"taskId": task_id, "_meta": _meta(**caps)})["result"]
         return got if got["status"] in ("completed", "failed", "cancelled") else None
 
     return wait_until(terminal, timeout=30, interval=0.1, what=f"{task_id} to end")
@@ -356,30 +358,30 @@ def test_a_live_2026_07_28_session_conforms(kernel):
     r = Recorder(f)
     tasks = {"extensions": {TASKS_EXT: {}}}
     try:
-        discover = r.call("server/discover", {"_meta": _meta()})["result"]
+        discover = r.request("server/discover", {"_meta": _meta()})["result"]
         assert (
             discover["supportedVersions"][0] == MODERN
             and "2025-11-25" in discover["supportedVersions"]
         )
         assert discover["capabilities"]["extensions"] == {TASKS_EXT: {}}
         assert discover["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "shoal"
-        odd = r.call("tools/list", {"_meta": {**_meta(), PV: "1900-01-01"}})["error"]
+        odd = r.request("tools/list", {"_meta": {**_meta(), PV: "1900-01-01"}})["error"]
         assert odd["code"] == -32022 and odd["data"]["requested"] == "1900-01-01"
         assert MODERN in odd["data"]["supported"]
         for method in ("tools/list", "resources/templates/list", "resources/list"):
-            listed = r.call(method, {"_meta": _meta()})["result"]
+            listed = r.request(method, {"_meta": _meta()})["result"]
             assert listed["resultType"] == "complete" and "ttlMs" in listed, method
             assert listed["cacheScope"] in ("public", "private")
         for gone in ("ping", "logging/setLevel", "resources/subscribe", "tasks/list"):
             assert (
-                r.call(gone, {"_meta": _meta(), "level": "info", "uri": "x"})["error"]["code"]
+                r.request(gone, {"_meta": _meta(), "level": "info", "uri": "x"})["error"]["code"]
                 == -32601
             ), gone
         ran = r.tool("shoal_exec", {"command": "echo hi"}, _meta=_meta())["result"]
         assert ran["resultType"] == "complete" and ran["content"][0]["text"].startswith("hi\n")
-        read = r.call("resources/read", {"uri": "shoal://out/1", "_meta": _meta()})["result"]
+        read = r.request("resources/read", {"uri": "shoal://out/1", "_meta": _meta()})["result"]
         assert read["ttlMs"] == 0 and read["cacheScope"] == "private"
-        missing = r.call("resources/read", {"uri": "shoal://out/99999", "_meta": _meta()})
+        missing = r.request("resources/read", {"uri": "shoal://out/99999", "_meta": _meta()})
         assert missing["error"]["code"] == -32602  # resource not found, 2026-07-28
 
         # subscriptions/listen over a task's kernel channel
@@ -387,7 +389,7 @@ def test_a_live_2026_07_28_session_conforms(kernel):
             "shoal_exec", {"command": "sleep 0.5; echo bg", "background": True}, _meta=_meta()
         )["result"]  # no tasks extension declared: the plain handle
         task_uri = re.search(r"shoal://task/[0-9]+", started["content"][0]["text"])[0]
-        listen = r.request(
+        listen = r.send(
             "subscriptions/listen",
             {"_meta": _meta(), "notifications": {"resourceSubscriptions": [task_uri]}},
         )
@@ -396,7 +398,7 @@ def test_a_live_2026_07_28_session_conforms(kernel):
         updated = r.wait_note("notifications/resources/updated", uri=task_uri)
         assert updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == listen
         r.f.notify("notifications/cancelled", {"requestId": listen})
-        lists = r.request(
+        lists = r.send(
             "subscriptions/listen",
             {"_meta": _meta(), "notifications": {"resourcesListChanged": True}},
         )
@@ -426,21 +428,23 @@ def test_a_live_2026_07_28_session_conforms(kernel):
         assert waited["resultType"] == "task"
         exited = _wait_task(r, waited["taskId"], tasks)
         assert exited["status"] == "completed"  # failed is for JSON-RPC errors only here
-        refused = r.call("tasks/update", {"taskId": waited["taskId"], "inputResponses": {},
+        refused = r.request("tasks/update", {"taskId": waited["taskId"], "inputResponses": {},
                                           "_meta": _meta(**tasks)})["error"]  # fmt: skip
         assert refused["code"] == -32602 and "shoal_pty" in refused["message"]
         sleeper = r.tool(
             "shoal_exec", {"command": "sleep 30", "background": True}, _meta=_meta(**tasks)
         )["result"]
-        assert r.call("tasks/cancel", {"taskId": sleeper["taskId"], "_meta": _meta(**tasks)})[
+        assert r.request("tasks/cancel", {"taskId": sleeper["taskId"], "_meta": _meta(**tasks)})[
             "result"
         ] == {"resultType": "complete", "_meta": discover["_meta"]}
         assert _wait_task(r, sleeper["taskId"], tasks)["status"] == "cancelled"
         r.f.notify("notifications/cancelled", {"requestId": lists})
-        undeclared = r.call("tasks/get", {"taskId": sleeper["taskId"], "_meta": _meta()})
+        undeclared = r.request("tasks/get", {"taskId": sleeper["taskId"], "_meta": _meta()})
         assert undeclared["error"]["code"] == -32021
         assert (
-            r.call("tasks/get", {"taskId": "task:999999", "_meta": _meta(**tasks)})["error"]["code"]
+            r.request("tasks/get", {"taskId": "task:999999", "_meta": _meta(**tasks)})["error"][
+                "code"
+            ]
             == -32602
         )
         _check_every_line(r, MODERN)
@@ -518,19 +522,19 @@ def test_older_revisions_ask_with_elicitation_create(approving_kernel):
     f = RawFacade(facade_env(kernel, "elicit", SHOAL_TOKEN=token))
     r = Recorder(f)
     try:
-        r.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        r.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
                               "clientInfo": {"name": "conformance", "version": "0"}})  # fmt: skip
         f.notify("notifications/initialized")
-        call = r.request(
+        call = r.send(
             "tools/call", {"name": "shoal_exec", "arguments": {"command": "basename /x/elicited"}}
         )
         ask = f.next_message(timeout=30)
         while ask.get("method") != "elicitation/create":
             ask = f.next_message(timeout=30)
         assert "basename /x/elicited" in ask["params"]["message"]
-        f.send({"jsonrpc": "2.0", "id": ask["id"],
+        f.send_message({"jsonrpc": "2.0", "id": ask["id"],
                 "result": {"action": "accept", "content": {"decision": "once"}}})  # fmt: skip
-        ran = f.wait_reply(call, 60)["result"]
+        ran = f.read_reply(call, 60)["result"]
         assert not ran["isError"] and ran["content"][0]["text"].startswith("elicited\n"), ran
         _check_every_line(r, "2025-11-25")
     finally:

@@ -26,8 +26,8 @@ def test_stdin_closed_with_a_call_in_flight_logs_no_error(kernel):
     marker = "20.2804"
     try:
         f.initialize("2025-11-25")
-        f.call("logging/setLevel", {"level": "debug"})
-        f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}})
+        f.request("logging/setLevel", {"level": "debug"})
+        f.send("tools/call", {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}})
         wait_until(lambda: pids_with_arg(marker), timeout=30, what="the call to be running")
     finally:
         code = f.close()
@@ -42,12 +42,12 @@ def test_a_second_initialize_is_refused_and_the_revision_stays(kernel):
     f = RawFacade(facade_env(kernel, "interop-reinit"))
     try:
         assert f.initialize("2025-03-26")["result"]["protocolVersion"] == "2025-03-26"
-        again = f.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+        again = f.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
                                       "clientInfo": {"name": "t", "version": "0"}})  # fmt: skip
         assert (
             again["error"]["code"] == -32600 and "already initialized" in again["error"]["message"]
         )
-        tools = f.call("tools/list")["result"]["tools"]
+        tools = f.request("tools/list")["result"]["tools"]
         assert "title" not in tools[0]  # still 2025-03-26: no titles
     finally:
         f.close()
@@ -56,12 +56,12 @@ def test_a_second_initialize_is_refused_and_the_revision_stays(kernel):
 def test_tools_call_before_initialize_is_refused(kernel):
     f = RawFacade(facade_env(kernel, "interop-early"))
     try:
-        early = f.call(
+        early = f.request(
             "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo ran-early"}}
         )
         assert early["error"]["code"] == -32600 and "initialize" in early["error"]["message"]
-        assert f.call("ping")["result"] == {}  # a ping is allowed before
-        assert "supportedVersions" in f.call("server/discover")["result"]
+        assert f.request("ping")["result"] == {}  # a ping is allowed before
+        assert "supportedVersions" in f.request("server/discover")["result"]
         f.initialize("2025-06-18")
         ran = f.tool("shoal_exec", {"command": "echo ran-after"})["result"]
         assert ran["content"][0]["text"].startswith("ran-after\n")
@@ -77,11 +77,11 @@ def test_a_2025_11_25_task_is_failed_exactly_when_its_result_is_an_error(kernel)
     f = RawFacade(facade_env(kernel, "interop-task"))
     try:
         f.initialize("2025-11-25")
-        created = f.call("tools/call", {"name": "shoal_exec", "task": {},
+        created = f.request("tools/call", {"name": "shoal_exec", "task": {},
                                         "arguments": {"command": "exit 3"}})  # fmt: skip
         task_id = created["result"]["task"]["taskId"]
-        result = f.call("tasks/result", {"taskId": task_id}, timeout=30)["result"]
-        status = f.call("tasks/get", {"taskId": task_id})["result"]["status"]
+        result = f.request("tasks/result", {"taskId": task_id}, timeout=30)["result"]
+        status = f.request("tasks/get", {"taskId": task_id})["result"]["status"]
         assert (status == "failed") is bool(result["isError"]), (status, result["isError"])
         assert status == "completed"
     finally:
@@ -98,7 +98,7 @@ def test_a_client_without_elicitation_leaves_the_approval_to_shoal_approve():
             "io.modelcontextprotocol/clientCapabilities": {},
         }
         try:
-            asked = f.call(
+            asked = f.request(
                 "tools/call",
                 {"name": "shoal_exec", "arguments": {"command": "basename /x/by-cli"},
                  "_meta": meta},
@@ -115,7 +115,7 @@ def test_a_client_without_elicitation_leaves_the_approval_to_shoal_approve():
             approved = subprocess.run([*CLI, "approve", plan_ref], env=cli_env,
                                       capture_output=True, text=True, timeout=60)  # fmt: skip
             assert approved.returncode == 0, approved.stderr
-            ran = f.call(
+            ran = f.request(
                 "tools/call",
                 {"name": "shoal_apply", "arguments": {"plan_ref": plan_ref}, "_meta": meta},
                 timeout=30,

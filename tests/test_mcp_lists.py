@@ -62,7 +62,7 @@ def test_resources_list_is_bounded_and_older_entries_stay_readable(kernel):
         wait_until(
             lambda: all(
                 '"running"'
-                not in f.call("resources/read", {"uri": t})["result"]["contents"][0]["text"]
+                not in f.request("resources/read", {"uri": t})["result"]["contents"][0]["text"]
                 for t in tasks
             ),
             timeout=30,
@@ -70,7 +70,7 @@ def test_resources_list_is_bounded_and_older_entries_stay_readable(kernel):
         )
         entries, params = [], {}
         while True:
-            result = f.call("resources/list", params)["result"]
+            result = f.request("resources/list", params)["result"]
             entries += result["resources"]
             if "nextCursor" not in result:
                 break
@@ -83,8 +83,8 @@ def test_resources_list_is_bounded_and_older_entries_stay_readable(kernel):
         assert len(listed_plans) == MCP_LIST_PENDING_PLANS
         # The oldest task is off the list but still readable by its URI.
         assert tasks[0] not in uris
-        assert "contents" in f.call("resources/read", {"uri": tasks[0]})["result"]
-        bad = f.call("resources/list", {"cursor": "forged"})
+        assert "contents" in f.request("resources/read", {"uri": tasks[0]})["result"]
+        bad = f.request("resources/list", {"cursor": "forged"})
         assert bad["error"]["code"] == ErrorCode.INVALID_PARAMS
     finally:
         f.close()

@@ -25,7 +25,7 @@ def test_pipelined_calls_past_the_blocking_limit_queue_instead_of_failing():
             f.initialize()
             marks = [sleep_marker() for _ in range(MAX_BLOCKING_CALLS + QUEUED)]
             ids = [
-                f.request(
+                f.send(
                     "tools/call",
                     {"name": "shoal_exec", "arguments": {"command": f"sleep {m}"}},
                 )

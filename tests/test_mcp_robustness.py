@@ -94,7 +94,7 @@ def test_kernel_loss_is_logged_at_error(own_kernel):
     f = RawFacade(facade_env(own_kernel, "loss-log"))
     try:
         f.initialize()
-        f.call("logging/setLevel", {"level": "error"})
+        f.request("logging/setLevel", {"level": "error"})
         assert f.tool("shoal_exec", {"command": "true"})["result"]["isError"] is False
         own_kernel.proc.send_signal(signal.SIGKILL)
         own_kernel.proc.wait(10)
@@ -117,7 +117,7 @@ def test_events_a_slow_client_missed_are_logged(own_kernel):
         f.initialize()
         uri = "shoal://events/user.flood"
         client.call("events.publish", {"channel": "user.flood", "payload": {"n": -1}})
-        assert f.call("resources/subscribe", {"uri": uri})["result"] == {}
+        assert f.request("resources/subscribe", {"uri": uri})["result"] == {}
         os.kill(f.pid, signal.SIGSTOP)
         try:
             for i in range(1200):
@@ -150,7 +150,7 @@ def test_no_progress_from_a_stopped_kernel(own_kernel):
     f = RawFacade(facade_env(own_kernel, "stopped-progress"))
     try:
         f.initialize()
-        f.request(
+        f.send(
             "tools/call",
             {
                 "name": "shoal_exec",
@@ -188,19 +188,19 @@ def test_cancelled_calls_free_the_facade_at_once(own_kernel):
         assert f.tool("shoal_exec", {"command": "true"})["result"]["isError"] is False
         os.kill(own_kernel.pid, signal.SIGSTOP)
         stuck = [
-            f.request("tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
+            f.send("tools/call", {"name": "shoal_exec", "arguments": {"command": "true"}})
             for _ in range(40)
         ]
         stuck += [
-            f.request("tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1"}})
+            f.send("tools/call", {"name": "shoal_get", "arguments": {"ref": "out:1"}})
             for _ in range(20)
         ]
-        stuck += [f.request("resources/read", {"uri": "shoal://out/1"}) for _ in range(20)]
+        stuck += [f.send("resources/read", {"uri": "shoal://out/1"}) for _ in range(20)]
         time.sleep(0.5)
         for msg_id in stuck:
             f.notify("notifications/cancelled", {"requestId": msg_id})
         # An unknown tool is answered by a worker without the kernel.
-        reply = f.call("tools/call", {"name": "no_such_tool", "arguments": {}}, timeout=10)
+        reply = f.request("tools/call", {"name": "no_such_tool", "arguments": {}}, timeout=10)
         assert reply["error"]["code"] == -32602
         _cont(own_kernel)
         assert f.tool("shoal_exec", {"command": "echo back"})["result"]["isError"] is False

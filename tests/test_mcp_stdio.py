@@ -78,11 +78,11 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
     line = head + b"x" * (17 * MiB) + b'"}}}\n'
     assert len(line) > MAX_FRAME
     writer = _send_in_background(facade, line)
-    reply = facade.wait_reply(42, timeout=30)
+    reply = facade.read_reply(42, timeout=30)
     writer.join(30)
     error = _error(reply, -32600)
     assert str(MAX_FRAME) in error["message"] and "too large" in error["message"]
-    pong = facade.wait_reply(facade.request("ping", msg_id=43), timeout=5)
+    pong = facade.read_reply(facade.send("ping", msg_id=43), timeout=5)
     assert pong == {"jsonrpc": "2.0", "id": 43, "result": {}}
 
     # A second, much larger frame must not raise the peak: the reader never holds more
@@ -90,7 +90,7 @@ def test_oversize_frame_answers_its_id_and_keeps_serving(facade):
     writer = _send_in_background(
         facade, head.replace(b":42,", b":44,") + b"y" * (48 * MiB) + b'"}}}\n'
     )
-    _error(facade.wait_reply(44, timeout=60), -32600)
+    _error(facade.read_reply(44, timeout=60), -32600)
     writer.join(60)
     assert facade.tool("shoal_exec", {"command": "echo after"})["result"]["isError"] is False
     hwm = vm_hwm_kib(facade.pid)
@@ -111,7 +111,7 @@ def test_oversize_frame_without_recoverable_id_has_no_id_member(facade):
     assert "id" not in message, message
     _error(message, -32600)
     assert b'"id":null' not in facade.lines[-1]
-    assert facade.call("ping", {}, timeout=5)["result"] == {}
+    assert facade.request("ping", {}, timeout=5)["result"] == {}
 
 
 def test_malformed_json_is_parse_error_without_id(facade):
@@ -125,18 +125,18 @@ def test_malformed_json_is_parse_error_without_id(facade):
     _error(message, -32600)
     facade.write(b"\n\n\r\n")  # empty lines are skipped silently
     facade.expect_silence(0.3)
-    assert facade.call("ping", {}, timeout=5)["result"] == {}
+    assert facade.request("ping", {}, timeout=5)["result"] == {}
 
 
 def test_crlf_input_and_ids_echoed_with_their_exact_type(facade):
     for msg_id in (0, "abc", 1.5, -7, 2**53, "0", ""):
-        facade.send({"jsonrpc": "2.0", "id": msg_id, "method": "ping"}, eol=b"\r\n")
+        facade.send_message({"jsonrpc": "2.0", "id": msg_id, "method": "ping"}, eol=b"\r\n")
         reply = facade.next_message(timeout=5)
         assert reply == {"jsonrpc": "2.0", "id": msg_id, "result": {}}
         assert type(reply["id"]) is type(msg_id)
         assert facade.lines[-1] == orjson.dumps(reply) + b"\n"  # compact, one line
     # A tools/call with a zero id works end to end too.
-    facade.send(
+    facade.send_message(
         {
             "jsonrpc": "2.0",
             "id": 0,
@@ -145,19 +145,19 @@ def test_crlf_input_and_ids_echoed_with_their_exact_type(facade):
         },
         eol=b"\r\n",
     )
-    reply = facade.wait_reply(0, timeout=15)
+    reply = facade.read_reply(0, timeout=15)
     assert reply["result"]["content"][0]["text"].startswith("zero")
 
 
 def test_unknown_methods_fail_fast_before_and_after_initialize(kernel, open_facade):
     f = open_facade(facade_env(kernel), initialize=False)
     t0 = time.monotonic()
-    _error(f.call("no/such/method", {}, timeout=5), -32601)
+    _error(f.request("no/such/method", {}, timeout=5), -32601)
     assert time.monotonic() - t0 < 1.0
     f.initialize()
     for method in ("no/such/method", "prompts/list", "completion/complete"):
         t0 = time.monotonic()
-        _error(f.call(method, {}, timeout=5), -32601)
+        _error(f.request(method, {}, timeout=5), -32601)
         assert time.monotonic() - t0 < 1.0
 
 
@@ -182,10 +182,10 @@ def test_protocol_version_negotiation(kernel, open_facade, asked, answered):
 
 def test_raw_listings_have_no_nulls(facade):
     for method in ("tools/list", "resources/list", "resources/templates/list"):
-        result = facade.call(method, {}, timeout=10)["result"]
+        result = facade.request(method, {}, timeout=10)["result"]
         assert find_nulls(result) == [], method
         assert "nextCursor" not in result
-    tools = facade.call("tools/list", timeout=10)["result"]["tools"]
+    tools = facade.request("tools/list", timeout=10)["result"]["tools"]
     assert len(tools) == 13
     assert all(t["inputSchema"]["type"] == "object" for t in tools)
 
@@ -199,13 +199,13 @@ def test_cancel_for_unknown_request_sends_nothing(facade):
     facade.notify("notifications/cancelled", {})
     facade.notify("notifications/progress", {"progressToken": "x", "progress": 1})
     facade.expect_silence(0.5)
-    assert facade.call("ping", {}, timeout=5)["result"] == {}
+    assert facade.request("ping", {}, timeout=5)["result"] == {}
 
 
 def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
     marker = f"30.{random.randrange(10**6):06d}"
     try:
-        facade.request(
+        facade.send(
             "tools/call",
             {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
             msg_id="c1",
@@ -214,36 +214,34 @@ def test_cancelled_call_gets_no_response_and_its_task_ends(facade):
         facade.notify("notifications/cancelled", {"requestId": "c1", "reason": "user pressed stop"})
         wait_until(lambda: not pids_with_arg(marker), 8, what="cancel to end the kernel task")
         facade.expect_silence(1.0)  # MCP: no response for a cancelled request
-        assert facade.call("ping", {}, timeout=5)["result"] == {}
+        assert facade.request("ping", {}, timeout=5)["result"] == {}
         assert all(m.get("id") != "c1" for m in map(orjson.loads, facade.lines))
     finally:
         kill_pids(pids_with_arg(marker))
 
 
 def test_slow_call_does_not_block_a_later_ping(facade):
-    facade.request(
+    facade.send(
         "tools/call",
         {"name": "shoal_exec", "arguments": {"command": "sleep 2; echo slow"}},
         msg_id="slow",
     )
     t0 = time.monotonic()
-    facade.request("ping", {}, msg_id="fast")
+    facade.send("ping", {}, msg_id="fast")
     first = facade.next_message(timeout=10)
     assert first == {"jsonrpc": "2.0", "id": "fast", "result": {}}
     assert time.monotonic() - t0 < 1.0
-    slow = facade.wait_reply("slow", timeout=15)
+    slow = facade.read_reply("slow", timeout=15)
     assert slow["result"]["content"][0]["text"].startswith("slow")
 
 
 def test_concurrent_calls_complete_out_of_order(facade):
-    facade.request(
+    facade.send(
         "tools/call",
         {"name": "shoal_exec", "arguments": {"command": "sleep 1.5; echo a"}},
         msg_id=1,
     )
-    facade.request(
-        "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo b"}}, msg_id=2
-    )
+    facade.send("tools/call", {"name": "shoal_exec", "arguments": {"command": "echo b"}}, msg_id=2)
     order = [facade.next_message(timeout=15)["id"], facade.next_message(timeout=15)["id"]]
     assert order == [2, 1]
 
@@ -259,7 +257,7 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(kernel,
     try:
         f = open_facade(env)
         assert f.tool("shoal_exec", {"command": "echo before"})["result"]["isError"] is False
-        f.request(
+        f.send(
             "tools/call",
             {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
             msg_id="doomed",
@@ -269,7 +267,7 @@ def test_kernel_loss_fails_the_pending_call_and_the_next_call_autostarts(kernel,
         k.proc.send_signal(signal.SIGKILL)
         k.proc.wait(10)
         t0 = time.monotonic()
-        reply = f.wait_reply("doomed", timeout=10)
+        reply = f.read_reply("doomed", timeout=10)
         assert time.monotonic() - t0 < 5
         error = _error(reply, -32603)
         assert "kernel" in error["message"]
@@ -297,7 +295,7 @@ def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade, short_tmp_p
     try:
         f = open_facade(env)
         t0 = time.monotonic()
-        reply = f.call(
+        reply = f.request(
             "tools/call", {"name": "shoal_exec", "arguments": {"command": "echo hi"}}, timeout=10
         )
         assert time.monotonic() - t0 < 3
@@ -307,8 +305,8 @@ def test_no_autostart_without_a_kernel_is_a_clear_error(open_facade, short_tmp_p
         assert not pids_with_arg(str(sock)), "a kernel was started despite SHOAL_NO_AUTOSTART=1"
         assert not sock.exists()
         # Listings that need no kernel still work.
-        assert len(f.call("tools/list", timeout=5)["result"]["tools"]) == 13
-        assert f.call("resources/list", timeout=5)["result"]["resources"]
+        assert len(f.request("tools/list", timeout=5)["result"]["tools"]) == 13
+        assert f.request("resources/list", timeout=5)["result"]["resources"]
     finally:
         kill_pids(pids_with_arg(str(sock)))
 
@@ -347,7 +345,7 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
         facade.write(burst)
         # The facade reads its stdin in order: once this ping is answered it has read
         # (and dispatched) every call and cancel of the burst.
-        assert facade.call("ping", {}, timeout=5)["result"] == {}
+        assert facade.request("ping", {}, timeout=5)["result"] == {}
 
         def ended() -> bool:
             return not any(pids_with_arg(m) for m in markers)
@@ -359,7 +357,7 @@ def test_cancel_that_overtakes_the_spawn_still_ends_the_task(facade):
         facade.expect_silence(1.0)
         # A call whose spawn lagged behind its cancel shows up by now: it must end too.
         wait_until(ended, timeout=CANCEL_GRACE_S + 10, what="a late-started command to end")
-        assert facade.call("ping", {}, timeout=5)["result"] == {}
+        assert facade.request("ping", {}, timeout=5)["result"] == {}
     finally:
         for marker in markers:
             kill_pids(pids_with_arg(marker))
@@ -371,7 +369,7 @@ def test_cancel_is_not_starved_by_busy_workers(facade):
     markers = [f"40.{base:05d}{i:02d}" for i in range(64)]
     try:
         for i, marker in enumerate(markers):
-            facade.request(
+            facade.send(
                 "tools/call",
                 {"name": "shoal_exec", "arguments": {"command": f"sleep {marker}"}},
                 msg_id=f"busy{i}",
@@ -379,7 +377,7 @@ def test_cancel_is_not_starved_by_busy_workers(facade):
         wait_until(
             lambda: all(pids_with_arg(m) for m in markers), 20, 0.05, what="all calls to start"
         )
-        assert facade.call("ping", {}, timeout=5)["result"] == {}  # the reader never blocks
+        assert facade.request("ping", {}, timeout=5)["result"] == {}  # the reader never blocks
         facade.notify("notifications/cancelled", {"requestId": "busy7"})
         wait_until(lambda: not pids_with_arg(markers[7]), 5, 0.05, what="busy7 to be cancelled")
         assert pids_with_arg(markers[8]), "only the cancelled call may end"

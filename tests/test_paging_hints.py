@@ -236,11 +236,11 @@ def test_line_range_through_shoal_get_is_a_page_with_the_next_call(kernel):
     mcp = McpPipe(facade_env(kernel, "paging-mcp"))
     try:
         mcp.initialize()
-        ref = structured(mcp.call_tool("shoal_exec", {"command": "seq 1 200000"}))["ref"]
-        got = mcp.call_tool("shoal_get", {"ref": ref, "path": ".out.lines[0..1000]"})
+        ref = structured(mcp.tool("shoal_exec", {"command": "seq 1 200000"}))["ref"]
+        got = mcp.tool("shoal_get", {"ref": ref, "path": ".out.lines[0..1000]"})
         text = got["result"]["content"][0]["text"]
         assert text.split("\n")[:1000] == [str(n) for n in range(1, 1001)]
-        page = mcp.call_tool("shoal_get", {"ref": ref, "path": ".out.lines[1000..200000]"})
+        page = mcp.tool("shoal_get", {"ref": ref, "path": ".out.lines[1000..200000]"})
         text = page["result"]["content"][0]["text"]
         lines = text.split("\n")
         assert lines[0] == "1001" and len(text.encode()) <= 64 * 1024
@@ -249,15 +249,15 @@ def test_line_range_through_shoal_get_is_a_page_with_the_next_call(kernel):
         assert lines[shown - 1000 - 1] == str(shown)  # the next page starts right after
         # one-line 5 MB JSON: the preview's hint goes to raw pages, never to itself
         src = "python3 -c 'import json; print(json.dumps({\"items\": list(range(700000))}))'"
-        big = mcp.call_tool("shoal_exec", {"command": src})
+        big = mcp.tool("shoal_exec", {"command": src})
         (first,) = hints(shown_text(big))
         assert first["format"] == "raw" and first["offset"] > 0
-        raw = mcp.call_tool("shoal_get", first)["result"]
+        raw = mcp.tool("shoal_get", first)["result"]
         assert raw["structuredContent"]["offset"] == first["offset"]
         text = raw["content"][0]["text"]
         assert len(text.encode()) <= 64 * 1024
         (again,) = hints(text[text.rindex("[bytes ") :])
-        nxt_page = structured(mcp.call_tool("shoal_get", again))
+        nxt_page = structured(mcp.tool("shoal_get", again))
         assert nxt_page["offset"] == first["offset"] + raw["structuredContent"]["length"]
     finally:
         assert mcp.close() == 0

@@ -206,7 +206,7 @@ def live():
         pipe = McpPipe(facade_env(kernel, "badinput"), stderr_path=kernel.tmp / "facade.err")
         try:
             pipe.initialize()
-            base = structured(pipe.call_tool("shoal_exec", {"command": "echo base"}))
+            base = structured(pipe.tool("shoal_exec", {"command": "echo base"}))
             assert base["ref"] == "out:1"
             yield kernel, pipe
         finally:
@@ -218,14 +218,14 @@ def _run_pipelined(pipe: McpPipe, requests: list[tuple[str, dict]]) -> list[dict
     replies: list[dict] = []
     for start in range(0, len(requests), WINDOW):
         ids = [pipe.send(method, params) for method, params in requests[start : start + WINDOW]]
-        replies += [pipe.wait(i, CALL_TIMEOUT) for i in ids]
+        replies += [pipe.read_reply(i, CALL_TIMEOUT) for i in ids]
     return replies
 
 
 def _still_serving(kernel, pipe) -> None:
     assert pipe.alive() and kernel.proc.poll() is None
     assert "result" in pipe.request("ping", {}, timeout=CALL_TIMEOUT)
-    assert shown(pipe.call_tool("shoal_exec", {"command": "echo alive"})) == "alive"
+    assert shown(pipe.tool("shoal_exec", {"command": "echo alive"})) == "alive"
 
 
 def test_tool_argument_matrix(live):

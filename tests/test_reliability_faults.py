@@ -138,14 +138,14 @@ def test_output_larger_than_the_state_dir_through_the_facade(full_kernel):
     pipe = McpPipe(facade_env(k, "fullmcp"))
     try:
         pipe.initialize()
-        reply = pipe.call_tool("shoal_exec", {"command": BIG})
+        reply = pipe.tool("shoal_exec", {"command": BIG})
         result = reply["result"]
         assert result["isError"] is True, result
         err = result["structuredContent"]["error"]
         assert err["code"] == ErrorCode.INTERNAL and err["message"].startswith("state dir full")
         assert "state dir full" in result["content"][0]["text"]
         assert "Traceback" not in result["content"][0]["text"]
-        reply_ok = pipe.call_tool("shoal_exec", {"command": "echo still-serving"})
+        reply_ok = pipe.tool("shoal_exec", {"command": "echo still-serving"})
         assert shown(reply_ok) == "still-serving"
         assert pipe.alive()
     finally:
@@ -226,33 +226,31 @@ def test_kernel_sigkilled_mid_call_facade_recovers(short_tmp_path):
     new_pid = None
     try:
         pipe.initialize()
-        before = structured(pipe.call_tool("shoal_exec", {"command": "echo durable-before"}))
+        before = structured(pipe.tool("shoal_exec", {"command": "echo durable-before"}))
         assert before["ref"] == "out:1"
         # Two calls in flight when the kernel dies: a long exec and a task wait.
-        bg = structured(pipe.call_tool("shoal_exec", {"command": "sleep 60", "background": True}))
-        slow = pipe.tool("shoal_exec", {"command": "sleep 60"})
-        waiting = pipe.tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
+        bg = structured(pipe.tool("shoal_exec", {"command": "sleep 60", "background": True}))
+        slow = pipe.send_tool("shoal_exec", {"command": "sleep 60"})
+        waiting = pipe.send_tool("shoal_get", {"ref": bg["task"], "wait_ms": 60000})
         wait_until(lambda: len(kernel_commands(k.pid)) >= 2, timeout=15)
         orphans = kernel_commands(k.pid)
         k.proc.send_signal(signal.SIGKILL)
         k.proc.wait(10)
         for msg_id in (slow, waiting):
-            reply = pipe.wait(msg_id, timeout=30)
+            reply = pipe.read_reply(msg_id, timeout=30)
             assert "error" in reply, reply
             assert reply["error"]["code"] == ErrorCode.INTERNAL
             assert "kernel" in reply["error"]["message"]
             assert "Traceback" not in reply["error"]["message"]
         # The next call autostarts a new kernel on the same socket and state dir.
-        after = pipe.call_tool("shoal_exec", {"command": "echo after-restart"}, timeout=60)
+        after = pipe.tool("shoal_exec", {"command": "echo after-restart"}, timeout=60)
         assert shown(after) == "after-restart"
         new_pid = _kernel_pid(k.socket)
         assert new_pid != k.pid
         # Durable transcript and journal survived the SIGKILL.
-        old = structured(
-            pipe.call_tool("shoal_get", {"ref": "out:1", "path": ".out", "format": "json"})
-        )
+        old = structured(pipe.tool("shoal_get", {"ref": "out:1", "path": ".out", "format": "json"}))
         assert wire_text(old["value"]) == "durable-before\n"
-        rows = structured(pipe.call_tool("shoal_journal", {"limit": 20}))["rows"]
+        rows = structured(pipe.tool("shoal_journal", {"limit": 20}))["rows"]
         assert "echo durable-before" in [r["src"] for r in rows]
         assert structured(after)["ref"] != "out:1"
         assert pipe.alive()

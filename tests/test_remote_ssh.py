@@ -79,19 +79,19 @@ def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
         assert init["serverInfo"]["host"] == remote.server.host_spec
         assert remote.server.host_spec in init["instructions"]
 
-        hi = pipe.call_tool("shoal_exec", {"command": "echo hi; echo $SHOAL_STATE_DIR >&2"})
+        hi = pipe.tool("shoal_exec", {"command": "echo hi; echo $SHOAL_STATE_DIR >&2"})
         assert shown(hi) == "hi"
 
-        big = pipe.call_tool("shoal_exec", {"command": "seq 1 2000000"})
+        big = pipe.tool("shoal_exec", {"command": "seq 1 2000000"})
         ref = structured(big)["ref"]
         text = big["result"]["content"][0]["text"]
         assert len(text.encode()) < 16 * 1024, len(text)  # a bounded preview, not 14 MB
-        got = pipe.call_tool("shoal_get", {"ref": ref, "match": "^1999999$"})["result"]
+        got = pipe.tool("shoal_get", {"ref": ref, "match": "^1999999$"})["result"]
         assert "1999999" in got["content"][0]["text"]
         assert got["structuredContent"]["total"] == 1
 
         started = structured(
-            pipe.call_tool(
+            pipe.tool(
                 "shoal_exec",
                 {
                     "command": f"until [ -e {go} ]; do sleep 0.05; done; echo bg-done",
@@ -113,28 +113,28 @@ def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
 
         go.touch()  # the task ends only now, after the subscription
         wait_until(updated, timeout=30, what="the remote task's update notification")
-        waited = pipe.call_tool("shoal_get", {"ref": task, "wait_ms": 30000})
+        waited = pipe.tool("shoal_get", {"ref": task, "wait_ms": 30000})
         assert "bg-done" in waited["result"]["content"][0]["text"]
 
-        doomed = structured(
-            pipe.call_tool("shoal_exec", {"command": "sleep 60", "background": True})
-        )["task"]
-        assert "result" in pipe.call_tool("shoal_cancel", {"task": doomed})
-        ended = structured(pipe.call_tool("shoal_get", {"ref": doomed, "wait_ms": 30000}))
+        doomed = structured(pipe.tool("shoal_exec", {"command": "sleep 60", "background": True}))[
+            "task"
+        ]
+        assert "result" in pipe.tool("shoal_cancel", {"task": doomed})
+        ended = structured(pipe.tool("shoal_get", {"ref": doomed, "wait_ms": 30000}))
         assert ended["value"]["signal"] == "SIGTERM", ended  # cancelled, not finished
 
-        pty = structured(pipe.call_tool("shoal_pty_open", {"cmd": "bash", "args": ["--norc"]}))
+        pty = structured(pipe.tool("shoal_pty_open", {"cmd": "bash", "args": ["--norc"]}))
         pty_id = pty["pty_id"]
-        pipe.call_tool(
+        pipe.tool(
             "shoal_pty_send", {"pty_id": pty_id, "input": ["echo $((6*7))", {"key": "Enter"}]}
         )
 
         def screen_has_42() -> bool:
-            screen = pipe.call_tool("shoal_pty_read", {"pty_id": pty_id})["result"]
+            screen = pipe.tool("shoal_pty_read", {"pty_id": pty_id})["result"]
             return "42" in orjson.dumps(screen).decode()
 
         wait_until(screen_has_42, timeout=30, what="42 on the remote PTY's screen")
-        pipe.call_tool("shoal_pty_close", {"pty_id": pty_id})
+        pipe.tool("shoal_pty_close", {"pty_id": pty_id})
     finally:
         assert pipe.close() == 0
     # The outputs were stored where they were made: the remote state dir, never here.
@@ -149,23 +149,23 @@ def test_cutting_the_ssh_link_mid_call_fails_clearly_and_the_task_survives(remot
     try:
         pipe.initialize()
         task = structured(
-            pipe.call_tool(
+            pipe.tool(
                 "shoal_exec", {"command": "sleep 3; echo survived-the-cut", "background": True}
             )
         )["task"]
-        slow = pipe.tool("shoal_exec", {"command": f"echo once >> {marker}; sleep 60"})
+        slow = pipe.send_tool("shoal_exec", {"command": f"echo once >> {marker}; sleep 60"})
         wait_until(lambda: marker.exists() and marker.read_text(), timeout=30, what="the call ran")
         links = ssh_children(pipe.pid)
         assert links, "the facade has no ssh link"
         for pid in links:
             os.kill(pid, signal.SIGKILL)
-        reply = pipe.wait(slow, timeout=30)
+        reply = pipe.read_reply(slow, timeout=30)
         assert "error" in reply, reply
         message = reply["error"]["message"]
         assert LINK_CUT.search(message), message
         assert "Traceback" not in message
         # The next call reconnects (a new ssh) and the remote task's result is there.
-        done = pipe.call_tool("shoal_get", {"ref": task, "wait_ms": 30000}, timeout=60)
+        done = pipe.tool("shoal_get", {"ref": task, "wait_ms": 30000}, timeout=60)
         assert "survived-the-cut" in done["result"]["content"][0]["text"]
         assert set(ssh_children(pipe.pid)).isdisjoint(links)
         # Nothing was run twice: the interrupted call is not retried.
@@ -181,18 +181,18 @@ def test_a_silent_link_fails_in_flight_calls_within_the_liveness_bound(remote, t
     links: list[int] = []
     try:
         pipe.initialize()
-        assert shown(pipe.call_tool("shoal_exec", {"command": "echo up"})) == "up"
-        slow = pipe.tool("shoal_exec", {"command": "sleep 60"})
+        assert shown(pipe.tool("shoal_exec", {"command": "echo up"})) == "up"
+        slow = pipe.send_tool("shoal_exec", {"command": "sleep 60"})
         links = ssh_children(pipe.pid)
         for pid in links:
             os.kill(pid, signal.SIGSTOP)
-        reply = pipe.wait(slow, timeout=30)
+        reply = pipe.read_reply(slow, timeout=30)
         assert "error" in reply, reply
         assert "no answer from the shoal kernel on" in reply["error"]["message"], reply
         assert reply["error"]["data"]["stalled"] is True
         for pid in links:
             os.kill(pid, signal.SIGCONT)
-        again = pipe.call_tool("shoal_exec", {"command": "echo back"}, timeout=60)
+        again = pipe.tool("shoal_exec", {"command": "echo back"}, timeout=60)
         assert shown(again) == "back"
     finally:
         for pid in links:
@@ -223,10 +223,10 @@ def test_the_sandboxed_agent_works_in_the_remote_dir(remote, tmp_path):
     try:
         init = agent.initialize()
         assert f"({project} on that host" in init["instructions"], init["instructions"]
-        here = agent.call_tool("shoal_exec", {"command": "pwd; echo made > made.txt"})
+        here = agent.tool("shoal_exec", {"command": "pwd; echo made > made.txt"})
         assert shown(here) == str(project), here
         assert (project / "made.txt").read_text() == "made\n"
-        outside = structured(agent.call_tool("shoal_exec", {"command": f"touch {beside}/x"}))
+        outside = structured(agent.tool("shoal_exec", {"command": f"touch {beside}/x"}))
         assert outside["value"]["ok"] is False and not (beside / "x").exists(), outside
         assert f"{beside}/x" in {d["path"] for d in outside["sandbox_denied"]}, outside
     finally:
@@ -237,7 +237,7 @@ def test_the_sandboxed_agent_works_in_the_remote_dir(remote, tmp_path):
     try:
         init = homeless.initialize()
         assert "(none on that host)" in init["instructions"]
-        refused = structured(homeless.call_tool("shoal_exec", {"command": f"touch {project}/y"}))
+        refused = structured(homeless.tool("shoal_exec", {"command": f"touch {project}/y"}))
         assert refused["value"]["ok"] is False and not (project / "y").exists(), refused
     finally:
         assert homeless.close() == 0
@@ -269,7 +269,7 @@ def test_remote_dir_options_are_checked(remote, tmp_path):
     )  # fmt: skip
     try:
         typo.initialize()
-        failed = typo.call_tool("shoal_exec", {"command": "pwd"})["result"]
+        failed = typo.tool("shoal_exec", {"command": "pwd"})["result"]
         assert failed["isError"] is True, failed
         assert "is not a directory on this host" in failed["content"][0]["text"]
     finally:
@@ -399,11 +399,11 @@ def test_facade_reports_a_failing_host_on_the_call(remote, tmp_path):
     pipe = facade(remote, tmp_path, SHOAL_HOST="no-such-host.invalid")
     try:
         pipe.initialize()
-        reply = pipe.call_tool("shoal_exec", {"command": "true"})
+        reply = pipe.tool("shoal_exec", {"command": "true"})
         assert "error" in reply, reply
         assert "ssh to no-such-host.invalid failed" in reply["error"]["message"]
         # Backoff: the next call fails at once with the same error, no new ssh.
-        again = pipe.call_tool("shoal_exec", {"command": "true"})
+        again = pipe.tool("shoal_exec", {"command": "true"})
         assert "next reconnect try in" in again["error"]["message"], again
     finally:
         assert pipe.close() == 0

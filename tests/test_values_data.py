@@ -119,13 +119,13 @@ def test_through_shoal_get_and_resources(kernel, dc):
     try:
         mcp.initialize()
         doc = json.dumps({"$": "spool", "path": str(secret)})
-        ref = structured(mcp.call_tool("shoal_exec", {"command": f"echo '{doc}'"}))["ref"]
+        ref = structured(mcp.tool("shoal_exec", {"command": f"echo '{doc}'"}))["ref"]
         for args in (
             {"ref": ref, "path": ".out.json"},
             {"ref": ref, "path": ".out.json", "format": "raw"},
             {"ref": ref, "path": ".out.json", "format": "render"},
         ):
-            reply = mcp.call_tool("shoal_get", args)
+            reply = mcp.tool("shoal_get", args)
             assert SECRET not in json.dumps(reply), args
         n = ref.split(":")[1]
         read = mcp.request("resources/read", {"uri": f"shoal://out/{n}?path=.out.json"})
@@ -138,24 +138,24 @@ def test_shoal_get_takes_any_uri_and_honours_its_query(kernel):
     mcp = McpPipe(facade_env(kernel, "uri-mcp"))
     try:
         mcp.initialize()
-        ran = structured(mcp.call_tool("shoal_exec", {"command": "seq 1 50"}))
+        ran = structured(mcp.tool("shoal_exec", {"command": "seq 1 50"}))
         n = ran["ref"].split(":")[1]
-        raw_reply = mcp.call_tool(
+        raw_reply = mcp.tool(
             "shoal_get", {"ref": f"shoal://out/{n}?path=.out&format=raw&offset=2&length=4"}
         )
         raw = structured(raw_reply)
         assert (raw["offset"], raw["length"]) == (2, 4)
         assert raw_reply["result"]["content"][0]["text"].startswith("2\n3\n")
-        found = structured(mcp.call_tool("shoal_get", {"ref": f"shoal://out/{n}?match=^4"}))
+        found = structured(mcp.tool("shoal_get", {"ref": f"shoal://out/{n}?match=^4"}))
         assert [m["line"] for m in found["matches"]] == [4, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
-        page = mcp.call_tool("shoal_get", {"ref": f"shoal://out/{n}?path=.out.lines[45..50]"})
+        page = mcp.tool("shoal_get", {"ref": f"shoal://out/{n}?path=.out.lines[45..50]"})
         assert page["result"]["content"][0]["text"].startswith("46\n47\n48\n49\n50")
-        journal = structured(mcp.call_tool("shoal_get", {"ref": "shoal://journal?limit=1"}))
+        journal = structured(mcp.tool("shoal_get", {"ref": "shoal://journal?limit=1"}))
         assert len(journal["rows"]) == 1
         digest = journal["rows"][0]["outputs"][0]["hash"]
-        blob = structured(mcp.call_tool("shoal_get", {"ref": f"shoal://val/{digest}?length=3"}))
+        blob = structured(mcp.tool("shoal_get", {"ref": f"shoal://val/{digest}?length=3"}))
         assert blob["length"] == 3 and blob["next"]
-        bad = mcp.call_tool("shoal_get", {"ref": f"shoal://out/{n}?offset=x&format=raw"})
+        bad = mcp.tool("shoal_get", {"ref": f"shoal://out/{n}?offset=x&format=raw"})
         assert bad["result"]["isError"] is True
     finally:
         assert mcp.close() == 0

@@ -7,7 +7,9 @@ terminal emulator.
 - ``kernel``: ``KernelProcess``, ``running_kernel``, ``child_env``, ``close_client``
 - ``wire``: raw newline-delimited JSON-RPC: ``jsonrpc_frame``, ``RawConn`` (the kernel
   socket without the client library) and checks on frames (``jsonrpc_problems``, ...)
-- ``facade``: ``shoal-mcp`` over raw pipes (``RawFacade``, ``McpPipe``), ``facade_env``
+- ``facade``: ``shoal-mcp`` over raw pipes: ``McpClient`` (``request`` returns the reply,
+  ``send`` the id, ``read_reply(id)`` the answer), kept in order (``RawFacade``) or by id
+  (``McpPipe``); ``facade_env``
 - ``sdk_client``: ``shoal-mcp`` through the official MCP SDK (``McpStdioClient``)
 - ``results``: reading shoal results (``structured``, ``wire_text``, ``out_text``, ``call_err``)
 - ``procfs``: ``/proc`` readings (children, fds, threads, memory, process groups, argv)

@@ -1,7 +1,11 @@
 """A real ``shoal-mcp`` child over raw pipes, and the environment that points it at a kernel.
 
 ``FacadeProcess`` spawns it, writes to stdin and hands each stdout line to ``on_line``.
-Two clients build on it and differ only in what they do with those lines:
+``McpClient`` is the one client on it, with one set of verbs: ``send`` writes a request
+and returns its id, ``read_reply(id)`` waits for its answer, ``request`` does both and
+returns the reply, ``tool`` is ``request`` of a ``tools/call``; ``send_tool`` sends one
+without waiting, ``send_message`` writes any message as it is. Its two kinds differ only
+in how they keep what arrives:
 
 - ``RawFacade`` keeps every message in arrival order (exact-sequence tests, stdout audits);
 - ``McpPipe`` files responses by id (pipelining, "every id answered exactly once").
@@ -128,7 +132,43 @@ class FacadeProcess:
         return code
 
 
-class RawFacade(FacadeProcess):
+class McpClient(FacadeProcess):
+    """The verbs every facade client has; a kind keeps what arrives (``on_line``), assigns
+    ids (``next_id``) and finds an answer among it (``read_reply``)."""
+
+    def next_id(self) -> Any:
+        raise NotImplementedError
+
+    def read_reply(self, msg_id: Any, timeout: float = CALL_TIMEOUT_S) -> dict:
+        """The response to ``msg_id``, waiting up to ``timeout``."""
+        raise NotImplementedError
+
+    def send_message(self, message: dict | list, eol: bytes = b"\n") -> None:
+        """Write ``message`` as it is (a batch, a response to the facade, an odd frame...)."""
+        self.write(orjson.dumps(message) + eol)
+
+    def send(self, method: str, params: Any = None, msg_id: Any = None) -> Any:
+        """Send a request without waiting; returns its id."""
+        msg_id = self.next_id() if msg_id is None else msg_id
+        self.write(jsonrpc_frame(method, params, msg_id))
+        return msg_id
+
+    def request(self, method: str, params: Any = None, timeout: float = CALL_TIMEOUT_S) -> dict:
+        """Send a request and return its reply."""
+        return self.read_reply(self.send(method, params), timeout)
+
+    def send_tool(self, name: str, arguments: dict, msg_id: Any = None, **extra: Any) -> Any:
+        """Send a ``tools/call`` without waiting; returns its id."""
+        return self.send("tools/call", {"name": name, "arguments": arguments, **extra}, msg_id)
+
+    def tool(
+        self, name: str, arguments: dict, timeout: float = CALL_TIMEOUT_S, **extra: Any
+    ) -> dict:
+        """Call a tool and return the reply."""
+        return self.read_reply(self.send_tool(name, arguments, **extra), timeout)
+
+
+class RawFacade(McpClient):
     """``shoal-mcp`` over raw pipes: write bytes, read parsed frames, keep every line."""
 
     def __init__(
@@ -156,16 +196,8 @@ class RawFacade(FacadeProcess):
         for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):  # type: ignore[union-attr]
             self.stderr += chunk
 
-    # -- writing -----------------------------------------------------------------------
-
-    def send(self, message: dict, eol: bytes = b"\n") -> None:
-        self.write(orjson.dumps(message) + eol)
-
-    def request(self, method: str, params: dict | None = None, msg_id: Any = None) -> Any:
-        """Send a request; returns its id."""
-        msg_id = next(self._ids) if msg_id is None else msg_id
-        self.write(jsonrpc_frame(method, params, msg_id))
-        return msg_id
+    def next_id(self) -> Any:
+        return next(self._ids)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -184,8 +216,9 @@ class RawFacade(FacadeProcess):
             return
         raise AssertionError(f"unexpected message: {message}")
 
-    def wait_reply(self, msg_id: Any, timeout: float = 15.0) -> dict:
-        """The response to ``msg_id`` (notifications and other replies are skipped)."""
+    def read_reply(self, msg_id: Any, timeout: float = CALL_TIMEOUT_S) -> dict:
+        """The response to ``msg_id``; the messages before it (notifications, other
+        replies) are consumed and dropped."""
         deadline = time.monotonic() + timeout
         while True:
             message = self.next_message(max(0.01, deadline - time.monotonic()))
@@ -198,11 +231,8 @@ class RawFacade(FacadeProcess):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no reply to {msg_id!r} within {timeout} s")
 
-    def call(self, method: str, params: dict | None = None, timeout: float = 15.0) -> dict:
-        return self.wait_reply(self.request(method, params), timeout)
-
     def initialize(self, version: str = PROTOCOL_VERSION) -> dict:
-        reply = self.call(
+        reply = self.request(
             "initialize",
             {
                 "protocolVersion": version,
@@ -212,9 +242,6 @@ class RawFacade(FacadeProcess):
         )
         self.notify("notifications/initialized")
         return reply
-
-    def tool(self, name: str, arguments: dict, timeout: float = 30.0) -> dict:
-        return self.call("tools/call", {"name": name, "arguments": arguments}, timeout)
 
     def invalid_lines(self) -> list[tuple[bytes, list[str]]]:
         """Every stdout line that is not exactly one valid JSON-RPC frame."""
@@ -234,7 +261,7 @@ class RawFacade(FacadeProcess):
         return bad
 
 
-class McpPipe(FacadeProcess):
+class McpPipe(McpClient):
     """One ``shoal-mcp`` child over raw pipes; responses are filed by id as they arrive."""
 
     def __init__(
@@ -287,13 +314,11 @@ class McpPipe(FacadeProcess):
             self.eof = True
             self._cond.notify_all()
 
-    def send(self, method: str, params: Any = None, msg_id: Any = None) -> Any:
-        if msg_id is None:
-            msg_id = f"p{next(self._ids)}"
-        self.write(jsonrpc_frame(method, params, msg_id))
-        return msg_id
+    def next_id(self) -> Any:
+        return f"p{next(self._ids)}"
 
-    def wait(self, msg_id: Any, timeout: float = CALL_TIMEOUT_S) -> dict:
+    def read_reply(self, msg_id: Any, timeout: float = CALL_TIMEOUT_S) -> dict:
+        """The response to ``msg_id``, whenever it arrived (responses are filed by id)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while msg_id not in self.responses:
@@ -304,15 +329,6 @@ class McpPipe(FacadeProcess):
                     raise ConnectionError(f"shoal-mcp closed stdout before answering id {msg_id!r}")
                 self._cond.wait(remaining)
             return self.responses.pop(msg_id)
-
-    def request(self, method: str, params: Any = None, timeout: float = CALL_TIMEOUT_S) -> dict:
-        return self.wait(self.send(method, params), timeout)
-
-    def tool(self, name: str, arguments: dict, msg_id: Any = None) -> Any:
-        return self.send("tools/call", {"name": name, "arguments": arguments}, msg_id)
-
-    def call_tool(self, name: str, arguments: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
-        return self.wait(self.tool(name, arguments), timeout)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -331,7 +347,7 @@ class McpPipe(FacadeProcess):
         return reply["result"]
 
     def drain(self) -> None:
-        """Forget replies already consumed through ``wait`` (the inbox sees them all)."""
+        """Forget replies already consumed through ``read_reply`` (the inbox sees them all)."""
         while True:
             try:
                 self.inbox.get_nowait()

@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from ..client import KernelLost
@@ -29,7 +30,7 @@ from .kernel_link import KernelLink
 from .mcp_tasks import McpTasks
 from .resources import route
 from .results import error_result, tool_result
-from .tools import TOOLS_BY_NAME
+from .tools import TOOLS_BY_NAME, Tool
 from .versions import LATEST, TASKS_EXTENSION, RequestContext, Revision
 
 VALUE_ARGS = ("path", "slice", "format", "offset", "length", "elide", "match")
@@ -46,7 +47,40 @@ class ArgumentError(RpcError):
     """Bad tool name or arguments: answered as a JSON-RPC error, not an isError result."""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One ``tools/call`` request whose tool name and arguments passed the facade's schema
+    check (``checked_call``); however it is then served, nothing checks it again."""
+
+    tool: Tool
+    args: dict
+    params: dict  # the whole request: its task, requestState and _meta are read from it
+
+    @property
+    def progress_token(self) -> Any:
+        return progress_token(self.params)
+
+
+def checked_call(params: dict) -> ToolCall:
+    """``params`` as a ``ToolCall``: the request's shape, the tool's name and the arguments
+    against the tool's schema (the kernel's own validator), each checked once; -32602 if not."""
+    validate(params, CALL_PARAMS)
+    name = params["name"]
+    tool = TOOLS_BY_NAME.get(name)
+    if tool is None:
+        raise ArgumentError(ErrorCode.INVALID_PARAMS, f"unknown tool: {name}", {"tool": name})
+    args = params.get("arguments") or {}
+    try:
+        validate(args, tool.accepts, "arguments")
+    except RpcError as exc:
+        raise ArgumentError(exc.code, exc.message, exc.data) from None
+    return ToolCall(tool, args, params)
+
+
 class ToolRunner:
+    """Serves checked ``tools/call`` requests: ``begin``/``finish`` when the call is lean (one
+    kernel call, answered where the kernel's reply lands), ``serve`` on a worker otherwise."""
+
     def __init__(
         self,
         link: KernelLink,
@@ -63,21 +97,19 @@ class ToolRunner:
         self.context = context or (lambda: RequestContext(self.revision()))
         self.approvals = approvals
 
-    def call(self, params: dict, flight: InFlight | None) -> dict:
-        """Serve one ``tools/call`` request (on a worker thread; ``flight`` makes it cancellable)."""
-        validate(params, CALL_PARAMS)
+    def serve(self, call: ToolCall, flight: InFlight | None) -> dict:
+        """Serve ``call`` to its answer (on a worker thread; ``flight`` makes it cancellable)."""
         ctx = self.context()
         rev = ctx.revision
+        params, tool = call.params, call.tool
         if "task" in params and rev.tasks and self.tasks is not None:
-            return self._as_task(params)
-        tool = self._tool(params["name"])
-        args = self._validated(tool, params.get("arguments") or {})
-        progress = progress_reporter(progress_token(params), self.notify)
+            return self._as_task(call)
+        progress = progress_reporter(call.progress_token, self.notify)
         approvals = self.approvals if tool.cancels_task and ctx.elicits_forms() else None
 
         def run_plan(plan_ref: str) -> dict:
             """The approved plan, run with the call's own options (wait budget, shape)."""
-            _, kernel_params = tool.to_kernel(args)
+            _, kernel_params = tool.to_kernel(call.args)
             opts = {k: v for k, v in kernel_params.items() if k in PLAN_RUN_OPTIONS}
             try:
                 done = self._wait(
@@ -98,8 +130,8 @@ class ToolRunner:
                 assert answered is not None  # decide always answers a result
                 return answered
         try:
-            result = self.run(params["name"], args, progress, flight)
-        except (ArgumentError, CallCancelled):
+            result = self._run(call, progress, flight)
+        except CallCancelled:
             raise
         except RpcError as exc:
             ref = exc.data.get("plan_ref") if isinstance(exc.data, dict) else None
@@ -133,10 +165,9 @@ class ToolRunner:
         except RpcError as exc:
             return error_result(exc, rev)
 
-    def _as_task(self, params: dict) -> dict:
+    def _as_task(self, call: ToolCall) -> dict:
         """2025-11-25 task-augmented call: a ``CreateTaskResult`` at once."""
-        tool = self._tool(params["name"])
-        args = self._validated(tool, params.get("arguments") or {})
+        tool = call.tool
         if not tool.task_support:
             raise RpcError(
                 ErrorCode.METHOD_NOT_FOUND,
@@ -144,56 +175,34 @@ class ToolRunner:
                 {"tool": tool.name},
             )
         assert self.tasks is not None
-        _, kernel_params = tool.to_kernel(args)
-        progress = progress_reporter(progress_token(params), self.notify)
-        return self.tasks.start(kernel_params, params["task"], progress)
+        _, kernel_params = tool.to_kernel(call.args)
+        progress = progress_reporter(call.progress_token, self.notify)
+        return self.tasks.start(kernel_params, call.params["task"], progress)
 
-    @staticmethod
-    def _tool(name: str) -> Any:
-        tool = TOOLS_BY_NAME.get(name)
-        if tool is None:
-            raise ArgumentError(ErrorCode.INVALID_PARAMS, f"unknown tool: {name}", {"tool": name})
-        return tool
-
-    @staticmethod
-    def _validated(tool: Any, args: dict) -> dict:
-        try:
-            validate(args, tool.accepts, "arguments")
-        except RpcError as exc:
-            raise ArgumentError(exc.code, exc.message, exc.data) from None
-        return args
-
-    def begin(self, params: dict, flight: InFlight | None) -> Future | None:
-        """Start a ``tools/call`` from the reader thread when it is the lean case; the
-        kernel reply then completes it where it lands (``finish``), with no worker thread.
+    def begin(self, call: ToolCall, flight: InFlight | None) -> Future | None:
+        """Start ``call`` from the reader thread when it is the lean case; the kernel reply
+        then completes it where it lands (``finish``), with no worker thread.
 
         The lean case: one kernel call (not ``shoal_get``), no progress token (nothing to
-        report while waiting), valid arguments (the tool schema: the facade's one check)
-        and a call link already open (connecting may wait). Anything else returns None
-        and is served on the pool as before, errors included.
+        report while waiting) and a call link already open (connecting may wait). Anything
+        else returns None and is ``serve``d on a worker.
         """
-        name = params.get("name")
-        args = params.get("arguments", {})
-        tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
-        if tool is None or name == "shoal_get" or not isinstance(args, dict):
+        params, tool = call.params, call.tool
+        if tool.name == "shoal_get":
             return None
         ctx = self.context()
         if "task" in params and ctx.revision.tasks:
-            return None  # a task-augmented call: the pool path answers CreateTaskResult
+            return None  # a task-augmented call: serve answers CreateTaskResult
         if ctx.elicits_forms() or ctx.has_extension(TASKS_EXTENSION) or "requestState" in params:
             return None  # may ask the human or answer a task handle: kernel calls of its own
         client = self.link.connected_calls()
-        if client is None or progress_token(params) is not None:
+        if client is None or call.progress_token is not None:
             return None
-        try:
-            validate(args, tool.accepts, "arguments")
-        except RpcError:
-            return None
-        method, kernel_params = tool.to_kernel(args)
+        method, kernel_params = tool.to_kernel(call.args)
         try:
             kernel_id, fut = client.start_call(method, kernel_params)
         except KernelLost:
-            return None  # the pool path reconnects
+            return None  # serve reconnects
         if tool.cancels_task and flight is not None:
             flight.own_kernel_call(client, kernel_id, fut)
         return fut
@@ -206,19 +215,11 @@ class ToolRunner:
         except RpcError as exc:
             return error_result(exc, rev)
 
-    def run(
-        self,
-        name: str,
-        args: dict,
-        progress: Progress | None,
-        flight: InFlight | None = None,
-    ) -> Any:
-        tool = self._tool(name)
-        self._validated(tool, args)
-        if name == "shoal_get":
-            return self._get(args)
-        method, params = tool.to_kernel(args)
-        return self._wait(method, params, tool.cancels_task, progress, flight)
+    def _run(self, call: ToolCall, progress: Progress | None, flight: InFlight | None) -> Any:
+        if call.tool.name == "shoal_get":
+            return self._get(call.args)
+        method, params = call.tool.to_kernel(call.args)
+        return self._wait(method, params, call.tool.cancels_task, progress, flight)
 
     def _wait(
         self,
