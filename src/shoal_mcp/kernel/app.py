@@ -20,7 +20,7 @@ from .. import __version__
 from ..protocol import uri
 from ..protocol.errors import ErrorCode, RpcError
 from ..protocol.framing import BACKEND
-from ..protocol.limits import AGENT_PRINCIPAL, DURABLE_CHANNELS
+from ..protocol.limits import AGENT_PRINCIPAL
 from ..protocol.paths import ensure_private_dir, local_principal
 from .access.budgets import StateBudget, over_budget
 from .access.confine import Confinement, kernel_forbidden, sandbox_tmp_root, trusted_base
@@ -30,6 +30,7 @@ from .access.plans import PlanStore
 from .access.policy import Policy, PolicyError
 from .admin.config_file import ConfigError, resolve
 from .admin.package_stamp import compare, take_stamp
+from .config.limits import DURABLE_CHANNELS
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
 from .exec.pool import WarmPool, warm_shells_enabled

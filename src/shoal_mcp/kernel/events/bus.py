@@ -62,15 +62,15 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import (
+from ...protocol.limits import EVENT_RING
+from ..access.budgets import over_budget
+from ..config.limits import (
     CHANNEL_BYTES,
     DURABLE_CHANNELS,
     EVENT_BYTES,
-    EVENT_RING,
     LIST_REPLY_BYTES,
     SUBSCRIBER_QUEUE,
 )
-from ..access.budgets import over_budget
 from .channels import (
     CLIENT_PUBLISH_REFUSED,
     MAX_CHANNEL_LEN,

@@ -19,11 +19,11 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
 from ...protocol.wiretext import text_node
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import Plan
+from ..config.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
 from ..events.bus import EventBus
 from ..store.cas import ContentStore, Placed
 from ..store.db import Database

@@ -19,12 +19,12 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import STDERR_DENIALS_BYTES, STDERR_TAIL_BYTES
 from ..access import widen
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPLIED, APPROVED, Plan, PlanBudget, PlanStore, plan_ref
 from ..access.sandbox import SandboxSpec
+from ..config.limits import STDERR_DENIALS_BYTES, STDERR_TAIL_BYTES
 from ..effects import analyzer
 from ..net.bridge import PROXY_ENV_NAMES
 from ..store.sessions import Session, SessionTable

@@ -43,18 +43,18 @@ from ...protocol.jsonrpc import (
     recover_id,
     response,
 )
-from ...protocol.limits import (
-    FRAME_BEFORE_ATTACH,
-    MAX_BLOCKING_CALLS,
-    MAX_OVERSIZE_PER_CONNECTION,
-    MAX_QUEUED_BLOCKING_CALLS,
-    OVERSIZE_HEAD,
-)
+from ...protocol.limits import OVERSIZE_HEAD
 from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
+from ..config.limits import (
+    FRAME_BEFORE_ATTACH,
+    MAX_BLOCKING_CALLS,
+    MAX_OVERSIZE_PER_CONNECTION,
+    MAX_QUEUED_BLOCKING_CALLS,
+)
 from ..pty.orphans import OrphanReaper
 from .callqueue import REFUSED, RUN, BlockingCalls
 from .fairness import CpuBudgets, Metered, is_unmetered

@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
 from ..access.namespaces import bind_read_only, mounted_at, unmount
+from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .resolver import blob_hashes, trusted
