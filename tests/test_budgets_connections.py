@@ -14,13 +14,12 @@ import socket
 import orjson
 import pytest
 
-from shoal_mcp.protocol.limits import (
+from shoal_mcp.kernel.config.limits import (
     FRAME_BEFORE_ATTACH,
     MAX_BLOCKING_CALLS,
-    MAX_FRAME,
     MAX_QUEUED_BLOCKING_CALLS,
-    MiB,
 )
+from shoal_mcp.protocol.limits import MAX_FRAME, MiB
 from tests.support.budgets import token_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import threads, vm_hwm_kib

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.protocol.limits import CPU_DEBT_CAP_S, SRC_MAX_CHARS
+from shoal_mcp.kernel.config.limits import CPU_DEBT_CAP_S
+from shoal_mcp.protocol.limits import SRC_MAX_CHARS
 from tests.support.budgets import token_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import threads

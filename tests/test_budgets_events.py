@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.protocol.limits import (
-    CHANNEL_BYTES,
-    CHANNELS,
-    LIST_REPLY_BYTES,
-    VALUE_HARD_CAP,
-    MiB,
-)
+from shoal_mcp.kernel.config.limits import CHANNEL_BYTES, CHANNELS, LIST_REPLY_BYTES
+from shoal_mcp.protocol.limits import VALUE_HARD_CAP, MiB
 from tests.support.budgets import token_kernel
 from tests.support.procfs import rss_kib
 from tests.support.wire import RawConn

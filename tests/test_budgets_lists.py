@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from shoal_mcp.protocol.limits import LIST_REPLY_BYTES, SRC_INLINE_CHARS, SRC_MAX_CHARS
+from shoal_mcp.kernel.config.limits import LIST_REPLY_BYTES, SRC_INLINE_CHARS
+from shoal_mcp.protocol.limits import SRC_MAX_CHARS
 from tests.support.budgets import token_kernel
 from tests.support.kernel import child_env
 from tests.support.procfs import vm_hwm_kib

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.protocol.limits import SRC_INLINE_CHARS, SRC_MAX_CHARS, MiB
+from shoal_mcp.kernel.config.limits import SRC_INLINE_CHARS
+from shoal_mcp.protocol.limits import SRC_MAX_CHARS, MiB
 from tests.support.budgets import token_kernel
 from tests.support.procfs import rss_kib
 from tests.support.wire import RawConn

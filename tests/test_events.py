@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from shoal_mcp.kernel.config.limits import SUBSCRIBER_QUEUE
 from shoal_mcp.kernel.events.bus import (
     CLIENT_PUBLISH_REFUSED,
     EventBus,
@@ -17,7 +18,7 @@ from shoal_mcp.kernel.events.bus import (
     validate_channel,
 )
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
-from shoal_mcp.protocol.limits import EVENT_RING, SUBSCRIBER_QUEUE
+from shoal_mcp.protocol.limits import EVENT_RING
 from tests.support.polling import wait_until
 
 WAIT_S = 20.0  # generous deadline for background delivery; never an assertion on speed

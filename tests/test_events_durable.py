@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.kernel.events.bus import EventBus
+from shoal_mcp.kernel.events.durable import DurableBatch
 from shoal_mcp.kernel.events.store import EventStore
 from shoal_mcp.kernel.store.db import Database
 
@@ -27,7 +28,7 @@ def world(tmp_path: Path):
 
 def test_staged_events_are_stored_with_the_transaction_and_then_delivered(world):
     db, store, bus = world
-    batch = bus.durable_batch()
+    batch = DurableBatch(bus)
     try:
         with db.transaction() as conn:
             batch.stage(conn, "journal", {"id": 1})
@@ -49,7 +50,7 @@ def test_staged_events_are_stored_with_the_transaction_and_then_delivered(world)
 
 def test_a_rolled_back_batch_uses_no_seq_and_leaves_no_row(world):
     db, store, bus = world
-    batch = bus.durable_batch()
+    batch = DurableBatch(bus)
     with pytest.raises(RuntimeError), db.transaction() as conn:
         batch.stage(conn, "journal", {"id": 1})
         raise RuntimeError("finalize failed after staging")
@@ -65,7 +66,7 @@ def test_a_publisher_waits_for_a_staged_batch_and_follows_it(world):
     does: a publisher that comes while a batch is staged waits, then takes the next seq
     (the opposite order could deadlock)."""
     db, store, bus = world
-    batch = bus.durable_batch()
+    batch = DurableBatch(bus)
     started = threading.Event()
     seqs: list[int] = []
 
@@ -91,7 +92,7 @@ def test_a_publisher_waits_for_a_staged_batch_and_follows_it(world):
 
 def test_only_durable_channels_are_staged(world):
     db, _store, bus = world
-    batch = bus.durable_batch()
+    batch = DurableBatch(bus)
     with db.transaction() as conn, pytest.raises(ValueError):
         batch.stage(conn, "user.notes", {"x": 1})
     batch.release()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 
+from shoal_mcp.kernel.config.limits import ENV_STRING_MAX, ENV_TOTAL_MAX
 from shoal_mcp.kernel.store.sessions import encode_env
-from shoal_mcp.protocol.limits import ENV_STRING_MAX, ENV_TOTAL_MAX, KiB, MiB
+from shoal_mcp.protocol.limits import KiB, MiB
 from tests.support.kernel import close_client
 from tests.support.results import out_text
 

@@ -13,10 +13,10 @@ import pytest
 
 from shoal_mcp.kernel.access.identity import Principal
 from shoal_mcp.kernel.app import Kernel
+from shoal_mcp.kernel.config.limits import FIND_BUDGET_S, FIND_LINE_SHOWN, MATCH_BLOCK
 from shoal_mcp.kernel.values.find import Finder
 from shoal_mcp.kernel.values.find_reply import find_query, find_reply
 from shoal_mcp.protocol.errors import RpcError
-from shoal_mcp.protocol.limits import FIND_BUDGET_S, FIND_LINE_SHOWN, MATCH_BLOCK
 from tests.test_kernel_services import AGENT, OTHER, Services, store_result
 
 ME = Principal("find-a", AGENT)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from shoal_mcp.kernel.config.limits import SPOOL_FULL_WAIT_S
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
-from shoal_mcp.protocol.limits import SPOOL_FULL_WAIT_S
 from tests.support.kernel import KernelProcess
 from tests.support.polling import wait_until
 from tests.support.tmp import short_tmp

@@ -12,7 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import pytest
 
-from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
+from shoal_mcp.kernel.config.limits import ELIDE_MAX_BYTES, ELIDE_MAX_BYTES_RAW
+from shoal_mcp.protocol.limits import VALUE_HARD_CAP
 from tests.support.kernel import close_client, running_kernel
 
 N = 20_000_000

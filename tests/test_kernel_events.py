@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from shoal_mcp.kernel.config.limits import SUBSCRIBER_QUEUE
 from shoal_mcp.protocol.errors import ErrorCode
-from shoal_mcp.protocol.limits import SUBSCRIBER_QUEUE
 from tests.support.kernel import close_client
 from tests.support.results import call_err
 from tests.support.wire import RawConn

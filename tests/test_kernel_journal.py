@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
+from shoal_mcp.kernel.config.limits import DB_WRITE_WAIT_S
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
-from shoal_mcp.protocol.limits import DB_WRITE_WAIT_S
 from shoal_mcp.tokens import TokenStore
 from tests.support.kernel import KernelProcess, close_client, running_kernel
 from tests.support.polling import wait_until

@@ -10,14 +10,14 @@ import shlex
 import pytest
 import regex
 
-from shoal_mcp.protocol.errors import ErrorCode
-from shoal_mcp.protocol.limits import (
+from shoal_mcp.kernel.config.limits import (
     MATCH_BLOCK,
     MATCH_DEADLINE_S,
     MATCH_LINE_MAX,
     MATCH_TEXT_MAX,
-    MiB,
 )
+from shoal_mcp.protocol.errors import ErrorCode
+from shoal_mcp.protocol.limits import MiB
 from tests.support.facade import McpPipe, facade_env
 from tests.support.kernel import close_client
 from tests.support.polling import wait_until

@@ -17,7 +17,7 @@ import shlex
 import pytest
 import regex
 
-from shoal_mcp.protocol.limits import MATCH_BLOCK, MATCH_LINE_MAX
+from shoal_mcp.kernel.config.limits import MATCH_BLOCK, MATCH_LINE_MAX
 from tests.support.kernel import close_client
 
 

@@ -19,7 +19,8 @@ import re
 import orjson
 import pytest
 
-from shoal_mcp.protocol.limits import ELIDE_MAX_BYTES, TEXT_LIMIT
+from shoal_mcp.kernel.config.limits import ELIDE_MAX_BYTES
+from shoal_mcp.protocol.limits import TEXT_LIMIT
 from tests.support.facade import RawFacade, facade_env
 from tests.support.results import shown
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from shoal_mcp.kernel.config.limits import PTY_EVENT_INTERVAL_S
 from shoal_mcp.protocol.errors import ErrorCode
-from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, TEXT_LIMIT, VALUE_HARD_CAP
+from shoal_mcp.protocol.limits import TEXT_LIMIT, VALUE_HARD_CAP
 from tests.support.facade import facade_env
 from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from shoal_mcp.protocol.limits import MAX_BLOCKING_CALLS
+from shoal_mcp.kernel.config.limits import MAX_BLOCKING_CALLS
 from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import running_kernel
 from tests.support.polling import wait_until

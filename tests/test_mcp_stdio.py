@@ -15,7 +15,8 @@ import time
 import orjson
 import pytest
 
-from shoal_mcp.protocol.limits import CANCEL_GRACE_S, MAX_FRAME
+from shoal_mcp.kernel.config.limits import CANCEL_GRACE_S
+from shoal_mcp.protocol.limits import MAX_FRAME
 from tests.support.facade import PROTOCOL_VERSION, RawFacade, facade_env
 from tests.support.kernel import child_env, running_kernel
 from tests.support.polling import wait_until

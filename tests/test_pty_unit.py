@@ -14,9 +14,10 @@ import orjson
 import pyte
 import pytest
 
+from shoal_mcp.kernel.config.limits import PTY_EVENT_INTERVAL_S
 from shoal_mcp.kernel.pty.manager import PTY_MAX_CELL_CHARS, PtyManager, _Screen, encode_input
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
-from shoal_mcp.protocol.limits import PTY_EVENT_INTERVAL_S, PTY_SCROLLBACK_LINES, VALUE_HARD_CAP
+from shoal_mcp.protocol.limits import PTY_SCROLLBACK_LINES, VALUE_HARD_CAP
 from tests.support.polling import wait_until
 from tests.support.procfs import children, proc_comm, proc_gone, proc_ids, proc_state
 

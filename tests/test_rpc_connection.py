@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from shoal_mcp.kernel.access.identity import Principal
+from shoal_mcp.kernel.config.limits import FRAME_BEFORE_ATTACH, MAX_OVERSIZE_PER_CONNECTION
 from shoal_mcp.kernel.rpc.connection import (
     CLOSED,
     NEED_DATA,
@@ -18,7 +19,7 @@ from shoal_mcp.kernel.rpc.connection import (
 )
 from shoal_mcp.protocol.errors import ErrorCode
 from shoal_mcp.protocol.jsonrpc import Invalid, Notification, Request
-from shoal_mcp.protocol.limits import FRAME_BEFORE_ATTACH, MAX_FRAME, MAX_OVERSIZE_PER_CONNECTION
+from shoal_mcp.protocol.limits import MAX_FRAME
 from tests.support.wire import jsonrpc_frame
 
 WHO = Principal("s1", "agent")

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.kernel.access import sandbox
+from shoal_mcp.kernel.config.limits import SANDBOX_MAX_PROCS
 from shoal_mcp.protocol.errors import RpcError
-from shoal_mcp.protocol.limits import SANDBOX_MAX_PROCS
 from tests.support.isolation_world import (
     KERNEL_SECRETS,
     STEER_NAMES,

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from shoal_mcp.kernel.access.namespaces import mounted_at
-from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE, SharedOutputs
+from shoal_mcp.kernel.values.output_entries import DIR_MODE, FILE_MODE
+from shoal_mcp.kernel.values.outputs import SharedOutputs
 from tests.support.kernel import close_client
 
 

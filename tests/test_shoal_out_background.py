@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from shoal_mcp.kernel.values.outputs import DIR_MODE, FILE_MODE
+from shoal_mcp.kernel.values.output_entries import DIR_MODE, FILE_MODE
 from tests.support.kernel import close_client
 from tests.test_shoal_out import run, text
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from shoal_mcp.kernel.config.limits import OUTPUTS_EAGER_COPY_MAX
 from shoal_mcp.kernel.store.cas import ContentStore
 from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.kernel.values import output_entries as entries_mod
 from shoal_mcp.kernel.values.outputs import SharedOutputs
-from shoal_mcp.protocol.limits import OUTPUTS_EAGER_COPY_MAX
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the root kernel's path")

@@ -121,6 +121,43 @@ def test_channels():
     assert uri.parse_channel("task.x") == ("task.x", None)
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["journal", "session.transcript", "approval", "task.0", "task.12", "pty.3", "user.x",
+     "user.a.b:c@d+e=f~g_h", "user." + "x" * 300],
+)  # fmt: skip
+def test_channel_names(name):
+    assert uri.is_channel(name)
+    assert uri.is_user_channel(name) == name.startswith("user.")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "foo", "journal.x", "session", "Journal", "task.", "task.x", "task.01", "task.-1",
+     "pty.", "user.", "user", "user.a b", "user.a/b", "user.\n", "user.é", " journal"],
+)  # fmt: skip
+def test_non_channels(name):
+    assert not uri.is_channel(name)
+    assert not uri.is_user_channel(name)
+
+
+def test_built_channels_are_channels():
+    assert uri.is_channel(uri.task_channel(3)) and uri.is_channel(uri.pty_channel(0))
+    assert not uri.is_user_channel(uri.task_channel(3))
+
+
+_USER_SUFFIX = st.text("abcXYZ019._:@+=~-", min_size=1, max_size=40)
+
+
+@given(_USER_SUFFIX)
+def test_a_user_channel_needs_no_escaping_in_its_events_uri(suffix):
+    channel = "user." + suffix
+    assert uri.is_user_channel(channel)
+    built = uri.build(uri.EVENTS, channel)
+    assert built == "shoal://events/" + channel
+    assert uri.parse_uri(built).ident == channel
+
+
 @given(st.text(min_size=1, max_size=60))
 def test_any_path_value_survives_a_round_trip(path):
     built = uri.out_uri(1, path=path)

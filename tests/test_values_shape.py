@@ -8,8 +8,9 @@ import threading
 
 import pytest
 
+from shoal_mcp.kernel.config.limits import JSON_SELECTOR_MAX
 from shoal_mcp.protocol.errors import ErrorCode
-from shoal_mcp.protocol.limits import JSON_SELECTOR_MAX, MiB
+from shoal_mcp.protocol.limits import MiB
 from tests.support.kernel import close_client
 from tests.support.procfs import rss_kib
 from tests.support.results import call_err

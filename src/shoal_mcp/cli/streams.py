@@ -14,15 +14,15 @@ import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
-from urllib.parse import parse_qs, urlsplit
 
+from ..protocol import uri
 from ..protocol.limits import VALUE_HARD_CAP
 
 RAW_PAGE_BYTES = VALUE_HARD_CAP * 3 // 4
 """What the CLI asks per raw page (the kernel clamps a page to what encodes in 64 KiB)."""
 
 _MCP_CALL = re.compile(r"shoal_get \{")
-_READ_TAIL = re.compile(r"\s+or read shoal://\S+")
+_READ_TAIL = re.compile(r"\s+or read " + re.escape(uri.SCHEME) + r"\S+")
 _PAGE_NOTE = re.compile(r"pages of up to [^;()]*; ")
 _LINES_PATH = re.compile(r"^(.*)\.lines\[(-?\d*)\.\.(-?\d*)\]$")
 
@@ -122,15 +122,24 @@ def cli_hints(text: str) -> str:
             continue
         tail = _READ_TAIL.match(text, end)
         if tail:  # the URI form may ask for raw bytes: the person's command does too
-            query = parse_qs(urlsplit(tail.group(0).split("read ", 1)[1]).query)
-            if query.get("format") == ["raw"]:
-                args = {**args, "format": "raw", "offset": int(query.get("offset", ["0"])[0])}
+            query = _hint_query(tail.group(0).split("read ", 1)[1])
+            if query.get("format") == "raw":
+                args = {**args, "format": "raw", "offset": int(query.get("offset") or 0)}
         out.append(text[pos : found.start()])
         out.append(get_command(args))
         pos = tail.end() if tail else end
     out.append(text[pos:])
     text = "".join(out).replace("fetch with shoal ", "see: shoal ")
     return _PAGE_NOTE.sub("", text)  # `shoal get --lines` pages by itself
+
+
+def _hint_query(text: str) -> dict[str, str]:
+    """The query of a hint's ``shoal://`` URI; none when it is not one (the text around a
+    hint is the command's own output, which may say anything)."""
+    try:
+        return uri.parse_uri(text).query
+    except uri.BadName:
+        return {}
 
 
 def next_page(render: str) -> tuple[str, dict | None]:

@@ -1,5 +1,5 @@
 """The one grammar of shoal names: refs (``out:N``, ``task:N``, ``plan:<hex>``, ``pty:N``),
-``shoal://`` URIs and event channels (``task.N``, ``pty.N``).
+``shoal://`` URIs and event channels (``task.N``, ``pty.N``, ``user.*``…).
 
 Everything that parses or builds one of these calls this module, so the kernel, the
 facade and the CLI cannot drift apart. It is sans-I/O and imports nothing else of the
@@ -62,6 +62,12 @@ _NUMBER = re.compile(r"[0-9]{1,19}")
 _HASH = re.compile(r"[0-9a-f]{16,128}")
 _PLAN_HEX = re.compile(r"[0-9a-f]{1,128}")  # unknown lengths are unknown plans, not bad refs
 _MAX_SHOWN = 200  # how much of a bad name an error message repeats
+_CHANNEL = re.compile(
+    r"journal|session\.transcript|approval"
+    r"|(?:task|pty)\.(?:0|[1-9][0-9]*)"
+    r"|user\.[A-Za-z0-9._:@+=~-]+"
+)
+USER_CHANNEL_PREFIX = "user."
 
 
 class BadName(ValueError):
@@ -351,6 +357,19 @@ def parse_channel(channel: str) -> tuple[str, int | None]:
     if dot and kind in (TASK, PTY) and _NUMBER.fullmatch(num):
         return kind, int(num)
     return channel, None
+
+
+def is_channel(name: str) -> bool:
+    """Whether ``name`` is an event channel (docs/protocol.md, Events): ``journal``,
+    ``session.transcript``, ``approval``, ``task.N`` / ``pty.N`` (N without leading zeros)
+    or ``user.<suffix>``. The suffix is URI-safe (``A-Z a-z 0-9 . _ : @ + = ~ -``), so
+    ``shoal://events/{channel}`` needs no escaping. Its length is the kernel's to bound."""
+    return _CHANNEL.fullmatch(name) is not None
+
+
+def is_user_channel(name: str) -> bool:
+    """Whether ``name`` is a ``user.*`` channel: the kind clients create and publish to."""
+    return name.startswith(USER_CHANNEL_PREFIX) and is_channel(name)
 
 
 def is_hash(text: str) -> bool:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import (
+from ..config.limits import (
     ATTACH_DEADLINE_MS,
     CHANNEL_BYTES,
     CHANNELS,

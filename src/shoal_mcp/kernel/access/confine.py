@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
+from ..config.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
 from ..net.limits import BRIDGE_PORT
 from . import namespaces, sandbox_probe
 from .policy import PrincipalPolicy

@@ -27,7 +27,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable
 
-from ...protocol.limits import SANDBOX_DENIED_MAX
+from ..config.limits import SANDBOX_DENIED_MAX
 
 _REFUSED = re.compile(
     r"(read-only file system|permission denied|operation not permitted|"

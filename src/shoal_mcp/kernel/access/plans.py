@@ -38,8 +38,8 @@ import orjson
 from ...protocol import uri
 from ...protocol.display import escape_controls
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 from ...protocol.wiretext import to_wire
+from ..config.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
 from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (

@@ -55,7 +55,8 @@ from typing import Any
 
 from wcmatch import fnmatch, glob
 
-from ...protocol.limits import AGENT_PRINCIPAL, PROJECT_PLACEHOLDER, PROJECT_POLICIES_KEPT
+from ...protocol.limits import AGENT_PRINCIPAL
+from ..config.limits import PROJECT_PLACEHOLDER, PROJECT_POLICIES_KEPT
 from ..effects.analyzer import SHELL_BUILTINS
 from ..net import rules as net_rules
 from .budgets import (

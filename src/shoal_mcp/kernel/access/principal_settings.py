@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol.limits import PROJECT_PLACEHOLDER
+from ..config.limits import PROJECT_PLACEHOLDER
 from .profiles import ASK, DENY, SANDBOX
 
 FS_KEYS = ("read", "write", "delete")

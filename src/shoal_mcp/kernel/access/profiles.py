@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...protocol.limits import PROJECT_PLACEHOLDER
+from ..config.limits import PROJECT_PLACEHOLDER
 from .budgets import local_defaults, token_defaults
 
 ALLOW, ASK, DENY = "allow", "ask", "deny"

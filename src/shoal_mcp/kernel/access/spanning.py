@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import DURABLE_CHANNELS
+from ..config.limits import DURABLE_CHANNELS
 from ..store.db import Database
 from .budgets import over_budget
 from .guard import Guard

@@ -59,8 +59,8 @@ import bracex
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
-from ...protocol.limits import ANALYSIS_CACHE_ENTRIES, ANALYSIS_CACHE_SRC_MAX
 from ...protocol.lru import Lru
+from ..config.limits import ANALYSIS_CACHE_ENTRIES, ANALYSIS_CACHE_SRC_MAX
 from .args import Args, wordset
 from .commands import SHELL_BUILTINS, run
 from .state import (

@@ -63,15 +63,15 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
-from ...protocol.limits import (
+from ...protocol.limits import EVENT_RING
+from ..access.budgets import over_budget
+from ..config.limits import (
     CHANNEL_BYTES,
     DURABLE_CHANNELS,
     EVENT_BYTES,
-    EVENT_RING,
     LIST_REPLY_BYTES,
     SUBSCRIBER_QUEUE,
 )
-from ..access.budgets import over_budget
 from .channels import (
     CLIENT_PUBLISH_REFUSED,
     MAX_CHANNEL_LEN,
@@ -79,7 +79,6 @@ from .channels import (
     require_client_publishable,
     validate_channel,
 )
-from .durable import DurableBatch
 from .ring import (
     EVENT_OVERHEAD,
     Channel,
@@ -261,7 +260,8 @@ class EventBus:
             del self._channels[name]
             if ch.owner is not None:
                 self._owned.get(ch.owner, set()).discard(name)
-            self._add_bytes(-ch.bytes)
+            with self._bytes_lock:
+                self._held_bytes -= ch.bytes
             self._tombstones[name] = ch.next_seq
             self._tombstones.move_to_end(name)
         while len(self._tombstones) > MAX_TOMBSTONES:
@@ -329,10 +329,6 @@ class EventBus:
         self.account(ch, grown)
         return event
 
-    def durable_batch(self) -> DurableBatch:
-        """Durable events to write in the caller's own transaction (events/durable.py)."""
-        return DurableBatch(self)
-
     def durable_channel(self, name: str) -> Channel:
         """The channel ``name`` when it is durable here (a ``DurableBatch`` stages on it)."""
         ch = self._channel(name, create=True) if self._store is not None else None
@@ -350,13 +346,11 @@ class EventBus:
     def account(self, ch: Channel, grown: int) -> None:
         """Count a ring's growth (``deliver_locked``), outside its lock: over the kernel's
         ``max_event_bytes`` the least recently used rings go."""
-        if self._add_bytes(grown) > self._total_bytes:
-            self._shrink_to_total(keep=ch)
-
-    def _add_bytes(self, delta: int) -> int:
         with self._bytes_lock:
-            self._held_bytes += delta
-            return self._held_bytes
+            self._held_bytes += grown
+            held = self._held_bytes
+        if held > self._total_bytes:
+            self._shrink_to_total(keep=ch)
 
     def held_bytes(self) -> int:
         """Encoded bytes every ring holds together (``[kernel] max_event_bytes`` count)."""
@@ -488,27 +482,11 @@ class EventBus:
                 if sub.closed:  # bus.close() won the race; don't leave it registered
                     break
                 if since is not None:
-                    self._set_replay(sub, ch, since)
+                    _set_replay(sub, ch, since)
                 ch.subs = (*ch.subs, sub)
             break
         sub.start()
         return sub
-
-    @staticmethod
-    def _set_replay(sub: Subscription, ch: Channel, since: int) -> None:
-        """``sub``'s replay of ``ch`` after ``since``, taken under the channel lock."""
-        latest = ch.next_seq - 1
-        lo = since + 1
-        first = ch.first_seq()
-        ring_part = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
-        stored: tuple[int, int] | None = None
-        gap: Event | None = None
-        if lo < first and lo <= latest:
-            if ch.durable:
-                stored = (since, first - 1)
-            else:
-                gap = gap_summary(ch.name, first - lo, first - 1, truncated=True)
-        sub.set_replay(since, ring_part, stored, gap)
 
     def subscription(self, sub_id: str) -> Subscription | None:
         with self._lock:
@@ -551,11 +529,26 @@ class EventBus:
             sub.join(max(0.0, deadline - time.monotonic()))
 
 
+def _set_replay(sub: Subscription, ch: Channel, since: int) -> None:
+    """``sub``'s replay of ``ch`` after ``since``, taken under the channel lock."""
+    latest = ch.next_seq - 1
+    lo = since + 1
+    first = ch.first_seq()
+    ring_part = ring_slice(ch.ring, max(0, lo - first), len(ch.ring))
+    stored: tuple[int, int] | None = None
+    gap: Event | None = None
+    if lo < first and lo <= latest:
+        if ch.durable:
+            stored = (since, first - 1)
+        else:
+            gap = gap_summary(ch.name, first - lo, first - 1, truncated=True)
+    sub.set_replay(since, ring_part, stored, gap)
+
+
 __all__ = [  # channel names live in channels.py; re-exported for existing importers
     "CLIENT_PUBLISH_REFUSED",
     "MAX_CHANNEL_LEN",
     "ChannelBudget",
-    "DurableBatch",
     "EventBus",
     "EventStore",
     "Subscription",

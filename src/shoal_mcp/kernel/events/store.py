@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import invalid_params
-from ...protocol.limits import EVENTS_WRITE_WAIT_S
+from ..config.limits import EVENTS_WRITE_WAIT_S
 from ..store.db import WriteQueue
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...protocol.limits import STDERR_DENIALS_BYTES
 from ..access import denials, widen
 from ..access.identity import Principal
 from ..access.plans import Plan, PlanStore, plan_ref
 from ..access.widen import Widening
+from ..config.limits import STDERR_DENIALS_BYTES
 from ..effects import analyzer
 
 if TYPE_CHECKING:

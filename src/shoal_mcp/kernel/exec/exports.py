@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from ...protocol.limits import REPORT_REMEMBERED_MAX, REPORTS_REMEMBERED
 from ...protocol.lru import Lru
+from ..config.limits import REPORT_REMEMBERED_MAX, REPORTS_REMEMBERED
 
 _ENTRY = re.compile(rb"(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)(=?)")
 _PLAIN = re.compile(rb'(?:declare|export)(?: -[a-zA-Z]+)? ([A-Za-z_][A-Za-z0-9_]*)="([^"\\]*)"\n')

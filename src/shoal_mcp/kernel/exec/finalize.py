@@ -20,12 +20,13 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
 from ...protocol.wiretext import text_node
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import Plan
+from ..config.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
 from ..events.bus import EventBus
+from ..events.durable import DurableBatch
 from ..store.cas import ContentStore, Placed
 from ..store.db import Database
 from ..store.journal import Journal, JournalEntry, command_head
@@ -174,7 +175,7 @@ class Finalizer:
         # One transaction, under the session's lock: deltas of one session apply in
         # finishing order and nothing is half-applied. The durable events go in the same
         # commit (events/durable.py), delivered once it is done.
-        events = self.events.durable_batch() if self.events.store is not None else None
+        events = DurableBatch(self.events) if self.events.store is not None else None
         try:
             with session.lock:
                 try:

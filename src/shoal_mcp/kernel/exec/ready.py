@@ -39,8 +39,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...protocol.limits import READY_SHELL_WAIT_S, READY_SHELLS_MAX, WARM_POOL_IDLE_S
 from ..access.sandbox import SandboxSpec
+from ..config.limits import READY_SHELL_WAIT_S, READY_SHELLS_MAX, WARM_POOL_IDLE_S
 from .runner import (
     BASH,
     BASH_ARGV,

@@ -16,9 +16,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ...protocol.limits import REEF_VERSIONS_REMEMBERED
 from ...protocol.lru import Lru
 from ..access.sandbox import SandboxSpec, runner_argv
+from ..config.limits import REEF_VERSIONS_REMEMBERED
 
 # Marker file → tools that kind of project usually needs.
 PROJECT_MARKERS: dict[str, tuple[str, ...]] = {

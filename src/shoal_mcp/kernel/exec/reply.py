@@ -10,9 +10,9 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import STDERR_DENIALS_BYTES, STDERR_TAIL_BYTES
 from ..access.exec_gate import ExecGate
 from ..access.identity import Principal
+from ..config.limits import STDERR_DENIALS_BYTES, STDERR_TAIL_BYTES
 from ..values.service import ValueService
 from .calls import RunOptions
 from .escalation import Escalation

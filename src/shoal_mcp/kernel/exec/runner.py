@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
-from ...protocol.limits import CANCEL_GRACE_S, SPOOLS_KEPT
 from ..access.sandbox import SandboxSpec
+from ..config.limits import CANCEL_GRACE_S, SPOOLS_KEPT
 from .exports import parse_report
 from .supervisor import Job, Supervisor
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import wcmatch.fnmatch as fnmatch
 
-from ...protocol.limits import ENV_REFUSED_MAX, PROTECTED_ENV, PROTECTED_ENV_PREFIXES
+from ..config.limits import ENV_REFUSED_MAX, PROTECTED_ENV, PROTECTED_ENV_PREFIXES
 from ..store.envlimits import refused_sets
 from ..store.sessions import StateDelta, diff
 

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...protocol.limits import SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
 from ..access.sandbox import SandboxSpec
+from ..config.limits import SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import TASK_OUTPUT_EVENT_INTERVAL_S
+from ..config.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
 from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand

@@ -57,21 +57,23 @@ from ...protocol.errors import ErrorCode, RpcError, invalid_params
 # monkeypatch them here (e.g. PTY_SEND_TIMEOUT_S). The PTY limits used only by ptyscreen /
 # ptyspawn are re-exported (see __all__); patch those in the module that reads them.
 from ...protocol.limits import (
-    CANCEL_GRACE_S,
     PTY_DEFAULT_COLS,
     PTY_DEFAULT_ROWS,
-    PTY_MAX_CELL_CHARS,
-    PTY_MAX_CMD_LEN,
     PTY_MAX_DIM,
-    PTY_MAX_READERS,
     PTY_MIN_DIM,
     PTY_SCROLLBACK_LINES,
+)
+from ..access.sandbox import SandboxSpec
+from ..config.limits import (
+    CANCEL_GRACE_S,
+    PTY_MAX_CELL_CHARS,
+    PTY_MAX_CMD_LEN,
+    PTY_MAX_READERS,
     PTY_SEND_TIMEOUT_S,
     PTY_SPAWN_TIMEOUT_S,
     PTY_TERM,
     PTY_WINDOW_MIN_ROWS,
 )
-from ..access.sandbox import SandboxSpec
 from .keys import KEY_NAMES, encode_input
 from .screen import _cursor, _fill, _Screen
 from .screen_io import ScreenPump

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...protocol.limits import PTY_REAP_POLL_MAX_S, PTY_REAP_POLL_MIN_S
 from ..access.identity import Principal, owner_key
+from ..config.limits import PTY_REAP_POLL_MAX_S, PTY_REAP_POLL_MIN_S
 from .manager import PtyManager
 
 log = logging.getLogger(__name__)

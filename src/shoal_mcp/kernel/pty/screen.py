@@ -32,7 +32,8 @@ import pyte
 from pyte.screens import Margins
 from wcwidth import wcwidth
 
-from ...protocol.limits import PTY_MAX_CELL_CHARS, PTY_WINDOW_MIN_ROWS, VALUE_HARD_CAP
+from ...protocol.limits import VALUE_HARD_CAP
+from ..config.limits import PTY_MAX_CELL_CHARS, PTY_WINDOW_MIN_ROWS
 
 _RESULT_RESERVE = 256
 """Bytes kept free in the read budget for the window/scrollback keys."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...protocol.limits import PTY_EVENT_INTERVAL_S, PTY_IDLE_POLL_S, PTY_READ_CHUNK
+from ..config.limits import PTY_EVENT_INTERVAL_S, PTY_IDLE_POLL_S, PTY_READ_CHUNK
 from .screen import _cursor
 from .terminal import OpenPty
 

@@ -41,8 +41,8 @@ import time
 from typing import NamedTuple
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.limits import CANCEL_GRACE_S, PTY_SPAWN_TIMEOUT_S, PTY_TERM
 from ..access.sandbox import RUNNER, SandboxSpec
+from ..config.limits import CANCEL_GRACE_S, PTY_SPAWN_TIMEOUT_S, PTY_TERM
 
 __all__ = ["spawn"]
 

@@ -18,7 +18,8 @@ from typing import Any
 import pyte
 
 from ...protocol import uri
-from ...protocol.limits import PTY_EVENT_INTERVAL_S, PTY_SCROLLBACK_LINES
+from ...protocol.limits import PTY_SCROLLBACK_LINES
+from ..config.limits import PTY_EVENT_INTERVAL_S
 from .screen import _render, _Screen
 from .spawn import Spawned
 from .termfilter import OscFilter

@@ -14,11 +14,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ...protocol.limits import (
-    MAX_BLOCKING_CALLS,
-    MAX_QUEUED_BLOCKING_BYTES,
-    MAX_QUEUED_BLOCKING_CALLS,
-)
+from ..config.limits import MAX_BLOCKING_CALLS, MAX_QUEUED_BLOCKING_BYTES, MAX_QUEUED_BLOCKING_CALLS
 
 RUN, QUEUED, REFUSED = "run", "queued", "refused"
 

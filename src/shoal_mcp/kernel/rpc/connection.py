@@ -36,8 +36,9 @@ from ...protocol.jsonrpc import (
     parse_message,
     recover_id,
 )
-from ...protocol.limits import FRAME_BEFORE_ATTACH, MAX_FRAME, MAX_OVERSIZE_PER_CONNECTION
+from ...protocol.limits import MAX_FRAME
 from ..access.identity import Principal
+from ..config.limits import FRAME_BEFORE_ATTACH, MAX_OVERSIZE_PER_CONNECTION
 from ..exec.lifecycle import TaskLifecycle
 
 _conn_ids = itertools.count(1)

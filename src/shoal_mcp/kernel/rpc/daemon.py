@@ -26,9 +26,9 @@ from pathlib import Path
 
 from ... import __version__
 from ...protocol import discovery
-from ...protocol.limits import LISTEN_BACKLOG, SHUTDOWN_DRAIN_S
 from ...protocol.paths import ensure_private_dir, socket_path, state_dir
 from ..admin.config_file import ConfigError, Settings, settings_of
+from ..config.limits import LISTEN_BACKLOG, SHUTDOWN_DRAIN_S
 
 log = logging.getLogger("shoal.kernel")
 

@@ -32,12 +32,7 @@ from collections.abc import Callable
 
 import orjson
 
-from ...protocol.limits import (
-    CPU_BURST_S,
-    CPU_DEBT_CAP_S,
-    CPU_UNMETERED_METHODS,
-    CPU_WAIT_SLICE_S,
-)
+from ..config.limits import CPU_BURST_S, CPU_DEBT_CAP_S, CPU_UNMETERED_METHODS, CPU_WAIT_SLICE_S
 
 UNMETERED_FRAME_MAX = 512
 """Frames longer than this are never taken for an unmetered call (theirs are ~100 bytes)."""

@@ -16,7 +16,7 @@ import ctypes.util
 import logging
 import threading
 
-from ...protocol.limits import MALLOC_ARENAS, MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_INTERVAL_S
+from ..config.limits import MALLOC_ARENAS, MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_INTERVAL_S
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ...protocol.limits import LIST_REPLY_BYTES
 from ...protocol.wiretext import to_wire
+from ..config.limits import LIST_REPLY_BYTES
 
 T = TypeVar("T")
 

@@ -38,12 +38,16 @@ from ...protocol.jsonrpc import (
     error_response,
     response,
 )
-from ...protocol.limits import MAX_BLOCKING_CALLS, MAX_QUEUED_BLOCKING_CALLS, READ_CHUNK
+from ...protocol.limits import READ_CHUNK
 from ...protocol.schema import split_unknown, validate
 from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
+from ..config.limits import (
+    MAX_BLOCKING_CALLS,
+    MAX_QUEUED_BLOCKING_CALLS,
+)
 from ..pty.orphans import OrphanReaper
 from .call import Call
 from .callqueue import REFUSED, RUN, BlockingCalls

@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from ...protocol.limits import KERNEL_IDLE_WORKERS, KERNEL_WORKER_IDLE_S
+from ..config.limits import KERNEL_IDLE_WORKERS, KERNEL_WORKER_IDLE_S
 
 log = logging.getLogger(__name__)
 

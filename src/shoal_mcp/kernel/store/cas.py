@@ -22,14 +22,14 @@ from typing import Protocol
 import blake3
 
 from ...protocol.errors import ErrorCode, RpcError, is_disk_full, state_dir_full
-from ...protocol.limits import (
+from ...protocol.limits import MiB
+from ...protocol.lru import Lru
+from ..config.limits import (
     BLOB_INFOS_REMEMBERED,
     SMALL_BLOB_KEPT,
     VERIFIED_BLOBS_REMEMBERED,
     VERIFY_REPORT_MAX,
-    MiB,
 )
-from ...protocol.lru import Lru
 from .db import Database
 
 INGEST_BLOCK = 1 * MiB

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ...protocol.errors import state_db_locked, state_dir_full
-from ...protocol.limits import DB_WRITE_WAIT_S
+from ..config.limits import DB_WRITE_WAIT_S
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (

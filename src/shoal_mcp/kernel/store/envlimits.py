@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...protocol.limits import ENV_STRING_MAX, ENV_TOTAL_MAX
 from ...protocol.wiretext import to_bytes
+from ..config.limits import ENV_STRING_MAX, ENV_TOTAL_MAX
 
 POINTER_BYTES = 8
 """Each environment string also costs its pointer in the new program's ``envp``."""

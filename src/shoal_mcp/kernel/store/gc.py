@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import orjson
 
 from ...protocol.errors import ErrorCode
-from ...protocol.limits import GC_ORPHAN_GRACE_S, GC_SAMPLE_REFS
+from ..config.limits import GC_ORPHAN_GRACE_S, GC_SAMPLE_REFS
 from .cas import ContentStore
 from .db import Database
 

@@ -24,8 +24,8 @@ import blake3
 import orjson
 
 from ...protocol.errors import RpcError, is_db_locked
-from ...protocol.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
 from ...protocol.wiretext import text_or_bytes, to_wire
+from ..config.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
 from .db import Database
 
 TEXTS_SCHEMA = """CREATE TABLE IF NOT EXISTS journal_texts (

@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from ...protocol.framing import write_all
-from ...protocol.limits import REF_RESERVE_BLOCK
+from ..config.limits import REF_RESERVE_BLOCK
 from .db import Database
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 
 from ...protocol import uri
-from ...protocol.limits import (
+from ...protocol.limits import VALUE_HARD_CAP
+from ..config.limits import (
     ELIDE_MAX_BYTES,
     ELIDE_MAX_BYTES_RAW,
     ELIDE_MAX_ITEMS,
@@ -25,7 +26,6 @@ from ...protocol.limits import (
     ELIDE_PREVIEW_CHARS,
     ELIDE_PREVIEW_ITEMS,
     ELIDE_RENDER_HEAD,
-    VALUE_HARD_CAP,
 )
 from .jsonstream import is_cut
 from .resolver import LinesView, TextBlob, is_node, kind_of

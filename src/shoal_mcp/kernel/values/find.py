@@ -30,7 +30,7 @@ import orjson
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.framing import count_lines_with
-from ...protocol.limits import FIND_BUDGET_S, FIND_CMD_HEAD_CHARS, FIND_ROWS_BATCH, MATCH_BLOCK
+from ..config.limits import FIND_BUDGET_S, FIND_CMD_HEAD_CHARS, FIND_ROWS_BATCH, MATCH_BLOCK
 from ..store.cas import ContentStore, StoredBlob
 from ..store.db import Database
 from .match import Found, Hit, Matcher, MatchSpec, compile_matcher, search

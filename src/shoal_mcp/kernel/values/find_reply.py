@@ -17,15 +17,10 @@ import orjson
 from ...protocol import uri
 from ...protocol.display import escape_controls
 from ...protocol.errors import invalid_params
-from ...protocol.limits import (
-    FIND_ALL_SESSIONS,
-    FIND_BUDGET_S,
-    FIND_CMD_HEAD_CHARS,
-    FIND_LINE_SHOWN,
-    VALUE_HARD_CAP,
-)
+from ...protocol.limits import FIND_ALL_SESSIONS, VALUE_HARD_CAP
 from ...protocol.params import FIND_PARAMS
 from ..access.identity import Principal
+from ..config.limits import FIND_BUDGET_S, FIND_CMD_HEAD_CHARS, FIND_LINE_SHOWN
 from .find import STREAMS, Cursor, FindOutcome, FindQuery, Run, RunHit
 from .match import Matcher, MatchSpec
 from .search import REPLY_RESERVE

@@ -25,7 +25,7 @@ import regex
 
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.framing import count_lines_with, lines_with
-from ...protocol.limits import (
+from ..config.limits import (
     MATCH_BLOCK,
     MATCH_DEADLINE_BYTES_PER_S,
     MATCH_DEADLINE_S,

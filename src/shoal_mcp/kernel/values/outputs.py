@@ -33,18 +33,17 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
-from ...protocol.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
 from ..access.namespaces import bind_read_only, mounted_at, unmount
+from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
 from ..store.cas import ContentStore
 from ..store.db import Database
-from .output_entries import DIR_MODE, FILE_MODE, EntryMaker
+from .output_entries import DIR_MODE, EntryMaker
 from .resolver import blob_hashes, trusted
 
 log = logging.getLogger(__name__)
 
 SHOAL_OUT_ENV = "SHOAL_OUT"
 """The variable every exec gets: its caller's ``session_dir``."""
-__all__ = ["DIR_MODE", "FILE_MODE", "SHOAL_OUT_ENV", "SharedOutputs"]
 
 
 def _key(name: str) -> str:

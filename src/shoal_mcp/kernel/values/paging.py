@@ -15,7 +15,8 @@ import json
 
 import orjson
 
-from ...protocol.limits import PAGE_RAW_BYTES, PAGE_RESERVE, VALUE_HARD_CAP
+from ...protocol.limits import VALUE_HARD_CAP
+from ..config.limits import PAGE_RAW_BYTES, PAGE_RESERVE
 from .resolver import LinesView
 from .selectors import Field, Segment, format_path
 

@@ -14,13 +14,9 @@ import orjson
 
 from ...protocol import uri
 from ...protocol.framing import bound_text
-from ...protocol.limits import (
-    JSON_SHAPE_BODY_BYTES,
-    PAGE_RAW_BYTES,
-    STDERR_TAIL_BYTES,
-    VALUE_HARD_CAP,
-)
+from ...protocol.limits import VALUE_HARD_CAP
 from ...protocol.plain import to_plain
+from ..config.limits import JSON_SHAPE_BODY_BYTES, PAGE_RAW_BYTES, STDERR_TAIL_BYTES
 from .elision import ElideOptions, WireEncoder
 from .jsonstream import is_cut
 from .paging import call_text, fitting_prefix, line_page

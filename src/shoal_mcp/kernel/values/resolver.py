@@ -22,7 +22,7 @@ import orjson
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import line_offsets, utf8_offset
-from ...protocol.limits import (
+from ..config.limits import (
     BLOB_READERS_PER_CALL,
     JSON_PARSE_SLOTS,
     JSON_PARSE_WAIT_S,

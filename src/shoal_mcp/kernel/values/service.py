@@ -16,9 +16,10 @@ import orjson
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import bound_text
-from ...protocol.limits import ELIDE_MAX_ITEMS, ELIDE_MAX_ROWS, VALUE_HARD_CAP
+from ...protocol.limits import VALUE_HARD_CAP
 from ...protocol.wiretext import text_node
 from ..access.identity import Principal
+from ..config.limits import ELIDE_MAX_ITEMS, ELIDE_MAX_ROWS
 from ..store.transcript import TranscriptStore
 from .elision import ElideOptions, WireEncoder, encoded_size, str_encoded_size
 from .find import Finder

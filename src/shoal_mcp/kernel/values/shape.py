@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ...protocol.errors import RpcError
-from ...protocol.limits import (
+from ..config.limits import (
     JSON_SHAPE_BYTES,
     JSON_SHAPE_DEADLINE_S,
     JSON_SHAPE_KEYS,

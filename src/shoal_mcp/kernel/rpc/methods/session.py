@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from ....protocol.discovery import project_root, project_session
 from ....protocol.errors import ErrorCode, RpcError, invalid_params
-from ....protocol.limits import AGENT_PRINCIPAL, DEFAULT_SESSION
+from ....protocol.limits import AGENT_PRINCIPAL
 from ....protocol.params import PARSE, SESSION_ADOPT, SESSION_ATTACH
 from ...access.identity import Principal
+from ...config.limits import DEFAULT_SESSION
 from ...effects import analyzer
 from ...exec.reef import reef
 from ...values.elision import ElideOptions

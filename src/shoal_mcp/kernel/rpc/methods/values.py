@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from ....protocol import uri
 from ....protocol.errors import invalid_params
-from ....protocol.limits import ELIDE_MAX_BYTES_RAW, VALUE_HARD_CAP
+from ....protocol.limits import VALUE_HARD_CAP
 from ....protocol.params import BLOB_GET, VALUE_GET
 from ....protocol.schema import validate
+from ...config.limits import ELIDE_MAX_BYTES_RAW
 from ...values.elision import ElideOptions
 from ...values.find_reply import is_outputs_ref, refuse_find_params
 from ...values.match import MatchSpec
