@@ -30,25 +30,16 @@ from bench.mcp_pipe import PipeClient
 from shoal_mcp.protocol.framing import BACKEND
 from tests.support.facade import facade_env
 from tests.support.kernel import running_kernel
-from tests.support.polling import wait_until
+from tests.support.recorder import recorded, recorder_env
 
 from .summary import cpu_seconds, register_summary
 
 HERE = Path(__file__).resolve().parent
-RECORDER = HERE.parent / "tests" / "support" / "walk"
 RESULTS = HERE / ".results" / "walk.json"
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 WARMUP = 5
 CPU_EXECS = 20 if QUICK else 200
 OLD_REF_ENV = "SHOAL_BENCH_OLD_REF"
-
-
-def _recorded(pid: int, walk_dir: Path, sig: int, suffix: str) -> Path:
-    path = walk_dir / f"walk-{pid}.{suffix}"
-    path.unlink(missing_ok=True)
-    os.kill(pid, sig)
-    wait_until(path.exists, timeout=30, interval=0.01, what=f"walk-{pid}.{suffix}")
-    return path
 
 
 def _ok(result: dict) -> None:
@@ -59,8 +50,7 @@ def walk(tree_env: dict[str, str], tmp: Path) -> dict:
     """The walk of one exec, per process (kernel, facade)."""
     walk_dir = tmp / "walk"
     walk_dir.mkdir(parents=True)
-    path = os.pathsep.join(p for p in (str(RECORDER), tree_env.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path, "SHOAL_WALK_DIR": str(walk_dir)}
+    env = recorder_env(walk_dir, tree_env.get("PYTHONPATH"))
     with running_kernel(env=env, prefix="shwk-") as kernel:
         client = PipeClient(agents.facade_argv(), facade_env(kernel, "walk", **env))
         try:
@@ -68,11 +58,11 @@ def walk(tree_env: dict[str, str], tmp: Path) -> dict:
                 _ok(client.call_tool("shoal_exec", {"command": "true"}))
             pids = {"kernel": kernel.pid, "facade": client.pid}
             for pid in pids.values():
-                _recorded(pid, walk_dir, signal.SIGUSR1, "ready")
+                recorded(pid, walk_dir, signal.SIGUSR1, "ready")
             _ok(client.call_tool("shoal_exec", {"command": "true"}))
             time.sleep(0.2)  # the exec's after-reply work (journal, events) lands too
             reports = {
-                name: json.loads(_recorded(pid, walk_dir, signal.SIGUSR2, "json").read_text())
+                name: json.loads(recorded(pid, walk_dir, signal.SIGUSR2, "json").read_text())
                 for name, pid in pids.items()
             }
         finally:

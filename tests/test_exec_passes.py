@@ -17,43 +17,32 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from tests.support.kernel import close_client, running_kernel
-from tests.support.polling import wait_until
+from tests.support.recorder import recorded, recorder_env
 
-RECORDER = Path(__file__).resolve().parent / "support" / "walk"
 COMMENT = 4 * 1024
 MAX_COMMITS = 2
 MAX_WHOLE_PASSES = 4
 MAX_SMALL_PASSES = 12
 
 
-def _recorded(pid: int, walk_dir: Path, sig: int, suffix: str) -> Path:
-    path = walk_dir / f"walk-{pid}.{suffix}"
-    path.unlink(missing_ok=True)
-    os.kill(pid, sig)
-    wait_until(path.exists, timeout=30, interval=0.01, what=f"walk-{pid}.{suffix}")
-    return path
-
-
 @pytest.fixture(scope="module")
 def one_exec(tmp_path_factory) -> dict:
     """The kernel's record of one foreground exec after a warm-up."""
     walk_dir = tmp_path_factory.mktemp("walk")
-    paths = [str(RECORDER), os.environ.get("PYTHONPATH", "")]
-    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "SHOAL_WALK_DIR": str(walk_dir)}
+    env = recorder_env(walk_dir, os.environ.get("PYTHONPATH"))
     src = f"true # {'x' * COMMENT}"
     with running_kernel(env=env, prefix="shps-") as kernel:
         c = kernel.client("passes")
         try:
             for _ in range(3):
                 assert c.call("exec", {"src": src}, timeout=60)["value"]["ok"] is True
-            _recorded(kernel.pid, walk_dir, signal.SIGUSR1, "ready")
+            recorded(kernel.pid, walk_dir, signal.SIGUSR1, "ready")
             reply = c.call("exec", {"src": src}, timeout=60)
-            report = json.loads(_recorded(kernel.pid, walk_dir, signal.SIGUSR2, "json").read_text())
+            report = json.loads(recorded(kernel.pid, walk_dir, signal.SIGUSR2, "json").read_text())
         finally:
             close_client(c)
     assert reply["value"]["ok"] is True and reply["ref"].startswith("out:"), reply
