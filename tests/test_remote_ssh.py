@@ -121,7 +121,10 @@ def test_mcp_workflow_runs_on_the_remote_kernel(remote, tmp_path):
         ]
         assert "result" in pipe.tool("shoal_cancel", {"task": doomed})
         ended = structured(pipe.tool("shoal_get", {"ref": doomed, "wait_ms": 30000}))
-        assert ended["value"]["signal"] == "SIGTERM", ended  # cancelled, not finished
+        # Cancelled, not finished. A SIGTERM that lands while bash forks is held until the
+        # SIGKILL after the grace (docs/decisions.md), so either signal ends it.
+        assert ended["value"]["ok"] is False, ended
+        assert ended["value"]["signal"] in ("SIGTERM", "SIGKILL"), ended
 
         pty = structured(pipe.tool("shoal_pty_open", {"cmd": "bash", "args": ["--norc"]}))
         pty_id = pty["pty_id"]
