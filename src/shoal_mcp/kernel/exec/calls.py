@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Protocol
 from ..values.elision import ElideOptions
 
 if TYPE_CHECKING:
-    from .tasks import Task
+    from .tasks import Hangup, Task
 
 
 class Caller(Protocol):
     """What the exec service needs to know about the call it serves."""
 
-    def gone(self) -> bool:
-        """True once nobody will read the reply (the connection closed)."""
+    @property
+    def hangup(self) -> Hangup:
+        """Whether (and an fd that says when) the caller left."""
         ...
 
     def spawned(self, task: Task) -> bool:

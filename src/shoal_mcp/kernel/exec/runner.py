@@ -79,10 +79,11 @@ class RunningCommand:
     def pid(self) -> int:
         return self.job.pid if self.job.pid is not None else 0
 
-    def wait(self, timeout: float | None = None) -> int | None:
+    def wait(self, timeout: float | None = None, wake: int | None = None) -> int | None:
         """Wait for the command's end; the returncode, or None when ``timeout`` elapsed
-        first.  On return every process of the tree is dead: the spools are final."""
-        end = self.job.wait(timeout)
+        (or the fd ``wake`` became readable) first.  On return with a code every
+        process of the tree is dead: the spools are final."""
+        end = self.job.wait(timeout, wake)
         if end is None:
             return None
         if self.finished_ns is None:

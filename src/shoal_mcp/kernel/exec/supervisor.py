@@ -226,13 +226,15 @@ class Job:
         self._reading = threading.Lock()
         self._buf = b""
 
-    def line(self, timeout: float | None) -> bytes | None:
-        """The next report line; None at EOF (``eof`` set) or when ``timeout`` ran out."""
+    def line(self, timeout: float | None, wake: int | None = None) -> bytes | None:
+        """The next report line; None at EOF (``eof`` set), when ``timeout`` ran out, or
+        when the fd ``wake`` became readable first."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        watched: list[socket.socket | int] = [self.sock] if wake is None else [self.sock, wake]
         while b"\n" not in self._buf:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.sock], [], [], remaining)
-            if not ready:
+            ready, _, _ = select.select(watched, [], [], remaining)
+            if self.sock not in ready:
                 return None
             data = self.sock.recv(4096)
             if not data:
@@ -255,8 +257,9 @@ class Job:
         if owner is not None:
             owner.close()  # it exits right after this job's supervisor did
 
-    def wait(self, timeout: float | None = None) -> Exit | None:
-        """The command's end (every process of its tree reaped); None on timeout."""
+    def wait(self, timeout: float | None = None, wake: int | None = None) -> Exit | None:
+        """The command's end (every process of its tree reaped); None on timeout, or
+        once ``wake`` is readable (see ``line``)."""
         if self.exit is not None:
             return self.exit
         if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
@@ -264,9 +267,9 @@ class Job:
         try:
             if self.exit is not None:
                 return self.exit
-            line = self.line(timeout)
+            line = self.line(timeout, wake)
             while line is not None and not line.startswith(b"exit "):
-                line = self.line(timeout)
+                line = self.line(timeout, wake)
             if line is not None:
                 self.finish(line)
             elif self.eof:

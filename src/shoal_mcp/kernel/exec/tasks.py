@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
@@ -31,6 +31,15 @@ from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand
 
 log = logging.getLogger(__name__)
+
+
+class Hangup(Protocol):
+    """Set once nobody will read the reply (the connection closed); its fd is readable
+    from then on, so a wait in ``select()`` wakes on it without polling."""
+
+    def is_set(self) -> bool: ...
+
+    def fileno(self) -> int: ...
 
 
 @dataclass
@@ -160,20 +169,24 @@ class TaskManager:
             target=self.watch, args=(task, None), name=f"task-{task.id}", daemon=True
         ).start()
 
-    def watch(self, task: Task, timeout: float | None) -> bool:
+    def watch(self, task: Task, timeout: float | None, hangup: Hangup | None = None) -> bool:
         """Watch ``task`` on this thread for up to ``timeout`` seconds (None: until it exits).
 
         True once the command has exited and been finalized here; False when the time ran
-        out first (the caller then watches again or calls ``watch_in_background``).
+        out first, or ``hangup`` was set (its fd wakes the wait; the caller then watches
+        again or calls ``watch_in_background``).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        wake = None if hangup is None else hangup.fileno()
         while True:
             now = time.monotonic()
             step = max(0.0, task.next_output_at - now)
             if deadline is not None:
                 step = min(step, max(0.0, deadline - now))
-            if task.run.wait(step) is not None:
+            if task.run.wait(step, wake) is not None:
                 break
+            if hangup is not None and hangup.is_set():
+                return False
             now = time.monotonic()
             if now >= task.next_output_at:
                 task.next_output_at = now + TASK_OUTPUT_EVENT_INTERVAL_S

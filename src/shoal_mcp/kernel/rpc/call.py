@@ -9,13 +9,13 @@ in-flight slot are described by what handlers use of them (``CallConnection``,
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..access.identity import Principal
 from ..app import Kernel
+from .closed_flag import ClosedFlag
 from .fairness import CpuBudgets
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class CallConnection(Protocol):
     def id(self) -> int: ...
 
     @property
-    def closed(self) -> threading.Event: ...
+    def closed(self) -> ClosedFlag: ...
 
     def inflight_call(self, request_id: Any) -> CallSlot | None:
         """The blocking call in flight under ``request_id`` (a ``task.get {call}``)."""
@@ -77,8 +77,9 @@ class Call:
 
     # The exec service's ``Caller``: whether anyone still waits, and early cancels.
 
-    def gone(self) -> bool:
-        return self.conn.closed.is_set()
+    @property
+    def hangup(self) -> ClosedFlag:
+        return self.conn.closed
 
     def spawned(self, task: Any) -> bool:
         return self.slot is not None and self.slot.attach(task)

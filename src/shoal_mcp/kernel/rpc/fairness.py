@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import orjson
 
@@ -38,6 +39,14 @@ UNMETERED_FRAME_MAX = 512
 """Frames longer than this are never taken for an unmetered call (theirs are ~100 bytes)."""
 
 RateOf = Callable[[str], int]
+
+
+class StopFlag(Protocol):
+    """What ends a wait for credit early: the connection's ``closed``."""
+
+    def is_set(self) -> bool: ...
+
+
 """A principal's ``max_cpu_ms_per_s`` (0: no limit)."""
 
 
@@ -71,7 +80,7 @@ class CpuBucket:
         self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def admit(self, stop: threading.Event, on_wait: Callable[[float], None] | None = None) -> None:
+    def admit(self, stop: StopFlag, on_wait: Callable[[float], None] | None = None) -> None:
         """Wait while in debt (or until ``stop``); ``on_wait(seconds of debt left)`` before
         each slice of waiting, outside the lock (the server tells the client it is
         throttled, not stalled, and a write may block)."""
@@ -142,7 +151,7 @@ class CpuBudgets:
     def admit(
         self,
         principal: str,
-        stop: threading.Event,
+        stop: StopFlag,
         on_wait: Callable[[float], None] | None = None,
     ) -> None:
         """Before a principal's work: wait while it is over its CPU rate."""

@@ -51,6 +51,7 @@ from ..config.limits import (
 from ..pty.orphans import OrphanReaper
 from .call import Call
 from .callqueue import REFUSED, RUN, BlockingCalls
+from .closed_flag import ClosedFlag
 from .connection import NEED_DATA, Connection, Oversized, Received
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
@@ -59,7 +60,8 @@ from .workers import Workers
 
 log = logging.getLogger(__name__)
 
-ACCEPT_POLL_S = 0.25
+REFUSAL_SEND_TIMEOUT_S = 0.25
+"""How long a refusal may wait for a peer that does not read: never stall accept."""
 
 
 class SocketConnection(Connection):
@@ -69,7 +71,7 @@ class SocketConnection(Connection):
     def __init__(self, sock: socket.socket, peer_pid: int | None = None) -> None:
         super().__init__(peer_pid)
         self.sock = sock
-        self.closed = threading.Event()
+        self.closed = ClosedFlag()
         self.subscriptions: dict[str, Any] = {}
         self.lock = threading.Lock()  # a write, or the close of the fd
         self.calls = BlockingCalls()  # running and queued ones
@@ -134,13 +136,11 @@ class KernelServer:
             return sum(1 for c in self.connections if c.who and c.who.principal == principal)
 
     def serve_forever(self) -> None:
-        # A short accept timeout lets stop() (from a signal) end the loop promptly.
-        self.listener.settimeout(ACCEPT_POLL_S)
+        # accept() blocks without a timeout: stop() shuts the listener down, which wakes
+        # it with an error (Linux), and the loop then sees ``stopping``.
         while not self.stopping.is_set():
             try:
                 sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 if self.stopping.is_set():
                     return
@@ -187,6 +187,10 @@ class KernelServer:
         self.stopping.set()
         self.pty_reaper.stop()
         self._threads.close()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
         try:
             self.listener.close()
         except OSError:
@@ -444,7 +448,7 @@ def _refuse(sock: socket.socket, why: RpcError | None = None) -> None:
     if why is None:
         why = RpcError(ErrorCode.AUTH_FAILED, "connection refused: different user")
     try:
-        sock.settimeout(ACCEPT_POLL_S)  # never let a peer that does not read stall accept
+        sock.settimeout(REFUSAL_SEND_TIMEOUT_S)
         sock.sendall(encode_frame(error_response(NO_ID, why.code, why.message, why.data)))
     except OSError:
         pass

@@ -1,0 +1,55 @@
+"""How many locks and thread starts the kernel has: a ratchet toward one owner.
+
+Issue 30's target is at most 12 lock objects and at most 6 places that start threads in
+``kernel/``, which needs the owner loop (docs/plan-one-owner.md). Until it lands, this
+test holds the kernel to today's counts: a change may remove a lock or a thread start,
+never add one. When a change lowers a count, lower the number here with it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+KERNEL = Path(__file__).resolve().parents[1] / "src" / "shoal_mcp" / "kernel"
+
+LOCK = re.compile(r"\bthreading\.(?:Lock|RLock|Condition|Semaphore|BoundedSemaphore)\(")
+THREAD_START = re.compile(r"\bthreading\.Thread\(|\b_thread\.start_new_thread\(")
+
+LOCK_SITES = 47
+"""Lock objects made in kernel/ today (the goal: 12)."""
+THREAD_START_SITES = 19
+"""Places in kernel/ that start a thread today (the goal: 6)."""
+
+
+def count(pattern: re.Pattern[str], root: Path = KERNEL) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in sorted(root.rglob("*.py")):
+        for line in path.read_text().splitlines():
+            hits = len(pattern.findall(line.split("#", 1)[0]))
+            if hits:
+                rel = path.relative_to(root).as_posix()
+                found[rel] = found.get(rel, 0) + hits
+    return found
+
+
+def test_no_new_lock_in_the_kernel():
+    found = count(LOCK)
+    assert sum(found.values()) <= LOCK_SITES, f"a lock added to the kernel: {found}"
+
+
+def test_no_new_thread_start_in_the_kernel():
+    found = count(THREAD_START)
+    assert sum(found.values()) <= THREAD_START_SITES, f"a thread start added: {found}"
+
+
+def test_the_counter_sees_every_form(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import threading\n"
+        "a = threading.Lock()\n"
+        "b = threading.RLock(); c = threading.Condition(a)\n"
+        "# d = threading.Lock()  (a comment is not a lock)\n"
+        "threading.Thread(target=print).start()\n"
+    )
+    assert count(LOCK, tmp_path) == {"m.py": 3}
+    assert count(THREAD_START, tmp_path) == {"m.py": 1}

@@ -1,0 +1,114 @@
+"""No sleep or timeout-poll loop on the request path (issue 30).
+
+A wait that wakes every so often to look whether something happened costs a wake-up
+per period and answers up to a period late; a wait on the thing itself (an fd in
+``select()``, an event, a future) costs neither. This test finds the polling forms in
+``src/`` but the human CLI (``cli/``: a terminal program's waits, not the request
+path; the owner loop does not reach it) (a ``time.sleep``, a socket timeout, a ``.wait`` on a literal number, a knob
+named ``*_POLL_S``/``*_SLICE_S``/``*_RETRY_S``) and holds them to the list below: each
+allowed one is named with why it stays. A new one fails the test, and so does an
+allowance that no longer matches anything (the list cannot go stale).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "shoal_mcp"
+
+POLLING = re.compile(
+    r"time\.sleep\("
+    r"|\.settimeout\((?!None\))"
+    r"|\.wait\(\s*[0-9.]"
+    r"|\b(?:[A-Z][A-Z0-9_]*_)?(?:POLL|SLICE|RETRY)_S\b(?!\s*[:=])"
+)
+"""The polling forms; a knob's own definition (``NAME = …``) is not a use."""
+
+ALLOWED: dict[tuple[str, str], str] = {
+    # The CLI and the client start a kernel and wait for its socket to appear: nothing
+    # to wait on before the kernel exists. Not the kernel's request path.
+    ("client.py", "time.sleep("): "autostart: waiting for a kernel's socket to appear",
+    ("client.py", "AUTOSTART_POLL_S"): "autostart: waiting for a kernel's socket",
+    ("client.py", ".settimeout("): "a client call's own deadline on its socket",
+    # The kernel.
+    ("kernel/rpc/server.py", ".settimeout("): (
+        "a deadline for the pre-attach read, and for a refusal sent to a peer that does"
+        " not read: timeouts on one operation, not a loop that looks again"
+    ),
+    ("kernel/rpc/fairness.py", "CPU_WAIT_SLICE_S"): (
+        "only a principal over its CPU budget waits here, sliced so a closed connection"
+        " ends the wait; the owner loop replaces it with a timer"
+    ),
+    ("kernel/exec/spool_relay.py", "time.sleep("): (
+        "in the supervisor process, not the kernel: a full disk is retried until the"
+        " output's deadline"
+    ),
+    ("kernel/exec/spool_relay.py", "RETRY_S"): "the supervisor's full-disk retry (above)",
+    ("kernel/exec/supervise.py", "RETRY_S"): "the supervisor's full-disk retry (above)",
+    ("kernel/access/namespaces.py", "time.sleep("): (
+        "a relay's cgroup is removed once its last process is reaped, a few tries apart;"
+        " the next kernel removes a leftover"
+    ),
+    ("kernel/pty/screen_io.py", "PTY_IDLE_POLL_S"): (
+        "a PTY's reader thread looks for a child that exited while something else holds"
+        " the tty; not a request path (a pidfd in its poll set would replace it)"
+    ),
+    ("kernel/pty/screen_io.py", ".wait(0"): "the same, where os.waitid is missing",
+    # The facade.
+    ("facade/mcp_tasks.py", "MCP_TASK_RESULT_POLL_S"): (
+        "a tasks/result waiting for a task also looks whether its own call was cancelled"
+    ),
+    ("facade/client_requests.py", "MCP_TASK_RESULT_POLL_S"): (
+        "an elicitation waiting for the client's answer looks whether its call was cancelled"
+    ),
+    ("facade/inflight.py", "time.sleep("): (
+        "a cancel that overtook its exec at the kernel is asked again, briefly"
+    ),
+    ("facade/inflight.py", "CANCEL_RETRY_S"): "the same",
+}
+
+
+def _normalized(found: str) -> str:
+    return ".wait(0" if found.startswith(".wait(") else found
+
+
+def polling_sites() -> dict[tuple[str, str], list[int]]:
+    sites: dict[tuple[str, str], list[int]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("cli/"):
+            continue
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for match in POLLING.finditer(code):
+                if code.lstrip().startswith(("import ", "from ")):
+                    continue
+                sites.setdefault((rel, _normalized(match.group(0))), []).append(lineno)
+    return sites
+
+
+def test_no_polling_outside_the_named_exceptions():
+    sites = polling_sites()
+    new = {site: lines for site, lines in sites.items() if site not in ALLOWED}
+    assert not new, f"a sleep or timeout-poll on the request path: {new}"
+
+
+def test_every_allowance_still_matches_a_site():
+    stale = sorted(set(ALLOWED) - set(polling_sites()))
+    assert not stale, f"allowed polling that no longer exists (drop it from ALLOWED): {stale}"
+
+
+def test_the_detector_sees_each_polling_form():
+    samples = {
+        "time.sleep(0.1)": "time.sleep(",
+        "sock.settimeout(ACCEPT_WAIT)": ".settimeout(",
+        "done.wait(0.25)": ".wait(0",
+        "step = DISCONNECT_POLL_S": "DISCONNECT_POLL_S",
+        "cond.wait(min(debt, CPU_WAIT_SLICE_S))": "CPU_WAIT_SLICE_S",
+        "time.monotonic() + RETRY_S": "RETRY_S",
+    }
+    for line, form in samples.items():
+        assert [m.group(0) for m in POLLING.finditer(line)] == [form], line
+    for quiet in ("sock.settimeout(None)", "DISCONNECT_POLL_S = 0.25", "event.wait(timeout)"):
+        assert not POLLING.search(quiet), quiet
