@@ -19,6 +19,7 @@ from shoal_mcp.kernel.access.identity import Principal
 from shoal_mcp.kernel.app import Kernel, KernelConfig
 from shoal_mcp.kernel.exec.calls import RunOptions
 from shoal_mcp.kernel.exec.start import CancelledBeforeStart
+from shoal_mcp.kernel.rpc.closed_flag import ClosedFlag
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 
 
@@ -28,9 +29,7 @@ class CancelledCaller:
     def __init__(self) -> None:
         self.spawned_tasks: list = []
         self.deferred: list = []
-
-    def gone(self) -> bool:
-        return False
+        self.hangup = ClosedFlag()  # never set: the caller stays
 
     def spawned(self, task) -> bool:
         self.spawned_tasks.append(task)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
 from ..access.sandbox import SandboxSpec
-from ..config.limits import CANCEL_GRACE_S, SPOOLS_KEPT
+from ..config.limits import SPOOLS_KEPT
 from .exports import parse_report
 from .supervisor import Job, Supervisor
 
@@ -99,17 +98,20 @@ class RunningCommand:
     def signal_group(self, sig: int) -> bool:
         return self.job.signal_group(sig)
 
-    def terminate(self, grace: float = CANCEL_GRACE_S) -> None:
-        """SIGTERM bash's group, and after ``grace`` (or once bash is gone) SIGKILL the
-        whole tree, setsid'd and nohup'd descendants included; leaves no zombie.
-        ``grace`` 0: the SIGKILL at once, without a SIGTERM."""
+    def begin_terminate(self, *, at_once: bool = False) -> None:
+        """Ask the supervisor to end the command, and return at once: SIGTERM to bash's
+        group, then, ``CANCEL_GRACE_S`` later unless the tree has ended, SIGKILL to the
+        whole tree, setsid'd and nohup'd descendants included. The supervisor times the
+        grace; whoever watches the task reads the exit. ``at_once``: the SIGKILL now,
+        without a SIGTERM."""
         self.cancelled = True
-        if grace > 0:
-            self.signal_group(signal.SIGCONT)  # a stopped group cannot act on TERM
-            self.signal_group(signal.SIGTERM)
-            if self.wait(grace) is not None:
-                return
-        self.job.kill()
+        if at_once or not self.job.terminate():
+            self.job.kill()
+
+    def terminate(self) -> None:
+        """``begin_terminate`` and wait for the end, for a command nobody else watches;
+        leaves no zombie."""
+        self.begin_terminate()
         self.wait()
 
     def read_state(self) -> tuple[str, dict[str, str]] | None:

@@ -14,10 +14,10 @@ Protocol on the ``CTRL_FD`` stream socket (a socketpair with the kernel); a fram
    network, no capabilities, seccomp); each job's supervisor adds the Landlock rules
    (``sandbox.restrict_files``) with that job's spool paths.  Everything below
    inherits both.
-2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap", "write", "full_wait"}``
-   (``write``: the spool paths, added to the sandbox's write rules for this job;
-   ``full_wait``: seconds a write to a full disk is held before its bytes count as
-   lost) with, as SCM_RIGHTS, the job's own control socket, the stdout and stderr
+2. kernel → frame *job* ``{"argv", "cwd", "env", "fds", "cap", "write", "full_wait",
+   "grace"}`` (``write``: the spool paths, added to the sandbox's write rules for this
+   job; ``full_wait``: seconds a write to a full disk is held before its bytes count as
+   lost; ``grace``: seconds between a terminate's SIGTERM and its SIGKILL) with, as SCM_RIGHTS, the job's own control socket, the stdout and stderr
    spools, then the extra descriptors to put at the numbers in ``fds``.  Any number of jobs, one after
    another; the zygote forks a supervisor for each (a fork costs far less than a new
    interpreter) and goes on waiting.  EOF: no more jobs; the zygote exits once the
@@ -35,6 +35,11 @@ The command never holds a spool: its stdout and stderr are pipes this supervisor
 copies into the spools (``spool_relay.py``), the one witness of a write a full or
 failing disk refused, and no descriptor to a stored output outlives the job.
 
+A byte the kernel sends on the job's socket is a signal for the command's process
+group, except ``TERMINATE`` (255): SIGCONT and SIGTERM to the group now, and the whole
+tree killed ``grace`` seconds later unless it has ended by then. The grace is timed
+here, so the kernel's cancel is one write and no kernel thread waits it out.
+
 EOF on the job's socket (the kernel cancelled, exited or was SIGKILLed: its end closes
 with it) kills the whole tree at once.  So does stdout + stderr passing ``cap`` bytes
 (``CAPPED`` = 1; the spools are cut back to ``cap``).  A sandbox that cannot be applied
@@ -47,6 +52,7 @@ import marshal
 import os
 import select
 import sys
+import time
 
 _PR_SET_CHILD_SUBREAPER = 36
 _SANDBOX_FAILED = 125
@@ -54,6 +60,7 @@ _EXEC_FAILED = 126
 _NOT_FOUND = 127
 _MAX_FDS = 8
 _STOP_SIGNALS = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
+TERMINATE = 255  # not a signal number: SIGTERM now, the tree killed after the grace
 _SANDBOX_ENV: dict = {}
 
 
@@ -268,7 +275,7 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
 
     ``alive`` is False once the kernel closed the socket: this supervisor exits then.
     Bytes the kernel sends on the socket are signals for the command's process group
-    (a job in a pid namespace: the kernel cannot name its pids itself).
+    (a job in a pid namespace: the kernel cannot name its pids itself), or TERMINATE.
     """
     output = _Output(job.get("full_wait") or 0.0)
     try:
@@ -290,8 +297,12 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     capped = False
     alive = True
     ctrl = sock.fileno()
+    kill_at = None  # set by TERMINATE: when the grace ends
     while True:
         timeout = _relay_module().RETRY_S if output.held() else None  # a full disk: retry
+        if kill_at is not None:
+            left = max(0.0, kill_at - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
         ready, _, _ = select.select([ctrl, wake_r, *output.watched()], [], [], timeout)
         if wake_r in ready:
             _drain(wake_r)
@@ -304,19 +315,31 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
                 alive = False  # the kernel cancelled, exited or died: nothing may outlive it
                 break
             for sig in signals:
-                try:
-                    os.killpg(pid, sig)
-                except OSError:
-                    pass
+                if sig == TERMINATE:
+                    _signal_group(pid, (_signal.SIGCONT, _signal.SIGTERM))  # stopped: CONT
+                    if kill_at is None:
+                        kill_at = time.monotonic() + job["grace"]
+                else:
+                    _signal_group(pid, (sig,))
         output.move(ready)
         if cap and output.copied() > cap:
             capped = True
             break
+        if kill_at is not None and time.monotonic() >= kill_at:
+            break  # the grace is over: the whole tree is killed below
     tree.kill_all()
     lost = output.finish()
     if cap:
         capped = _cut(out, err, cap) or capped
     return (tree.status if tree.status is not None else 9), capped, lost, alive
+
+
+def _signal_group(pid: int, signals: tuple) -> None:
+    for sig in signals:
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            pass
 
 
 _SANDBOX: dict = {}  # the zygote's spec and Landlock ABI, once confined

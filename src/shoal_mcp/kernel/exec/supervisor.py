@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..access.sandbox import SandboxSpec
-from ..config.limits import SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
+from ..config.limits import CANCEL_GRACE_S, SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
+from .supervise import TERMINATE
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
 
@@ -137,6 +138,7 @@ class Supervisor:
                 "cap": cap,
                 "write": write or [],
                 "full_wait": SPOOL_FULL_WAIT_S,
+                "grace": CANCEL_GRACE_S,
             }
         )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -299,6 +301,18 @@ class Job:
                     self.sock.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass
+
+    def terminate(self) -> bool:
+        """SIGTERM the group now and let the supervisor kill the tree when the job's
+        grace is over (``supervise.TERMINATE``); False if the job is not running."""
+        with self.lock:
+            if self.exit is not None or self.pid is None:
+                return False
+            try:
+                self.sock.send(bytes((TERMINATE,)))
+            except OSError:  # the job's socket is closed: it is ending
+                return False
+            return True
 
     def signal_group(self, sig: int) -> bool:
         """Signal the command's process group while the job runs."""

@@ -301,12 +301,9 @@ class TaskManager:
                 )
         if result is CancelResult.TOO_LATE:
             return result
-        threading.Thread(
-            target=task.run.terminate,
-            args=(0.0,) if at_once else (),
-            name=f"cancel-{task.id}",
-            daemon=True,
-        ).start()
+        # One write to the supervisor, which times the grace: the task's watcher reads
+        # the exit, so no thread here waits for it.
+        task.run.begin_terminate(at_once=at_once)
         return result
 
     def suspend(self, task: Task) -> None:
@@ -340,11 +337,8 @@ class TaskManager:
         with self._lock:
             self._closing = True
             running = [t for t in self._tasks.values() if not t.done.is_set()]
-        threads = [threading.Thread(target=t.run.terminate, daemon=True) for t in running]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        for task in running:
+            task.run.begin_terminate()  # each task's watcher reads its exit
         deadline = time.monotonic() + drain_s
         return all(t.done.wait(max(0.0, deadline - time.monotonic())) for t in running)
 
