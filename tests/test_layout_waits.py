@@ -50,6 +50,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a relay's cgroup is removed once its last process is reaped, a few tries apart;"
         " the next kernel removes a leftover"
     ),
+    ("kernel/exec/runner.py", ".wait(0"): (
+        "check_exit: a read of what a readable report socket already holds, timeout 0: never a wait"
+    ),
     ("kernel/pty/screen_io.py", "PTY_IDLE_POLL_S"): (
         "a PTY's reader thread looks for a child that exited while something else holds"
         " the tty; not a request path (a pidfd in its poll set would replace it)"

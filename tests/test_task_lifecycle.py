@@ -176,7 +176,7 @@ class StandInCommand:
         self.signals: list[int] = []
         self.terminated = threading.Event()
 
-    def wait(self, timeout: float | None) -> int | None:
+    def wait(self, timeout: float | None, wake: int | None = None) -> int | None:
         return 0 if self.exited.wait(timeout) else None
 
     def output_sizes(self) -> tuple[int, int]:
@@ -188,7 +188,7 @@ class StandInCommand:
         self.signals.append(sig)
         return True
 
-    def terminate(self, grace: float | None = None) -> None:
+    def begin_terminate(self, *, at_once: bool = False) -> None:
         self.terminated.set()
         self.exited.set()
 

@@ -92,6 +92,11 @@ class RunningCommand:
         self.returncode = end.returncode
         return self.returncode
 
+    def check_exit(self) -> int | None:
+        """The returncode if the exit report has arrived, else None: reads what the
+        report socket holds and never waits (for a watcher told it is readable)."""
+        return self.wait(0)
+
     def output_sizes(self) -> tuple[int, int]:
         return _size(self.out_path), _size(self.err_path)
 

@@ -2,12 +2,12 @@
 
 See docs/decisions.md, Exec.
 
-``watch`` polls the child, publishes throttled ``output`` events, and on exit hands the
+``watch`` waits for the child, publishes throttled ``output`` events, and on exit hands the
 task to ``finalize`` (CAS ingest, transcript, journal) exactly once. A foreground exec is
 watched by the thread serving its call, which then writes the reply itself (no hand-off
 to another thread on the lean path); a background task, or a foreground one whose caller
-stopped waiting, gets a waiter thread of its own (``watch_in_background``). Only one
-thread watches a task at a time. A task's state moves only through its
+stopped waiting, is handed to the one thread that watches all such tasks on their
+supervisors' sockets (``watcher.py``). Only one thread watches a task at a time. A task's state moves only through its
 ``TaskLifecycle`` (``lifecycle.py``), under the task's lock.
 """
 
@@ -29,6 +29,7 @@ from ..config.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
 from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand
+from .watcher import BackgroundWatcher
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class TaskManager:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False  # set by shutdown(): no task may start behind its back
+        self.watcher = BackgroundWatcher(self._finish, self._publish_output)
 
     def start(
         self,
@@ -162,12 +164,10 @@ class TaskManager:
         return task
 
     def watch_in_background(self, task: Task) -> None:
-        """Give ``task`` a waiter thread of its own (its starter does not watch it)."""
+        """Hand ``task`` to the background watcher (its starter does not watch it)."""
         if task.done.is_set():
             return
-        threading.Thread(
-            target=self.watch, args=(task, None), name=f"task-{task.id}", daemon=True
-        ).start()
+        self.watcher.add(task)
 
     def watch(self, task: Task, timeout: float | None, hangup: Hangup | None = None) -> bool:
         """Watch ``task`` on this thread for up to ``timeout`` seconds (None: until it exits).
@@ -340,7 +340,9 @@ class TaskManager:
         for task in running:
             task.run.begin_terminate()  # each task's watcher reads its exit
         deadline = time.monotonic() + drain_s
-        return all(t.done.wait(max(0.0, deadline - time.monotonic())) for t in running)
+        drained = all(t.done.wait(max(0.0, deadline - time.monotonic())) for t in running)
+        self.watcher.close(timeout=max(0.0, deadline - time.monotonic()))
+        return drained
 
 
 def parse_task_id(value: int | str) -> int:
