@@ -51,6 +51,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -545,7 +546,9 @@ class _Words:
     statement walk it is part of."""
 
     def __init__(self, walk: _Analyzer) -> None:
-        self.walk = walk
+        # A proxy, not a reference: the walk holds its _Words, and a cycle would keep a
+        # whole source (up to 1 MiB) and its tree alive until the next full collection.
+        self.walk = weakref.proxy(walk)
         self.bindings: dict[str, list[str]] = {}  # for-loop variables over literal lists
         self.substituted = False  # set while evaluating a word that holds $(...)
 
