@@ -54,8 +54,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "check_exit: a read of what a readable report socket already holds, timeout 0: never a wait"
     ),
     ("kernel/pty/screen_io.py", "PTY_IDLE_POLL_S"): (
-        "a PTY's reader thread looks for a child that exited while something else holds"
-        " the tty; not a request path (a pidfd in its poll set would replace it)"
+        "only where os.pidfd_open is missing (not Linux): a PTY's reader then looks every"
+        " so often for a program that ended while something else holds the tty"
     ),
     ("kernel/pty/screen_io.py", ".wait(0"): "the same, where os.waitid is missing",
     # The facade.

@@ -24,6 +24,17 @@ from .terminal import OpenPty
 log = logging.getLogger(__name__)
 
 
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (readable once it exits), or None where there are none. An
+    ``ESRCH`` (already gone and reaped) also gives None: the reader then looks."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 class ScreenPump:
     """Moves bytes between PTYs and their screens; reports what changed."""
 
@@ -64,18 +75,31 @@ class ScreenPump:
         poller = select.poll()
         poller.register(p.master, select.POLLIN)
         poller.register(p.wake_r, select.POLLIN)
+        # The program's supervisor as a pidfd, readable once it exited: a program that
+        # ended while something else (a background job) holds the tty is seen then,
+        # not by looking every so often. Without pidfds (not Linux), looking it is.
+        pidfd = _open_pidfd(p.proc.pid)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        exited = False  # the pidfd said so; recorded once the master is drained
         eof = False
         next_check = time.monotonic() + PTY_IDLE_POLL_S
         try:
             while not p.stopping.is_set():
-                timeout = PTY_IDLE_POLL_S
-                if p.pending:
+                timeout: float | None = None if pidfd is not None else PTY_IDLE_POLL_S
+                if exited and p.exit is None:
+                    timeout = 0.0  # one more round: record the exit once drained
+                elif p.pending:
                     timeout = max(0.0, p.last_emit + PTY_EVENT_INTERVAL_S - time.monotonic())
                 drained = True  # nothing was waiting on the master this round
-                for fd, _ev in poller.poll(timeout * 1000):
+                for fd, _ev in poller.poll(None if timeout is None else timeout * 1000):
                     if fd == p.wake_r:
                         with contextlib.suppress(OSError):
                             os.read(p.wake_r, 4096)
+                        continue
+                    if fd == pidfd:
+                        poller.unregister(pidfd)
+                        exited = True
                         continue
                     try:
                         data = os.read(p.master, PTY_READ_CHUNK)
@@ -91,12 +115,11 @@ class ScreenPump:
                 self.emit_screen(p)
                 if eof:
                     break
-                now = time.monotonic()
                 # Only once the master is drained: an exit recorded while output is still
                 # buffered would report a finished program with a half-drawn screen.
-                if now >= next_check and drained:
-                    next_check = now + PTY_IDLE_POLL_S
-                    if p.exit is None and p.record_exit():
+                if drained and p.exit is None and self._exit_due(pidfd, exited, next_check):
+                    next_check = time.monotonic() + PTY_IDLE_POLL_S
+                    if p.record_exit():
                         # The child is gone but someone (a background job) holds the tty.
                         self.emit_exit(p)
             if eof and not p.stopping.is_set():
@@ -113,6 +136,15 @@ class ScreenPump:
                 self.emit_exit(p)
         except Exception:  # never let a reader die silently
             log.exception("%s: reader thread failed", p.id)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    @staticmethod
+    def _exit_due(pidfd: int | None, exited: bool, next_check: float) -> bool:
+        """Whether to try recording the exit now: the pidfd said the program ended, or
+        (without a pidfd) the next look is due."""
+        return exited if pidfd is not None else time.monotonic() >= next_check
 
     def _feed(self, p: OpenPty, data: bytes) -> None:
         with p.lock:
