@@ -14,6 +14,7 @@ from shoal_mcp.kernel.store.cas import ContentStore
 from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.kernel.values.outputs import SharedOutputs
 from tests.support.kernel import close_client
+from tests.support.polling import wait_until
 
 
 @pytest.fixture()
@@ -70,14 +71,18 @@ def test_a_session_this_kernel_never_synced_is_left_to_its_first_sync(store):
     assert (target / "1" / "out").read_bytes() == b"one\n"
 
 
-def test_the_entry_is_there_when_the_reply_is(kernel):
-    """Through a real kernel: no later exec, no background, and the entry is made."""
+def test_the_entry_is_made_right_after_the_reply(kernel):
+    """Through a real kernel: no later exec is needed; the call's own thread makes the
+    entry once its reply is written (off the reply's path)."""
     c = kernel.client("shoal-out-record")
     try:
         c.call("exec", {"src": "true"}, timeout=60)  # the session's first sync
         ref = c.call("exec", {"src": "echo recorded-at-once"}, timeout=60)["ref"]
         n = ref.split(":")[1]
-        made = [p.read_bytes() for p in (kernel.state / "outputs").glob(f"*/*/{n}/out")]
-        assert b"recorded-at-once\n" in made
+
+        def made() -> list[bytes]:
+            return [p.read_bytes() for p in (kernel.state / "outputs").glob(f"*/*/{n}/out")]
+
+        assert wait_until(lambda: b"recorded-at-once\n" in made(), timeout=30)
     finally:
         close_client(c)

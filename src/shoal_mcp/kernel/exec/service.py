@@ -181,7 +181,8 @@ class ExecService:
     def _after_exec(self, who: Principal, task: Task) -> None:
         """A foreground exec's housekeeping, done once its reply is on its way."""
         if task.result is not None:  # not after an output that could not be stored
-            self.refill.refill(who)
+            self.refill.refill(who)  # first: the session's next exec waits for its shell
+        task.make_output_entry()
         # A finished foreground exec is never named again (its value is out:N in the
         # transcript): drop the task record so the kernel's memory stays flat.
         self.tasks.forget(task)

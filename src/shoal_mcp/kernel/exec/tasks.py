@@ -66,6 +66,14 @@ class Task:
     # The watcher's throttle for ``output`` events: last sizes sent and when the next may go.
     sizes_sent: tuple[int, int] = (0, 0)
     next_output_at: float = 0.0
+    # Its $SHOAL_OUT entry, prepared by finalize and made once (``make_output_entry``).
+    output_entry: Callable[[], None] | None = None
+
+    def make_output_entry(self) -> None:
+        """Make this task's ``$SHOAL_OUT/<n>`` entry, once (finalize prepared it)."""
+        entry, self.output_entry = self.output_entry, None
+        if entry is not None:
+            entry()
 
     @property
     def state(self) -> TaskState:
@@ -193,7 +201,7 @@ class TaskManager:
                 self._publish_output(task)
             if deadline is not None and now >= deadline:
                 return False
-        self._finish(task)
+        self._finish(task, entry_now=False)  # the caller makes it after its reply
         return True
 
     def _publish_output(self, task: Task) -> None:
@@ -204,7 +212,9 @@ class TaskManager:
                 task.channel, {"kind": "output", "out_bytes": sizes[0], "err_bytes": sizes[1]}
             )
 
-    def _finish(self, task: Task) -> None:
+    def _finish(self, task: Task, *, entry_now: bool = True) -> None:
+        """Finalize ``task`` and publish its end. ``entry_now``: make its ``$SHOAL_OUT``
+        entry here too (else its foreground caller does, once the reply is written)."""
         with task.lock:
             task.lifecycle.exited()
         try:
@@ -221,6 +231,8 @@ class TaskManager:
             with task.lock:
                 task.error = {"code": int(ErrorCode.INTERNAL), "message": f"finalize failed: {exc}"}
                 task.lifecycle.crashed()
+        if entry_now:
+            task.make_output_entry()
         task.finished = time.time()
         task.done.set()
         payload = {"kind": "finished", "task": task.ref, "state": task.state.value}
