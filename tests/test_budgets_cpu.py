@@ -22,6 +22,9 @@ ATTACH_TIMEOUT_MS = 400
 SLOW_POLICY = """
 [principal."agent:slow"]
 max_cpu_ms_per_s = 1
+
+[principal."agent:flood"]
+max_cpu_ms_per_s = 1
 """
 
 
@@ -94,6 +97,21 @@ def test_debt_is_capped_and_cancel_ping_status_are_never_held(env) -> None:
         # A metered call waits out the capped debt and is then answered.
         assert "result" in again.call("task.list", timeout=60)
         assert status()["cpu_held_s"].get("agent:slow", 0) > held_before
+
+
+def test_a_calls_debt_is_charged_before_its_reply_is_written(env) -> None:
+    """A run's CPU was charged once the work after its reply (the next ready shell, its
+    $SHOAL_OUT entry) was done, so the caller's next frame could slip through unheld."""
+    with (
+        env.raw("cpu-charged", principal="agent:flood") as flood,
+        env.raw("cpu-charged-op", principal=None) as local,
+    ):
+        # A short frame (the reader's share stays within the burst) whose run costs the
+        # kernel tens of ms: storing 20 MB of output (hashing it, the preview).
+        reply = flood.call("exec", {"src": "printf '%020000000d' 0"}, timeout=120)
+        assert reply["result"]["value"]["status"] == 0, str(reply)[:300]
+        status = local.call("kernel.status", timeout=30)["result"]
+        assert status["cpu_debt_s"].get("agent:flood", 0) > 0, status["cpu_debt_s"]
 
 
 def test_an_unlimited_principal_is_never_held(env) -> None:

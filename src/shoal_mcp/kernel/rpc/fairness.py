@@ -190,9 +190,15 @@ class Metered:
         self._start = time.thread_time()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def settle(self) -> None:
+        """Charge what the block has used so far; the rest is charged at its end."""
         if self._principal is not None:
-            self._budgets.charge(self._principal, time.thread_time() - self._start)
+            now = time.thread_time()
+            self._budgets.charge(self._principal, now - self._start)
+            self._start = now
+
+    def __exit__(self, *exc: object) -> None:
+        self.settle()
 
 
 def is_unmetered(event: object) -> bool:

@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
@@ -352,13 +353,21 @@ class KernelServer:
         inline call's is charged by the reader that runs it)."""
         call: tuple[MethodSpec, Request] | None = (spec, msg)
         while call is not None:  # then the connection's queued ones, on this thread
-            with Metered(self.cpu, _principal_of(conn)):
-                self._run(conn, *call)
+            with Metered(self.cpu, _principal_of(conn)) as metered:
+                # Charged before the reply is written too: the client's next frame, which
+                # the reader may take as soon as the reply is out, must see this debt.
+                self._run(conn, *call, before_reply=metered.settle)
             call, dropped = conn.calls.next_after(conn.closed.is_set())
         for _, gone in dropped:  # the connection closed: nobody waits for them
             conn.pop_call(gone.id)
 
-    def _run(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
+    def _run(
+        self,
+        conn: SocketConnection,
+        spec: MethodSpec,
+        msg: Request,
+        before_reply: Callable[[], None] | None = None,
+    ) -> None:
         call = None
         slot = conn.begin_call(msg.id) if spec.blocking else None
         try:
@@ -383,6 +392,8 @@ class KernelServer:
             )
         if spec.blocking:
             conn.pop_call(msg.id)
+        if before_reply is not None:
+            before_reply()
         conn.send(reply)
         if call is not None:
             call.run_deferred()
