@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import os
 import signal
 import sys
@@ -101,6 +102,13 @@ def rpc_code(exc_info) -> int:
     return exc_info.value.code
 
 
+def settled_fd_count() -> int:
+    """This process's open fds once the collector ran: fds an earlier test left to it
+    would otherwise close in the middle of a count."""
+    gc.collect()
+    return len(os.listdir("/proc/self/fd"))
+
+
 # ------------------------------------------------------------------ real programs
 
 
@@ -193,7 +201,7 @@ def test_exit_status_and_signal(mgr: PtyManager, events: Events) -> None:
 
 
 def test_close_live_pty_leaves_no_process_or_fd(mgr: PtyManager, events: Events) -> None:
-    fds_before = len(os.listdir("/proc/self/fd"))
+    fds_before = settled_fd_count()
     threads_before = threading.active_count()
     r = open_pty(mgr, "sleep", "1000")
     assert proc_state(r["pid"]) in ("S", "R")
@@ -384,7 +392,7 @@ def test_spawn_failures(mgr: PtyManager, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage"  # executable, but execve() says ENOEXEC (in the trampoline)
     garbage.write_bytes(b"\x7fELF not really")
     garbage.chmod(0o755)
-    fds_before = len(os.listdir("/proc/self/fd"))
+    fds_before = settled_fd_count()
     for kw in (
         {"cmd": "definitely-not-a-command-4711"},
         {"cmd": str(noexec)},

@@ -44,6 +44,7 @@ def kernel_factory(tmp_path: Path) -> Iterator[Callable[..., KernelProcess]]:
     for k in started:
         try:
             k.stop()
+            k.release_pipes()
         except Exception:  # noqa: BLE001 - best effort teardown
             pass
 

@@ -136,6 +136,15 @@ class KernelProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 unmount_outputs_view(self.state)
 
+    def release_pipes(self) -> None:
+        """Close this side of the stopped kernel's stdout/stderr pipes (teardown); left
+        to the garbage collector they close in whichever later test it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
     def log(self) -> str:
         path = self.state / "kernel.log"
         return path.read_text() if path.exists() else ""
@@ -152,6 +161,7 @@ def running_kernel(
             yield kernel
         finally:
             kernel.stop()
+            kernel.release_pipes()
 
 
 def close_client(client: KernelClient) -> None:
