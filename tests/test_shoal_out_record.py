@@ -1,6 +1,7 @@
-"""``$SHOAL_OUT/<n>`` is made by finalize from the blobs it just stored (``record``), so
-the entry is there when the exec's reply is, with no transcript lookup and no thread; a
-gap (an entry made elsewhere, a kernel restart) is left to the next exec's ``sync``."""
+"""``$SHOAL_OUT/<n>`` is made from the blobs finalize just stored (``prepare``, then its
+call after the reply, or the session's next ``sync`` if that comes first), with no
+transcript lookup and no thread; a gap (an entry made elsewhere, a kernel restart) is
+left to the next exec's ``sync``, which reads the transcript."""
 
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ def _stored(tmp: Path, cas: ContentStore, db: Database, n: int, data: bytes) -> 
     return {"out": info.hash}
 
 
-def test_record_makes_the_entry_at_once(store):
+def test_the_prepared_call_makes_the_entry(store):
     tmp, cas, db, outputs = store
     target = outputs.sync("p", "s")  # the session's first exec starts: nothing yet
-    outputs.record("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))
+    outputs.prepare("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))()
     assert (target / "1" / "out").read_bytes() == b"one\n"
     assert outputs._synced[("p", "s")] == 1  # the next exec's start has nothing to look up
 
@@ -53,7 +54,7 @@ def test_a_gap_is_left_to_the_next_sync(store):
     tmp, cas, db, outputs = store
     target = outputs.sync("p", "s")
     _stored(tmp, cas, db, 1, b"one\n")  # stored without a record (another path)
-    outputs.record("p", "s", 2, _stored(tmp, cas, db, 2, b"two\n"))
+    outputs.prepare("p", "s", 2, _stored(tmp, cas, db, 2, b"two\n"))()
     assert (target / "2" / "out").read_bytes() == b"two\n"
     assert not (target / "1").exists()
     assert outputs._synced[("p", "s")] == 0  # not past the gap: the sync reads the transcript
@@ -64,11 +65,27 @@ def test_a_gap_is_left_to_the_next_sync(store):
 
 def test_a_session_this_kernel_never_synced_is_left_to_its_first_sync(store):
     tmp, cas, db, outputs = store
-    outputs.record("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))
+    outputs.prepare("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))()
     target = outputs.session_dir("p", "s")
     assert not (target / "1").exists()
     outputs.sync("p", "s")
     assert (target / "1" / "out").read_bytes() == b"one\n"
+
+
+def test_a_sync_that_comes_first_makes_the_prepared_entry(store):
+    """A caller that starts its next exec before the last one's entry was made: that
+    exec's sync makes it from the prepared blobs, not from the transcript, and the
+    call after the reply then has nothing left to do."""
+    tmp, cas, db, outputs = store
+    target = outputs.sync("p", "s")
+    make = outputs.prepare("p", "s", 1, _stored(tmp, cas, db, 1, b"one\n"))
+    with db.transaction() as conn:
+        conn.execute("DELETE FROM transcript")  # so only the prepared blobs can make it
+    outputs.sync("p", "s")
+    assert (target / "1" / "out").read_bytes() == b"one\n"
+    assert outputs._synced[("p", "s")] == 1 and not outputs._prepared
+    make()
+    assert sorted(p.name for p in target.iterdir()) == ["1"]
 
 
 def test_the_entry_is_made_right_after_the_reply(kernel):

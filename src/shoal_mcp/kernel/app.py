@@ -133,7 +133,7 @@ class Kernel(CrossServiceChecks):
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )
         self.values.outputs.room = self._state_has_room  # large $SHOAL_OUT copies
-        finalizer.record_output = self.values.outputs.record  # $SHOAL_OUT/<n> right away
+        finalizer.prepare_output = self.values.outputs.prepare  # $SHOAL_OUT/<n>
         self.values.outputs.protect()  # a root kernel: read-only mount, links not copies
         self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
         self.exec = ExecService(

@@ -10,7 +10,6 @@ and of execs that policy stopped, so every journal write of the exec path is her
 
 from __future__ import annotations
 
-import functools
 import os
 import resource
 import signal
@@ -60,9 +59,11 @@ class Finalizer:
         self.events = events
         self.guard = guard
         self.spool_dir = spool_dir
-        # Told of every stored out:N (principal, session, n, {"out"|"err": blob hash}): the
-        # kernel makes its $SHOAL_OUT entry from them (values/outputs.py ``record``).
-        self.record_output: Callable[[str, str, int, dict[str, str]], None] = _no_record
+        # Told of every stored out:N (principal, session, n, {"out"|"err": blob hash}); the
+        # call that makes its $SHOAL_OUT entry from them (values/outputs.py ``prepare``).
+        self.prepare_output: Callable[[str, str, int, dict[str, str]], Callable[[], None]] = (
+            _no_output_entry
+        )
 
     # -- the start row --------------------------------------------------------------------
 
@@ -213,12 +214,8 @@ class Finalizer:
         self.cas.remember_info(err.info)
         # $SHOAL_OUT/<n>: made by whoever finishes the task, after the reply when a
         # caller waits for one (a few hundred µs of links, off the reply's path).
-        task.output_entry = functools.partial(
-            self.record_output,
-            task.principal,
-            task.session,
-            n,
-            {"out": out.info.hash, "err": err.info.hash},
+        task.output_entry = self.prepare_output(
+            task.principal, task.session, n, {"out": out.info.hash, "err": err.info.hash}
         )
         return {
             "ref": ref,
@@ -323,8 +320,10 @@ class Finalizer:
         )
 
 
-def _no_record(principal: str, session: str, n: int, blobs: dict[str, str]) -> None:
-    return None
+def _no_output_entry(
+    principal: str, session: str, n: int, blobs: dict[str, str]
+) -> Callable[[], None]:
+    return lambda: None
 
 
 def run_duration_ns(run: RunningCommand, report_end_ns: int | None) -> int:

@@ -5,10 +5,11 @@ the CAS blobs of ``out:N``. A root kernel, whose writes ignore file modes, shows
 through a read-only bind mount, ``<state>/outputs-ro`` (issue 31: the copies it made
 before doubled the disk); where it may not mount: reflinks, copy-on-write clones that
 share the blob's disk blocks, where the file system has them, else copies
-(``output_entries.py`` makes an entry). Made for the values it owns in that session: by
-finalize right after it stored ``out:N`` (``record``: the blobs are known, a few link
-calls), and, for what that did not make (a kernel restart, a root kernel's copies, an
-output stored elsewhere), from the transcript when its next exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
+(``output_entries.py`` makes an entry). Made for the values it owns in that session:
+from the blobs finalize just stored (``prepare``: a few link calls, after the exec's
+reply, or at the session's next exec if that starts first), and, for what that did not
+make (a kernel restart, a root kernel's copies, an output stored elsewhere), from the
+transcript when its next exec starts (``sync``). A root kernel that must copy never makes an exec wait for a large
 copy: the exec starts with the entries made so far and the background makes the rest
 (issue 31: the exec after a 1 GiB output waited 2.2 s). Each ``<n>/`` is built under a temporary name and
 renamed into place whole, so no exec sees a half-made entry. Files and directories are read-only (0400 / 0500) so a
@@ -21,6 +22,7 @@ sandbox rules call).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -77,6 +79,8 @@ class SharedOutputs:
         # there is nothing to look up (most exec starts).
         self._last_allocated = last_allocated
         self._synced: dict[tuple[str, str], int] = {}  # (principal, session) -> last n linked
+        # Stored outputs whose entries are not made yet: (principal, session) -> n -> blobs.
+        self._prepared: dict[tuple[str, str], dict[int, dict[str, str]]] = {}
         # One lock per (principal, session): syncs of different sessions never wait for
         # each other (one kernel-wide lock was a third of the kernel's time under load).
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -149,30 +153,51 @@ class SharedOutputs:
                 self._worker.start()
             self._wake.notify()
 
-    def record(self, principal: str, session: str, n: int, blobs: dict[str, str]) -> None:
-        """``out:N`` was just stored with ``blobs`` (``{"out"|"err": hash}``): make its
-        entry now (no transcript lookup; a few link calls, no thread). A root kernel that
-        copies leaves it to the background (``schedule``), never on the exec's path.
+    def prepare(
+        self, principal: str, session: str, n: int, blobs: dict[str, str]
+    ) -> Callable[[], None]:
+        """``out:N`` was just stored with ``blobs`` (``{"out"|"err": hash}``); the call
+        that makes its entry (finalize's caller runs it after the reply).
+
+        Whichever comes first makes the entry from these blobs, with no transcript
+        lookup: that call, or the session's next ``sync`` (a caller quick enough to start
+        its next exec before the call ran). A root kernel that copies leaves it to the
+        background (``schedule``), never on the exec's path."""
+        if blobs and self._copies() and not self.entries.clones:
+            return functools.partial(self.schedule, principal, session)
+        with self._lock_of(principal, session):
+            self._prepared.setdefault((principal, session), {})[n] = blobs
+        return functools.partial(self._make_prepared, principal, session)
+
+    def _make_prepared(self, principal: str, session: str) -> None:
+        with self._lock_of(principal, session):
+            self._link_prepared(principal, session, self._synced.get((principal, session)))
+
+    def _link_prepared(self, principal: str, session: str, last: int | None) -> int | None:
+        """Make the session's prepared entries past ``last`` (the caller holds its lock);
+        the last n up to which every entry is now made.
 
         Entries are never required here: a failure is logged and the next ``sync``, which
-        reads the transcript, makes what is missing."""
-        if blobs and self._copies() and not self.entries.clones:
-            self.schedule(principal, session)
-            return
+        reads the transcript, makes what is missing. A session this kernel has not synced
+        yet (``last`` None) is left to its first sync, which reads the transcript."""
         key = (principal, session)
+        prepared = self._prepared.pop(key, {})
+        if last is None:
+            return None
         target = self._own_dir(principal, session)
-        with self._lock_of(principal, session):
-            last = self._synced.get(key)
-            if last is None or last >= n:
-                return  # not synced by this kernel yet (its first sync reads the transcript)
+        for n, blobs in sorted(prepared.items()):
+            if n <= last:
+                continue
             if blobs:
                 try:
-                    self._writable(target, lambda: self.entries.make(target, n, blobs))
+                    self._writable(target, functools.partial(self.entries.make, target, n, blobs))
                 except OSError:
                     log.warning("$SHOAL_OUT entry %d not made now", n, exc_info=True)
-                    return
+                    continue
             if last == n - 1:  # every entry up to n is made: the next sync has nothing to do
-                self._synced[key] = n
+                last = n
+        self._synced[key] = last
+        return last
 
     def _drain(self) -> None:
         """The background syncs; the thread ends once idle for ``OUTPUTS_SYNC_IDLE_S``."""
@@ -208,7 +233,7 @@ class SharedOutputs:
                 return shown
             lock.release()
         with lock:
-            last = self._synced.get((principal, session))
+            last = self._link_prepared(principal, session, self._synced.get((principal, session)))
             if last is None:
                 last = self._existing(target)
             elif self._up_to_date(session, last) and target.exists():
