@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,6 +193,37 @@ def test_idle_zygote_is_closed() -> None:
         wait_until(lambda: zygote.proc.poll() is not None, what="it to exit and be reaped")
     finally:
         pool.close()
+
+
+def test_a_retired_zygote_is_reaped_once_its_job_ends(tmp_path: Path) -> None:
+    """A zygote retired while its job runs (evicted here by a second key) takes no more
+    jobs, does not hold up the next key's start, and is reaped by the pool's keeper once
+    that job ended: nobody else waits for it."""
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    pool = WarmPool(lambda principal: 4, max_keys=1)
+    try:
+        pool.prestart("a", b"")
+        wait_until(lambda: pool.zygotes() == 1, what="a's zygote to start")
+        first = pool.take("a", b"")
+        assert first is not None
+        job = spawn(
+            f"read line < {fifo}; echo got $line", "/", dict(ENV), tmp_path, supervisor=first
+        )
+        pool.prestart("b", b"")  # one key at most: a's zygote is retired
+        wait_until(lambda: pool.take("b", b"") is not None, what="b's zygote to start")
+        assert first.closed and not first.alive()
+        assert first.proc.returncode is None and first.sock.fileno() != -1  # its job runs
+        with open(fifo, "w") as w:
+            w.write("go\n")
+        job.wait(60)
+        assert job.returncode == 0 and job.out_path.read_text() == "got go\n"
+        job.discard()
+        wait_until(lambda: first.sock.fileno() == -1, what="the keeper to reap it")
+        assert first.proc.returncode == 0  # reaped (a zombie has no returncode yet)
+    finally:
+        pool.close()
+    assert not [t for t in threading.enumerate() if t.name == "warm-pool"]
 
 
 def test_kernel_runs_execs_under_the_attached_principals_zygote(kernel) -> None:

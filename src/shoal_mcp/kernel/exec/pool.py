@@ -13,7 +13,7 @@ attached) or at a principal's first exec; a dead one is replaced at the next tak
 A key unused for ``WARM_POOL_IDLE_S`` loses its zygote; at most ``WARM_POOL_MAX_KEYS``
 exist (least recently used goes first), and none for a principal whose ``max_tasks``
 allows no task.  Running execs are bounded by ``max_tasks`` as ever (checked before
-the spawn).
+the spawn).  Starts, retires and expiries run on the pool's one thread (``keeper.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS, ZYGOTE_EXIT_WAIT_S
+from .keeper import PoolKeeper, PoolKey
 from .ready import ReadyShells
 from .supervisor import Supervisor
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 WARM_SHELLS_ENV = "SHOAL_WARM_SHELLS"
 """``0`` turns warm shells off: every exec starts its supervisor cold."""
-
-PoolKey = tuple[str, bytes]  # (principal, SandboxSpec.to_bytes() or b"")
 
 
 @dataclass
@@ -62,13 +61,13 @@ class WarmPool:
         self.enabled = enabled
         self.idle_s = idle_s
         self.max_keys = max_keys
-        self._keys: OrderedDict[PoolKey, _Entry] = OrderedDict()
-        self._lock = threading.Condition()
+        self._keys: OrderedDict[PoolKey, _Entry] = OrderedDict()  # least recent first
+        self._lock = threading.Lock()
         self._closed = False
-        self._reaper: threading.Thread | None = None
         self.hits = 0
         self.misses = 0
         self.ready = ReadyShells() if enabled else None  # bash started, waiting (ready.py)
+        self._keeper = PoolKeeper(self._start, self._expire) if enabled else None
 
     def stats(self) -> dict[str, int]:
         """How often an exec found its warm zygote and its ready shell (``kernel.status``)."""
@@ -117,8 +116,8 @@ class WarmPool:
             if entry.starting or (entry.zygote is not None and entry.zygote.alive()):
                 return
             entry.starting = True
-            self._ensure_reaper()
-        threading.Thread(target=self._start, args=(key,), name="warm-start", daemon=True).start()
+            assert self._keeper is not None  # enabled
+            self._keeper.start_zygote(key)
 
     def _entry(self, key: PoolKey) -> _Entry:
         """The key's entry, made most recent (caller holds the lock)."""
@@ -154,22 +153,23 @@ class WarmPool:
 
     def _retire(self, zygote: Supervisor) -> None:
         """Close a zygote off the caller's thread (its jobs keep running)."""
-        threading.Thread(target=zygote.close, name="warm-retire", daemon=True).start()
+        assert self._keeper is not None  # only an enabled pool has zygotes
+        self._keeper.retire(zygote)
 
-    def _ensure_reaper(self) -> None:
-        if self._reaper is None:
-            self._reaper = threading.Thread(target=self._expire_loop, name="warm-pool", daemon=True)
-            self._reaper.start()
-
-    def _expire_loop(self) -> None:
+    def _expire(self) -> float | None:
+        """The keeper's timer: retire the zygotes of keys idle for ``idle_s``; the seconds
+        until the next key is due, or None while there is none."""
         with self._lock:
-            while not self._closed:
-                self._lock.wait(self.idle_s / 4)
-                now = time.monotonic()
-                for key in [k for k, e in self._keys.items() if now - e.last_used > self.idle_s]:
-                    entry = self._keys.pop(key)
-                    if entry.zygote is not None:
-                        self._retire(entry.zygote)
+            now = time.monotonic()
+            while self._keys and not self._closed:
+                key, entry = next(iter(self._keys.items()))  # the least recently used
+                due = entry.last_used + self.idle_s
+                if due > now:
+                    return due - now
+                del self._keys[key]
+                if entry.zygote is not None:
+                    self._retire(entry.zygote)
+            return None
 
     def zygotes(self) -> int:
         with self._lock:
@@ -184,6 +184,7 @@ class WarmPool:
             self._closed = True
             zygotes = [e.zygote for e in self._keys.values() if e.zygote is not None]
             self._keys.clear()
-            self._lock.notify_all()
+        if self._keeper is not None:
+            self._keeper.close()
         for zygote in zygotes:
             zygote.close(ZYGOTE_EXIT_WAIT_S)

@@ -172,17 +172,22 @@ class Supervisor:
         job.close()
         raise SupervisorError(0, "exec supervisor did not start the command")
 
-    def close(self, timeout: float | None = None) -> None:
-        """No more jobs: the zygote exits once its running jobs ended; reap it then.
-
-        Blocks until then (or ``timeout``: then it is left to exit on its own): call it
-        where waiting is fine (a job's end, a retire thread, kernel exit).
-        """
+    def stop_taking(self) -> None:
+        """No more jobs: the zygote exits once its running jobs ended (``close`` waits
+        for that and reaps it)."""
         self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+    def close(self, timeout: float | None = None) -> None:
+        """No more jobs: the zygote exits once its running jobs ended; reap it then.
+
+        Blocks until then (or ``timeout``: then it is left to exit on its own): call it
+        where waiting is fine (a job's end, kernel exit).
+        """
+        self.stop_taking()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
