@@ -77,6 +77,14 @@ class PoolKeeper:
             os.close(pidfd)
             zygote.sock.close()
         self._retiring.clear()
+        while True:  # retired after the thread's last round (a start that saw the close)
+            try:
+                _key, retired = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if retired is not None:
+                retired.stop_taking()
+                retired.sock.close()
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
