@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shoal_mcp.kernel.access import landlock
+from shoal_mcp.kernel.access import landlock, sandbox_probe
 from shoal_mcp.kernel.access.sandbox_build import build_spec
 from shoal_mcp.kernel.exec.pool import WarmPool
 from shoal_mcp.kernel.exec.runner import RunningCommand, spawn
@@ -180,6 +181,48 @@ def test_sandboxed_cold_start_is_confined_too(box) -> None:
     r = spawn(f"cat {tree['outside']}/secret", "/", dict(ENV), spool, sandbox=spec)
     assert r.wait(60) == 1
     assert "Permission denied" in r.err_path.read_text()
+
+
+@pytest.mark.landlock
+def test_a_read_only_mount_inside_a_writable_grant_stays_read_only(tmp_path: Path) -> None:
+    """A host mount below a writable grant (a read-only bind under ``/tmp``, a leftover
+    of some other program) is locked read-only in the view's user namespace: the job
+    runs, writes where it may, and gets EROFS inside that mount (it was SIGKILLed: the
+    view could not be built)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make the host's read-only mount")
+    if not sandbox_probe.probe().view:
+        pytest.skip("no namespaced view here (user namespaces unavailable)")
+    tree = {n: tmp_path / n for n in ("home", "project", "state", "tmp", "spool", "src")}
+    for p in tree.values():
+        p.mkdir()
+    (tree["state"] / "view").mkdir(mode=0o700)
+    locked = tree["project"] / "ro"
+    locked.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(tree["src"]), str(locked)], check=True)
+    try:
+        spec = build_spec(
+            home=str(tree["home"]),
+            tmpdir=str(tree["tmp"]),
+            forbidden=[str(tree["state"])],
+            fs_read=[f"{tree['project']}/**"],
+            fs_write=[f"{tree['project']}/**"],
+            view_scratch=str(tree["state"] / "view"),
+        )
+        r = spawn(
+            f"echo a > {tree['project']}/made && echo wrote; echo b > {locked}/x",
+            "/",
+            dict(ENV),
+            tree["spool"],
+            sandbox=spec,
+        )
+        assert r.wait(60) == 1, r.err_path.read_text()
+        assert r.out_path.read_text() == "wrote\n"
+        assert "Read-only file system" in r.err_path.read_text()
+        assert (tree["project"] / "made").read_text() == "a\n"
+        assert list(tree["src"].iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(locked)], check=True)
 
 
 def test_idle_zygote_is_closed() -> None:

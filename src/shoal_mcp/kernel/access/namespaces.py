@@ -30,6 +30,7 @@ Standard library and ctypes only: imported by ``python -I -S`` supervisors.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import socket
@@ -297,7 +298,18 @@ def build_view(view: View) -> None:
 def _bind(src: str, target: str, *, writable: bool) -> None:
     _mount(src, target, None, _MS_BIND | _MS_REC)
     if writable:
-        _setattr(target, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, _MOUNT_ATTR_RDONLY, recursive=True)
+        try:
+            _setattr(
+                target, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, _MOUNT_ATTR_RDONLY, recursive=True
+            )
+        except NamespaceError as exc:
+            if exc.errno != errno.EPERM:
+                raise
+            # A read-only mount below ``src`` (say a bind under /tmp) is locked read-only
+            # in this user namespace, so the recursive change fails as a whole. It stays
+            # read-only, as it is outside; only the granted mount itself is made writable.
+            _setattr(target, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True)
+            _setattr(target, 0, _MOUNT_ATTR_RDONLY, recursive=False)
     else:
         _setattr(
             target, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, recursive=True
