@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from shoal_mcp.kernel.access import landlock, sandbox_probe
+from shoal_mcp.kernel.access.sandbox import SandboxSpec
 from shoal_mcp.kernel.access.sandbox_build import build_spec
 from shoal_mcp.kernel.exec.pool import WarmPool
 from shoal_mcp.kernel.exec.runner import RunningCommand, spawn
@@ -126,6 +127,18 @@ def _sleep(s: float) -> bool:
 # -- a sandboxed zygote -------------------------------------------------------------------
 
 
+def project_spec(tree: dict[str, Path], **kw: str) -> SandboxSpec:
+    """A spec that may read and write ``tree["project"]``; the state dir is forbidden."""
+    return build_spec(
+        home=str(tree["home"]),
+        tmpdir=str(tree["tmp"]),
+        forbidden=[str(tree["state"])],
+        fs_read=[f"{tree['project']}/**"],
+        fs_write=[f"{tree['project']}/**"],
+        **kw,
+    )
+
+
 @pytest.fixture
 def box(tmp_path: Path):
     try:
@@ -138,13 +151,7 @@ def box(tmp_path: Path):
     (tree["outside"] / "secret").write_text("outside secret\n")
     spool = tree["state"] / "spool"
     spool.mkdir()
-    spec = build_spec(
-        home=str(tree["home"]),
-        tmpdir=str(tree["tmp"]),
-        forbidden=[str(tree["state"])],
-        fs_read=[f"{tree['project']}/**"],
-        fs_write=[f"{tree['project']}/**"],
-    )
+    spec = project_spec(tree)
     z = Supervisor(spec.to_bytes())
     yield tree, spool, spec, z
     z.close()
@@ -201,14 +208,7 @@ def test_a_read_only_mount_inside_a_writable_grant_stays_read_only(tmp_path: Pat
     locked.mkdir()
     subprocess.run(["mount", "--bind", "-o", "ro", str(tree["src"]), str(locked)], check=True)
     try:
-        spec = build_spec(
-            home=str(tree["home"]),
-            tmpdir=str(tree["tmp"]),
-            forbidden=[str(tree["state"])],
-            fs_read=[f"{tree['project']}/**"],
-            fs_write=[f"{tree['project']}/**"],
-            view_scratch=str(tree["state"] / "view"),
-        )
+        spec = project_spec(tree, view_scratch=str(tree["state"] / "view"))
         r = spawn(
             f"echo a > {tree['project']}/made && echo wrote; echo b > {locked}/x",
             "/",

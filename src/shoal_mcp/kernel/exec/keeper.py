@@ -55,36 +55,37 @@ class PoolKeeper:
         """No more jobs for ``zygote``; it is reaped once its running jobs ended."""
         self._submit((None, zygote))
 
-    def wake(self) -> None:
-        """Look at the expiries again (a key's deadline may now come sooner)."""
+    def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
             os.write(self._wake_w, b"\0")
 
     def _submit(self, item: tuple[PoolKey | None, Supervisor | None]) -> None:
         self._work.put(item)
-        self.wake()
+        self._wake()
 
     def close(self) -> None:
         """Kernel exit: the thread ends; zygotes still retiring exit on their own once
         their jobs did (the task manager kills those)."""
         self._closing = True
-        self.wake()
+        self._wake()
         self._thread.join(ZYGOTE_EXIT_WAIT_S)
         if self._thread.is_alive():  # a start that hangs; its fds stay with it
             log.warning("warm pool keeper did not end")
             return
-        for pidfd, zygote in self._retiring.items():
+        for pidfd in self._retiring:
             os.close(pidfd)
-            zygote.sock.close()
+        retired = list(self._retiring.values())
         self._retiring.clear()
         while True:  # retired after the thread's last round (a start that saw the close)
             try:
-                _key, retired = self._work.get_nowait()
+                _key, zygote = self._work.get_nowait()
             except queue.Empty:
                 break
-            if retired is not None:
-                retired.stop_taking()
-                retired.sock.close()
+            if zygote is not None:
+                retired.append(zygote)
+        for zygote in retired:
+            zygote.stop_taking()
+            zygote.sock.close()
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
