@@ -225,6 +225,25 @@ def test_a_read_only_mount_inside_a_writable_grant_stays_read_only(tmp_path: Pat
         subprocess.run(["umount", str(locked)], check=True)
 
 
+@pytest.mark.landlock
+def test_a_view_that_cannot_be_built_says_why_on_the_jobs_stderr(tmp_path: Path) -> None:
+    """A view that cannot be assembled (here its scratch directory is missing, so the
+    tmpfs cannot be mounted) fails closed: nothing runs, the exec exits 125 and the
+    sandbox's reason is on its stderr (it was a bare SIGKILL, exit 137, no message)."""
+    if not sandbox_probe.probe().view:
+        pytest.skip("no namespaced view here (user namespaces unavailable)")
+    tree = {n: tmp_path / n for n in ("home", "project", "state", "tmp", "spool")}
+    for p in tree.values():
+        p.mkdir()
+    spec = project_spec(tree, view_scratch=str(tree["state"] / "missing"))
+    r = spawn(f"echo ran > {tree['project']}/ran", "/", dict(ENV), tree["spool"], sandbox=spec)
+    assert r.wait(60) == 125
+    err = r.err_path.read_text()
+    assert err.startswith("shoal sandbox: "), err
+    assert "No such file or directory" in err
+    assert not (tree["project"] / "ran").exists()
+
+
 def test_idle_zygote_is_closed() -> None:
     pool = WarmPool(lambda principal: 4, idle_s=0.3)
     try:

@@ -29,6 +29,7 @@ Standard library and ctypes only: imported by ``python -I -S`` supervisors.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -421,7 +422,13 @@ def _write_at(dir_fd: int, rel: str, text: str) -> None:
 
 
 def enter(
-    flags: int, view: View | None, *, init: bool, max_procs: int = 0, egress: str = ""
+    flags: int,
+    view: View | None,
+    *,
+    init: bool,
+    max_procs: int = 0,
+    egress: str = "",
+    view_error: str = "exit",
 ) -> None:
     """Move the calling (single-threaded) process's future into new namespaces.
 
@@ -431,7 +438,9 @@ def enter(
     else the returned process is pid 1 itself (the exec zygote, which reaps its jobs).
     Raises :class:`NamespaceError` (in the caller, nothing forked) when the namespaces
     cannot be made; a view that cannot be built ends the child with status 125 and the
-    reason on stderr.  ``egress`` (with a new network namespace): the egress proxy's
+    reason on stderr, or (``view_error="raise"``, only with ``init`` False) raises
+    :class:`NamespaceError` in it: the exec zygote then reports the reason as every
+    job's failure, and nothing runs in the half-built view.  ``egress`` (with a new network namespace): the egress proxy's
     channel socket, which the relay bridges a loopback port to (``net/bridge.py``).
     """
     uid, gid = os.geteuid(), os.getegid()
@@ -467,6 +476,8 @@ def enter(
             build_view(view)
             _limit_user_namespace()
     except BaseException as e:  # noqa: BLE001 - a forked child must never return here
+        if view_error == "raise" and not init and isinstance(e, OSError):
+            raise
         os.write(2, f"shoal sandbox: {e}\n".encode(errors="replace"))
         os._exit(125)
     if init:
@@ -486,6 +497,8 @@ def _relay(
     returns."""
     import _signal
 
+    with contextlib.suppress(ValueError):  # the caller's wake-up pipe is closed below
+        _signal.set_wakeup_fd(-1)
     # Only the child's ends of pipes and sockets count: a relay holding a copy would keep
     # an EOF (a spawn error pipe, the kernel's control socket) from ever arriving.
     keep = sorted(
