@@ -5,8 +5,10 @@ it when nothing changed, with the semantics of a fresh ``bash -c``."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
+from shoal_mcp.kernel.exec.keeper import PoolKeeper
 from shoal_mcp.kernel.exec.ready import ReadyShells, prepare
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.kernel import close_client, running_kernel
@@ -115,6 +117,40 @@ def test_a_shell_is_used_only_for_the_exact_state_it_was_started_with(tmp_path):
         run.discard()
     finally:
         shells.close()
+        z.close()
+
+
+def test_the_pool_keeper_reaps_a_discarded_shell_and_removes_its_files(tmp_path):
+    """A shell discarded by ``take`` (stale state) is handed to the warm pool's keeper,
+    which waits on its job's report socket: once bash ended its spools and state memfd
+    go, with no thread started for it. At close, a shell the keeper still waits for is
+    finished there."""
+    z = Supervisor()
+    keeper = PoolKeeper(lambda key: None, lambda: None)
+    shells = ReadyShells(dropper=keeper.drop)
+    try:
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        threads = threading.active_count()
+        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: made)
+        assert made.dropper is not None
+        assert shells.take(("p", "s"), "/tmp", env, b"", 0) is None  # another cwd: discarded
+        wait_until(
+            lambda: made.state_fd == -1 and not made.out_path.exists(),
+            timeout=30,
+            what="the keeper to reap the shell and remove its files",
+        )
+        assert made.job.exit is not None and not made.err_path.exists()
+        assert threading.active_count() == threads
+        last = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: last)
+        shells.close()  # kills and discards it; the keeper closes right after
+        keeper.close()
+        assert last.job.exit is not None and last.state_fd == -1
+        assert not last.out_path.exists()
+    finally:
+        shells.close()
+        keeper.close()
         z.close()
 
 

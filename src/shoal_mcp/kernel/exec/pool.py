@@ -66,8 +66,9 @@ class WarmPool:
         self._closed = False
         self.hits = 0
         self.misses = 0
-        self.ready = ReadyShells() if enabled else None  # bash started, waiting (ready.py)
         self._keeper = PoolKeeper(self._start, self._expire) if enabled else None
+        # bash started, waiting (ready.py); a discarded one is reaped by the keeper
+        self.ready = ReadyShells(dropper=self._keeper.drop) if self._keeper else None
 
     def stats(self) -> dict[str, int]:
         """How often an exec found its warm zygote and its ready shell (``kernel.status``)."""

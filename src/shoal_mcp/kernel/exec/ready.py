@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,9 @@ class ReadyShell:
     made: float = field(default_factory=time.monotonic)
     files: dict[str, FileId] = field(default_factory=dict)
     """Spools and granted paths as they were when the shell started (``file_ids``)."""
+    dropper: Callable[[ReadyShell], None] | None = None
+    """Who waits for a discarded shell's end and then calls ``remove_files`` (the warm
+    pool's keeper); None: ``discard`` does, on the caller's thread."""
 
     def matches(self, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int) -> bool:
         return self.job.exit is None and (cwd, env, spec_bytes, cap) == (
@@ -165,17 +169,21 @@ class ReadyShell:
         )
 
     def discard(self) -> None:
-        """Unused: bash reads EOF and exits; its end is reaped and its files dropped
-        off the caller's thread."""
+        """Unused: bash reads EOF and exits, its tree is killed; its end is reaped and
+        its files removed by the ``dropper``, off the caller's thread."""
         for fd in (self.go_fd, self.script_fd):
             if fd >= 0:
                 os.close(fd)
         self.go_fd = self.script_fd = -1
-        threading.Thread(target=self._drop, name="ready-drop", daemon=True).start()
-
-    def _drop(self) -> None:
         self.job.kill()
+        if self.dropper is not None:
+            self.dropper(self)
+            return
         self.job.wait()
+        self.remove_files()
+
+    def remove_files(self) -> None:
+        """After the job's end: its spools and its state memfd go."""
         for path in (self.out_path, self.err_path):
             path.unlink(missing_ok=True)
         if self.state_fd >= 0:
@@ -245,9 +253,16 @@ def prepare(
 class ReadyShells:
     """At most one ready shell per (principal, session); see the module docstring."""
 
-    def __init__(self, *, max_shells: int = READY_SHELLS_MAX, idle_s: float = WARM_POOL_IDLE_S):
+    def __init__(
+        self,
+        *,
+        max_shells: int = READY_SHELLS_MAX,
+        idle_s: float = WARM_POOL_IDLE_S,
+        dropper: Callable[[ReadyShell], None] | None = None,
+    ):
         self.max_shells = max_shells
         self.idle_s = idle_s
+        self.dropper = dropper  # given to each shell made here (ReadyShell.dropper)
         self._shells: OrderedDict[ReadyKey, ReadyShell] = OrderedDict()
         self._making: set[ReadyKey] = set()
         self._lock = threading.Lock()
@@ -304,6 +319,8 @@ class ReadyShells:
             shell = make()  # type: ignore[operator]
         except Exception as exc:  # noqa: BLE001 - the next exec simply starts cold
             log.debug("ready shell for %s not started: %s", key, exc)
+        if shell is not None:
+            shell.dropper = self.dropper
         with self._lock:
             self._making.discard(key)
             self._made.notify_all()
