@@ -53,6 +53,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("kernel/exec/runner.py", ".wait(0"): (
         "check_exit: a read of what a readable report socket already holds, timeout 0: never a wait"
     ),
+    ("kernel/exec/keeper.py", ".wait(0"): (
+        "a discarded ready shell's report, read once its socket is readable, timeout 0:"
+        " never a wait"
+    ),
     ("kernel/pty/screen_io.py", "PTY_IDLE_POLL_S"): (
         "only where os.pidfd_open is missing (not Linux): a PTY's reader then looks every"
         " so often for a program that ended while something else holds the tty"

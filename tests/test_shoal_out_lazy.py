@@ -10,6 +10,7 @@ exec after a 1 GiB output waited 2.2 s for its copy. Real store, database and fi
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -61,13 +62,18 @@ def test_an_exec_start_leaves_a_large_copy_to_the_background(store, monkeypatch)
     _store_output(tmp, cas, db, 2, large)
     _store_output(tmp, cas, db, 3, b"after\n")
 
-    # Hold the background back so what the exec's start did is seen alone.
-    with outputs._wake:
+    # Hold the background (the store's housekeeping thread) back so what the exec's
+    # start did is seen alone.
+    held = threading.Event()
+    db.housekeeper.submit(lambda: held.wait(60))
+    try:
         target = outputs.sync("p", "s")  # an exec's start
         assert (target / "1" / "out").read_bytes() == small
         assert not (target / "2").exists() and not (target / "3").exists()
         assert [c.split()[1] for c in copied] == [str(len(small))]  # no large copy here
         assert outputs._pending == [("p", "s")]  # handed to the background
+    finally:
+        held.set()
     # The background makes the rest, the large copy included.
     wait_until(lambda: (target / "3").is_dir(), 60, what="the background's entries")
     assert (target / "2" / "out").read_bytes() == large

@@ -109,8 +109,12 @@ and their entries appear when it is done (values/outputs.py)."""
 OUTPUTS_START_WAIT_S = 0.05
 """How long an exec's start waits for a background ``$SHOAL_OUT`` sync of its session on
 a root kernel before it goes on without the entries still being made."""
-OUTPUTS_SYNC_IDLE_S = 5.0
-"""The background ``$SHOAL_OUT`` sync thread (values/outputs.py) exits after this long idle."""
+HOUSEKEEPER_IDLE_S = 5.0
+"""The store's housekeeping thread (store/housekeeper.py: background ``$SHOAL_OUT`` syncs,
+deferred journal rows, ref numbers reserved ahead) exits after this long idle."""
+HOUSEKEEPER_EXIT_WAIT_S = 5.0
+"""At kernel exit, how long the chores already given may still run before the database
+closes under them."""
 
 # --- cleanup (docs/configuration.md, "Cleanup") ------------------------------------
 GC_ORPHAN_GRACE_S = 600.0

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ...protocol.errors import state_db_locked, state_dir_full
-from ..config.limits import DB_WRITE_WAIT_S
+from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S
+from .housekeeper import Housekeeper
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
@@ -139,6 +140,7 @@ class Database:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.writers = WriteQueue()  # shared with the EventStore on the same file
+        self.housekeeper = Housekeeper()  # the store's chores no caller waits for
         # Created 0600 before SQLite opens it; its -wal/-shm files copy the mode.
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         self._local = threading.local()
@@ -240,12 +242,15 @@ class Database:
             return _translate(lambda: conn.execute(sql, params).fetchall())
 
     def close(self) -> None:
-        """Close the idle connections; a leased one closes when its lease ends.
+        """Close the idle connections; a leased one closes when its lease ends.  The
+        chores already handed to the housekeeper run first (for up to
+        ``HOUSEKEEPER_EXIT_WAIT_S``).
 
         Closing a connection another thread is executing on crashes the interpreter
         (the sqlite3 module does not guard it), so leased connections are never
         closed from here — ``_lease`` sees ``_closed`` and closes them on return.
         """
+        self.housekeeper.close(HOUSEKEEPER_EXIT_WAIT_S)
         with self._all_lock:
             self._closed = True
             conns = list(self._idle)

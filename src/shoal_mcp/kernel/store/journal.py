@@ -117,7 +117,7 @@ class Journal:
         self.db = db
         self._deferred: list[JournalEntry] = []  # rows that met a locked database
         self._deferred_lock = threading.Lock()
-        self._deferred_thread: threading.Thread | None = None
+        self._deferring = False  # _write_deferred is with the housekeeper
         with db.transaction() as conn:
             conn.execute(TEXTS_SCHEMA)
 
@@ -204,26 +204,27 @@ class Journal:
                 )
                 return
             self._deferred.append(failed)
-            if self._deferred_thread is None:
-                self._deferred_thread = threading.Thread(
-                    target=self._write_deferred, name="journal-deferred", daemon=True
-                )
-                self._deferred_thread.start()
+            if self._deferring:
+                return
+            self._deferring = True
+        self.db.housekeeper.submit(self._write_deferred)
 
     def _write_deferred(self) -> None:
-        """Write the rows that met a locked database, oldest first, once it is free."""
+        """Write the rows that met a locked database, oldest first, once it is free (a
+        housekeeping chore: still locked, it hands itself back and the others run)."""
         while True:
             with self._deferred_lock:
                 if not self._deferred:
-                    self._deferred_thread = None
+                    self._deferring = False
                     return
                 entry = self._deferred[0]
             try:
                 with self.db.transaction() as conn:
                     self.insert_in(conn, entry, state=FAILED)
             except RpcError as exc:
-                if is_db_locked(exc):
-                    continue  # each attempt itself waits DB_WRITE_WAIT_S for the lock
+                if is_db_locked(exc):  # the attempt itself waited DB_WRITE_WAIT_S
+                    self.db.housekeeper.submit(self._write_deferred)
+                    return
                 log.error("journal: a deferred row could not be written: %s", exc.message)
             except Exception:  # noqa: BLE001 - housekeeping: logged, the next row goes on
                 log.exception("journal: a deferred row could not be written")

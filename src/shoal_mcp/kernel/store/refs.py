@@ -69,7 +69,7 @@ class RefCounter:
         if wait:
             self._flush()
         elif early:
-            threading.Thread(target=self._flush_ahead, name="refs-ahead", daemon=True).start()
+            self.db.housekeeper.submit(self._flush_ahead)
         return n
 
     def last_allocated(self, session: str) -> int | None:

@@ -36,7 +36,7 @@ import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
 from ..access.namespaces import bind_read_only, mounted_at, unmount
-from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, OUTPUTS_SYNC_IDLE_S
+from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .output_entries import DIR_MODE, EntryMaker
@@ -84,10 +84,9 @@ class SharedOutputs:
         # One lock per (principal, session): syncs of different sessions never wait for
         # each other (one kernel-wide lock was a third of the kernel's time under load).
         self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._locks_guard = threading.Lock()
-        self._wake = threading.Condition()
+        self._locks_guard = threading.Lock()  # _locks, and the two below
         self._pending: list[tuple[str, str]] = []  # keys to sync in the background
-        self._worker: threading.Thread | None = None
+        self._draining = False  # _drain is with the store's housekeeper
         self.entries = EntryMaker(self.root, cas, self._copies)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
         self.view: Path | None = None  # a root kernel's read-only mount of ``root``
@@ -141,17 +140,15 @@ class SharedOutputs:
         return self.root / _key(principal) / _key(session)
 
     def schedule(self, principal: str, session: str) -> None:
-        """Sync ``session`` soon, on a background thread: off the exec's critical path
-        (a root kernel copies each output, about a fifth of an exec's kernel time)."""
-        with self._wake:
+        """Sync ``session`` soon, as one of the store's chores: off the exec's critical
+        path (a root kernel copies each output, about a fifth of an exec's kernel time)."""
+        with self._locks_guard:
             if (principal, session) not in self._pending:
                 self._pending.append((principal, session))
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(
-                    target=self._drain, name="shoal-out-sync", daemon=True
-                )
-                self._worker.start()
-            self._wake.notify()
+            if self._draining:
+                return
+            self._draining = True
+        self.db.housekeeper.submit(self._drain)
 
     def prepare(
         self, principal: str, session: str, n: int, blobs: dict[str, str]
@@ -200,13 +197,11 @@ class SharedOutputs:
         return last
 
     def _drain(self) -> None:
-        """The background syncs; the thread ends once idle for ``OUTPUTS_SYNC_IDLE_S``."""
+        """The background syncs, until none is pending."""
         while True:
-            with self._wake:
+            with self._locks_guard:
                 if not self._pending:
-                    self._wake.wait(OUTPUTS_SYNC_IDLE_S)
-                if not self._pending:
-                    self._worker = None
+                    self._draining = False
                     return
                 principal, session = self._pending.pop(0)
             try:
