@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,7 +65,8 @@ def _children(pid: int) -> list[int]:
 
 
 class OrphanReaper:
-    """A thread that closes the PTYs of owners with no connection for ``grace_s()``."""
+    """Closes the PTYs of owners with no connection for ``grace_s()``: :meth:`sweep`,
+    every :meth:`poll_s` (the server's ticker runs it)."""
 
     def __init__(
         self,
@@ -81,25 +80,10 @@ class OrphanReaper:
         self._grace_s = grace_s
         self._charge = charge
         self._since: dict[str, float] = {}  # pty_id -> when it was first seen unheld
-        self._stop = threading.Event()
         self.reaped = 0
-        self._thread = threading.Thread(target=self._run, name="pty-reaper", daemon=True)
 
-    def start(self) -> OrphanReaper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll_s()):
-            try:
-                self.sweep(time.monotonic())
-            except Exception:  # noqa: BLE001 - housekeeping: logged, tried again next poll
-                log.exception("reaping orphaned PTYs")
-
-    def _poll_s(self) -> float:
+    def poll_s(self) -> float:
+        """How often to sweep: half the grace, within bounds."""
         return min(PTY_REAP_POLL_MAX_S, max(PTY_REAP_POLL_MIN_S, self._grace_s() / 2))
 
     def sweep(self, now: float) -> list[str]:

@@ -21,7 +21,6 @@ import signal
 import socket
 import stat
 import sys
-import threading
 from pathlib import Path
 
 from ... import __version__
@@ -307,7 +306,7 @@ def run(args: argparse.Namespace, sock_path: Path, state: Path, lock_fd: int) ->
 
     def stop(signum, _frame):
         log.info("signal %s: shutting down", signum)
-        threading.Thread(target=server.stop, daemon=True).start()
+        server.request_stop()  # serve_forever returns; the finally below stops the rest
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import threading
+from collections.abc import Callable
 
-from ..config.limits import MALLOC_ARENAS, MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_INTERVAL_S
+from ..config.limits import MALLOC_ARENAS, MALLOC_MMAP_THRESHOLD
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +24,17 @@ _M_MMAP_THRESHOLD = -3  # glibc malloc.h; setting it also stops the dynamic thre
 _M_ARENA_MAX = -8
 
 
-def tune_malloc(stop: threading.Event | None = None) -> bool:
-    """Cap glibc's arenas and pin its mmap threshold, and (with ``stop``) start a daemon
-    thread that hands free heap pages back every ``MALLOC_TRIM_INTERVAL_S`` until
-    ``stop`` is set; False where that is not glibc."""
+def tune_malloc() -> Callable[[], None] | None:
+    """Cap glibc's arenas and pin its mmap threshold; the call that hands free heap
+    pages back (the server's ticker runs it every ``MALLOC_TRIM_INTERVAL_S``), or None
+    where that is not glibc."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
         mallopt = libc.mallopt
         malloc_trim = libc.malloc_trim
     except (OSError, AttributeError, TypeError):
-        return False
-    if stop is not None:
-        malloc_trim.argtypes = (ctypes.c_size_t,)
-        threading.Thread(
-            target=_trim_loop, args=(malloc_trim, stop), name="malloc-trim", daemon=True
-        ).start()
+        return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     ok = bool(mallopt(_M_ARENA_MAX, MALLOC_ARENAS)) and bool(
@@ -47,10 +42,6 @@ def tune_malloc(stop: threading.Event | None = None) -> bool:
     )
     if not ok:
         log.warning("mallopt refused the allocator settings")
-    return ok
-
-
-def _trim_loop(malloc_trim, stop: threading.Event) -> None:
+    malloc_trim.argtypes = (ctypes.c_size_t,)
     # Free chunks inside the arenas (between live ones) stay resident until trimmed.
-    while not stop.wait(MALLOC_TRIM_INTERVAL_S):
-        malloc_trim(0)
+    return lambda: malloc_trim(0)

@@ -46,6 +46,7 @@ from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
 from ..config.limits import (
+    MALLOC_TRIM_INTERVAL_S,
     MAX_BLOCKING_CALLS,
     MAX_QUEUED_BLOCKING_CALLS,
 )
@@ -57,6 +58,7 @@ from .connection import NEED_DATA, Connection, Oversized, Received
 from .fairness import CpuBudgets, Metered, is_unmetered
 from .malloc import tune_malloc
 from .registry import REGISTRY, MethodSpec
+from .ticker import Ticker
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -113,16 +115,23 @@ class KernelServer:
         self._workers = 0  # connection and blocking-call threads still running
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
-        tune_malloc(self.stopping)  # before the connection threads: see malloc.py
+        trim = tune_malloc()  # before the connection threads: see malloc.py
         self._threads = Workers()  # reused threads: no thread start per blocking call
         self.cpu = CpuBudgets(self._cpu_rate)
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
         grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
-        self.pty_reaper = OrphanReaper(
-            kernel.ptys, self._attached, grace_s, self.cpu.charge_later
-        ).start()
+        self.pty_reaper = OrphanReaper(kernel.ptys, self._attached, grace_s, self.cpu.charge_later)
         kernel.ptys_reaped = lambda: self.pty_reaper.reaped
+        self.ticker = Ticker()  # the periodic chores, on one thread (ticker.py)
+        self.ticker.every(
+            "pty-orphans",
+            self.pty_reaper.poll_s,
+            lambda: self.pty_reaper.sweep(time.monotonic()),
+        )
+        if trim is not None:
+            self.ticker.every("malloc-trim", lambda: MALLOC_TRIM_INTERVAL_S, trim)
+        self.ticker.start()
 
     def _attached(self) -> list[Principal]:
         with self._lock:
@@ -184,9 +193,18 @@ class KernelServer:
         with self._lock:
             return self._workers_done.wait_for(lambda: self._workers == 0, timeout)
 
+    def request_stop(self) -> None:
+        """From a signal handler (on the thread in ``serve_forever``): the accept loop
+        ends at once, and its caller then runs :meth:`stop`. Nothing here blocks."""
+        self.stopping.set()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # the interrupted accept() fails
+        except OSError:
+            pass
+
     def stop(self) -> None:
         self.stopping.set()
-        self.pty_reaper.stop()
+        self.ticker.stop()
         self._threads.close()
         try:
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
