@@ -31,6 +31,7 @@ from .access.policy import Policy, PolicyError
 from .access.spanning import CrossServiceChecks
 from .admin.config_file import ConfigError, resolve
 from .admin.package_stamp import compare, take_stamp
+from .config.limits import OWNER_LOOP_EXIT_WAIT_S
 from .events.bus import EventBus, EventStore
 from .exec.finalize import Finalizer
 from .exec.pool import WarmPool, warm_shells_enabled
@@ -38,6 +39,7 @@ from .exec.recovery import recover_lost
 from .exec.service import ExecService
 from .exec.tasks import TaskManager
 from .net.service import start_egress
+from .owner.loop import OwnerLoop
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated
@@ -127,7 +129,10 @@ class Kernel(CrossServiceChecks):
             events=self.events,
             spool_dir=self.spool_dir,
         )
-        self.tasks = TaskManager(self.events, finalizer.finalize)
+        # One thread for fd readiness and timers: the background tasks' reports, the warm
+        # pool's keeper, the periodic chores (owner/loop.py).
+        self.owner = OwnerLoop()
+        self.tasks = TaskManager(self.events, finalizer.finalize, self.owner)
         self.egress = start_egress(state, self.db, self.confinement, self._running_exec)
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
@@ -135,7 +140,7 @@ class Kernel(CrossServiceChecks):
         self.values.outputs.room = self._state_has_room  # large $SHOAL_OUT copies
         finalizer.prepare_output = self.values.outputs.prepare  # $SHOAL_OUT/<n>
         self.values.outputs.protect()  # a root kernel: read-only mount, links not copies
-        self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled())
+        self.warm = WarmPool(self._task_allowance, enabled=warm_shells_enabled(), loop=self.owner)
         self.exec = ExecService(
             sessions=self.sessions,
             guard=self.guard,
@@ -289,6 +294,7 @@ class Kernel(CrossServiceChecks):
         self.db.close()
         self.confinement.close()
         self.values.outputs.close()
+        self.owner.close(OWNER_LOOP_EXIT_WAIT_S)  # last: its users have let go of it
 
     def _state_has_room(self) -> bool:
         """Whether the state dir may grow (a root kernel's large ``$SHOAL_OUT`` copies)."""

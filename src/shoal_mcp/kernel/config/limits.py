@@ -257,6 +257,9 @@ READY_SHELLS_MAX = 16
 per (principal, session); the least recently made goes."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
+OWNER_LOOP_EXIT_WAIT_S = 5.0
+"""Kernel exit: how long the owner loop (owner/loop.py) may take to run what was handed
+to it before its thread is left behind."""
 SPOOL_FULL_WAIT_S = 10.0
 """Honest storage (issue 31): a command's output write that meets a full disk is held
 (the command blocks on its pipe) this long for the disk to free up; then the bytes are

@@ -1,28 +1,30 @@
-"""The warm pool's one background thread (``pool.py``): it starts zygotes, reaps retired
-ones and discarded ready shells, and expires idle keys.
+"""The warm pool's background work (``pool.py``), on the kernel's owner loop: it starts
+zygotes, reaps retired ones and discarded ready shells, and expires idle keys.
 
 The pool used to start a thread for every zygote start, every retire (a retire waits
 until the zygote's running jobs ended, which takes as long as they do) and every
 discarded ready shell (its bash has to be reaped and its spools removed), and ran a
-reaper that woke every ``idle_s / 4`` to look for idle keys. This thread waits on the
-things themselves: a wake pipe for new work, the pidfd of every zygote that was told to
-stop, the report socket of every discarded shell's job, and the next key's expiry as its
-timeout. Nothing here takes a lock: work arrives through a ``SimpleQueue``, and the
-tables of what is being waited for belong to this thread alone.
+reaper that woke every ``idle_s / 4`` to look for idle keys; then it had one thread of
+its own for all of it. Now each of these is a callback on the owner loop
+(``owner/loop.py``), waiting on the things themselves: the pidfd of every zygote that
+was told to stop, the report socket of every discarded shell's job, and a timer for
+the next key's expiry. Nothing here takes a lock: requests arrive through
+``call_soon``, and the tables of what is being waited for belong to the loop thread.
+
+A zygote's start runs on the loop: a ``Popen`` (a few ms), which is all
+``Supervisor()`` waits for.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import os
-import queue
-import selectors
-import threading
 from collections.abc import Callable
 from typing import Protocol
 
 from ..config.limits import ZYGOTE_EXIT_WAIT_S
+from ..owner.loop import LoopClosed, OwnerLoop
 from .supervisor import Job, Supervisor
 
 log = logging.getLogger(__name__)
@@ -39,115 +41,100 @@ class Droppable(Protocol):
     def remove_files(self) -> None: ...
 
 
-Work = tuple[str, object]  # ("start", PoolKey) | ("retire", Supervisor) | ("drop", Droppable)
-
-
 class PoolKeeper:
     """Runs ``start(key)`` for every :meth:`start_zygote`, stops and reaps every retired
-    zygote, and calls ``expire()`` (which closes what is due and returns the seconds
-    until the next key is, or None) whenever it wakes."""
+    zygote, waits for every dropped shell's end, and calls ``expire()`` (which closes
+    what is due and returns the seconds until the next key is, or None) after each of
+    these and when its timer fires.
+
+    ``loop``: the kernel's owner loop; without one the keeper makes (and closes) its own.
+    """
 
     def __init__(
-        self, start: Callable[[PoolKey], None], expire: Callable[[], float | None]
+        self,
+        start: Callable[[PoolKey], None],
+        expire: Callable[[], float | None],
+        loop: OwnerLoop | None = None,
     ) -> None:
         self._start = start
         self._expire = expire
-        self._work: queue.SimpleQueue[Work] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._own_loop = loop is None
+        self._loop = loop if loop is not None else OwnerLoop("warm-pool")
         self._retiring: dict[int, Supervisor] = {}  # pidfd → a zygote told to stop
         self._dropping: dict[int, Droppable] = {}  # job socket fd → a discarded shell
+        self._timer: asyncio.TimerHandle | None = None
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
-        self._thread.start()
+
+    # -- from any thread ------------------------------------------------------------------
 
     def start_zygote(self, key: PoolKey) -> None:
-        self._submit(("start", key))
+        self._submit(self._start_one, key)
 
     def retire(self, zygote: Supervisor) -> None:
         """No more jobs for ``zygote``; it is reaped once its running jobs ended."""
-        self._submit(("retire", zygote))
+        self._submit(self._stop, zygote)
 
     def drop(self, shell: Droppable) -> None:
         """``shell``'s job was told to end; its files go once it has."""
-        self._submit(("drop", shell))
+        self._submit(self._watch, shell)
 
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
-            os.write(self._wake_w, b"\0")
-
-    def _submit(self, item: Work) -> None:
-        self._work.put(item)
-        self._wake()
+    def _submit(self, fn: Callable[..., None], item: object) -> None:
+        try:
+            self._loop.call_soon(self._do, fn, item)
+        except LoopClosed:  # kernel exit: done here, as close() does with what it finds
+            self._finish_now(fn, item)
 
     def close(self) -> None:
-        """Kernel exit: the thread ends; zygotes still retiring exit on their own once
-        their jobs did (the task manager kills those).  Once only; again is a no-op."""
+        """Kernel exit: no more starts; the zygotes still retiring exit on their own once
+        their jobs did (the task manager kills those), and the dropped shells are waited
+        for here (they were killed).  Once only; again is a no-op."""
         if self._closing:
             return
         self._closing = True
-        self._wake()
-        self._thread.join(ZYGOTE_EXIT_WAIT_S)
-        if self._thread.is_alive():  # a start that hangs; its fds stay with it
-            log.warning("warm pool keeper did not end")
+        try:
+            self._loop.run(self._close_on_loop, ZYGOTE_EXIT_WAIT_S)
+        except (TimeoutError, LoopClosed):  # a start that hangs; its fds stay with it
+            log.warning("warm pool keeper did not close")
+        if self._own_loop:
+            self._loop.close(ZYGOTE_EXIT_WAIT_S)
+
+    # -- on the loop ----------------------------------------------------------------------
+
+    def _do(self, fn: Callable[..., None], item: object) -> None:
+        if self._closing:  # handed over before the close, run after it
+            self._finish_now(fn, item)
             return
-        for pidfd in self._retiring:
-            os.close(pidfd)
-        retired = list(self._retiring.values())
-        dropped = list(self._dropping.values())
-        self._retiring.clear()
-        self._dropping.clear()
-        while True:  # handed over after the thread's last round (say a start that saw the close)
-            try:
-                kind, item = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "retire":
-                retired.append(item)  # type: ignore[arg-type]
-            elif kind == "drop":
-                dropped.append(item)  # type: ignore[arg-type]
-        for zygote in retired:
-            zygote.stop_taking()
-            zygote.sock.close()
-        for shell in dropped:  # killed already (ReadyShells.close): their ends are near
-            shell.job.wait(ZYGOTE_EXIT_WAIT_S)
-            shell.remove_files()
-        self._selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        try:
+            fn(item)
+        except Exception:  # one failed item must not strand the ones behind it
+            log.exception("warm pool keeper: %s", fn.__name__)
+        self._rearm()
 
-    def _run(self) -> None:
-        while not self._closing:
-            try:
-                timeout = self._expire()
-                for key, _events in self._selector.select(timeout):
-                    if key.fd == self._wake_r:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self._wake_r, 4096)
-                    elif key.fd in self._dropping:
-                        self._dropped(key.fd)
-                    else:
-                        self._reap(key.fd)
-                self._drain()
-            except Exception:  # never let the keeper die silently
-                log.exception("warm pool keeper")
+    def _finish_now(self, fn: Callable[..., None], item: object) -> None:
+        """After the close: a retired zygote is let go, a dropped shell waited for; a
+        start is not made."""
+        if fn == self._stop:
+            _let_go(item)  # type: ignore[arg-type]
+        elif fn == self._watch:
+            _wait_and_remove(item)  # type: ignore[arg-type]
 
-    def _drain(self) -> None:
-        while not self._closing:
-            try:
-                kind, item = self._work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                if kind == "start":
-                    self._start(item)  # type: ignore[arg-type]
-                elif kind == "retire":
-                    self._stop(item)  # type: ignore[arg-type]
-                else:
-                    self._watch(item)  # type: ignore[arg-type]
-            except Exception:  # one failed item must not strand the ones behind it
-                log.exception("warm pool keeper: %s", kind)
+    def _rearm(self) -> None:
+        """Expire what is due; the timer set for the next key's expiry."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closing:
+            return
+        due_in = self._expire()
+        if due_in is not None:
+            self._timer = self._loop.call_later(due_in, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._rearm()
+
+    def _start_one(self, key: PoolKey) -> None:
+        self._start(key)
 
     def _stop(self, zygote: Supervisor) -> None:
         zygote.stop_taking()
@@ -160,29 +147,53 @@ class PoolKeeper:
             zygote.close(ZYGOTE_EXIT_WAIT_S)
             return
         self._retiring[pidfd] = zygote
-        self._selector.register(pidfd, selectors.EVENT_READ)
+        self._loop.add_reader(pidfd, self._reap, pidfd)
 
     def _reap(self, pidfd: int) -> None:
-        self._selector.unregister(pidfd)
+        self._loop.remove_reader(pidfd)
         os.close(pidfd)
         self._retiring.pop(pidfd).close()  # it exited: the wait returns at once
 
     def _watch(self, shell: Droppable) -> None:
         fd = shell.job.sock.fileno()
         if shell.job.exit is not None or fd < 0:  # ended already: nothing to wait for
-            shell.job.wait()
-            shell.remove_files()
+            _wait_and_remove(shell)
             return
         self._dropping[fd] = shell
-        self._selector.register(fd, selectors.EVENT_READ)
+        self._loop.add_reader(fd, self._dropped, fd)
 
     def _dropped(self, fd: int) -> None:
         """The discarded shell's report socket is readable: its end, or a line before it."""
-        # Out of the selector before the wait, which closes the socket once the end is in.
-        self._selector.unregister(fd)
-        shell = self._dropping.pop(fd)
+        shell = self._dropping[fd]
+        # Read without waiting (timeout 0); the end closes the socket, so the reader goes
+        # first, and comes back if this was only a line before the end.
+        self._loop.remove_reader(fd)
         if shell.job.wait(0) is None:
-            self._dropping[fd] = shell
-            self._selector.register(fd, selectors.EVENT_READ)
+            self._loop.add_reader(fd, self._dropped, fd)
             return
+        del self._dropping[fd]
         shell.remove_files()
+
+    def _close_on_loop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for pidfd, zygote in self._retiring.items():
+            self._loop.remove_reader(pidfd)
+            os.close(pidfd)
+            _let_go(zygote)
+        for fd, shell in self._dropping.items():
+            self._loop.remove_reader(fd)
+            _wait_and_remove(shell)  # killed already (ReadyShells.close): their ends are near
+        self._retiring.clear()
+        self._dropping.clear()
+
+
+def _let_go(zygote: Supervisor) -> None:
+    zygote.stop_taking()
+    zygote.sock.close()
+
+
+def _wait_and_remove(shell: Droppable) -> None:
+    shell.job.wait(ZYGOTE_EXIT_WAIT_S)
+    shell.remove_files()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS, ZYGOTE_EXIT_WAIT_S
+from ..owner.loop import OwnerLoop
 from .keeper import PoolKeeper, PoolKey
 from .ready import ReadyShells
 from .supervisor import Supervisor
@@ -56,6 +57,7 @@ class WarmPool:
         enabled: bool = True,
         idle_s: float = WARM_POOL_IDLE_S,
         max_keys: int = WARM_POOL_MAX_KEYS,
+        loop: OwnerLoop | None = None,
     ) -> None:
         self.allowance = allowance  # max_tasks of the principal: 0 → no zygote kept
         self.enabled = enabled
@@ -66,7 +68,7 @@ class WarmPool:
         self._closed = False
         self.hits = 0
         self.misses = 0
-        self._keeper = PoolKeeper(self._start, self._expire) if enabled else None
+        self._keeper = PoolKeeper(self._start, self._expire, loop) if enabled else None
         # bash started, waiting (ready.py); a discarded one is reaped by the keeper
         self.ready = ReadyShells(dropper=self._keeper.drop) if self._keeper else None
 

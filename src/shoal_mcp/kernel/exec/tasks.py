@@ -27,6 +27,7 @@ from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ..config.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
+from ..owner.loop import OwnerLoop
 from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand
 from .watcher import BackgroundWatcher
@@ -120,14 +121,19 @@ class Task:
 
 
 class TaskManager:
-    def __init__(self, events: EventBus, finalize: Callable[[Task], dict]) -> None:
+    def __init__(
+        self,
+        events: EventBus,
+        finalize: Callable[[Task], dict],
+        loop: OwnerLoop | None = None,
+    ) -> None:
         self.events = events
         self.finalize = finalize
         self._tasks: dict[int, Task] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False  # set by shutdown(): no task may start behind its back
-        self.watcher = BackgroundWatcher(self._finish, self._publish_output)
+        self.watcher = BackgroundWatcher(self._finish, self._publish_output, loop)
 
     def start(
         self,

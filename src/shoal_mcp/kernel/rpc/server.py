@@ -123,7 +123,7 @@ class KernelServer:
         grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
         self.pty_reaper = OrphanReaper(kernel.ptys, self._attached, grace_s, self.cpu.charge_later)
         kernel.ptys_reaped = lambda: self.pty_reaper.reaped
-        self.ticker = Ticker()  # the periodic chores, on one thread (ticker.py)
+        self.ticker = Ticker(kernel.owner)  # the periodic chores, timers on the owner loop
         self.ticker.every(
             "pty-orphans",
             self.pty_reaper.poll_s,

@@ -1,64 +1,85 @@
-"""One thread for the kernel's periodic chores.
+"""The kernel's periodic chores, as timers on the owner loop.
 
 Two chores have nothing to wait on but time: handing free heap pages back to the OS
 (``malloc.py``, every ``MALLOC_TRIM_INTERVAL_S``) and closing PTYs whose owner has been
 gone for the grace period (``pty/orphans.py``, a fraction of the grace). Each had a
-thread of its own that slept between rounds; the ``Ticker`` runs both, each at its own
-interval, sleeping until the next one is due. A chore is short and must not block: a
-slow one delays the others, never the request path.
+thread of its own that slept between rounds; now each is a timer on the kernel's owner
+loop (``owner/loop.py``), set again after every round (its interval is asked each
+time: a policy reload may change it). A chore is short and must not block.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..owner.loop import LoopClosed, OwnerLoop
+
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 5.0
+"""How long :meth:`Ticker.stop` waits for a round under way."""
 
 
 @dataclass
 class _Chore:
     name: str
-    interval_s: Callable[[], float]  # asked again after every round (a policy may change it)
+    interval_s: Callable[[], float]
     run: Callable[[], object]
-    due: float = 0.0
+    timer: asyncio.TimerHandle | None = None
 
 
 class Ticker:
-    def __init__(self) -> None:
+    """``loop``: the kernel's owner loop; without one the ticker makes (and closes) its own."""
+
+    def __init__(self, loop: OwnerLoop | None = None) -> None:
+        self._own_loop = loop is None
+        self._loop = loop if loop is not None else OwnerLoop("ticker")
         self._chores: list[_Chore] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = False
 
     def every(
         self, name: str, interval_s: Callable[[], float], chore: Callable[[], object]
     ) -> None:
         """Run ``chore`` every ``interval_s()`` seconds, the first time one interval from
         now; before :meth:`start`."""
-        assert self._thread is None, "chores are given before the ticker starts"
-        self._chores.append(_Chore(name, interval_s, chore, time.monotonic() + interval_s()))
+        self._chores.append(_Chore(name, interval_s, chore))
 
     def start(self) -> Ticker:
-        if self._chores:  # nothing periodic to do (musl, say): no thread
-            self._thread = threading.Thread(target=self._run, name="ticker", daemon=True)
-            self._thread.start()
+        for chore in self._chores:
+            self._loop.call_soon(self._arm, chore)
         return self
 
     def stop(self) -> None:
-        """No more rounds (a round under way finishes on its own)."""
-        self._stop.set()
+        """No more rounds (a round under way finishes first)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._loop.run(self._disarm, STOP_WAIT_S)
+        except (TimeoutError, LoopClosed):
+            log.warning("periodic chores did not stop in time")
+        if self._own_loop:
+            self._loop.close(STOP_WAIT_S)
 
-    def _run(self) -> None:
-        while not self._stop.wait(max(0.0, min(c.due for c in self._chores) - time.monotonic())):
-            now = time.monotonic()
-            for chore in self._chores:
-                if chore.due > now:
-                    continue
-                try:
-                    chore.run()
-                except Exception:  # noqa: BLE001 - logged; tried again next round
-                    log.exception("periodic chore %s failed", chore.name)
-                chore.due = time.monotonic() + chore.interval_s()
+    # -- on the loop ----------------------------------------------------------------------
+
+    def _arm(self, chore: _Chore) -> None:
+        if not self._stopped:
+            chore.timer = self._loop.call_later(chore.interval_s(), self._tick, chore)
+
+    def _tick(self, chore: _Chore) -> None:
+        chore.timer = None
+        try:
+            chore.run()
+        except Exception:  # noqa: BLE001 - logged; tried again next round
+            log.exception("periodic chore %s failed", chore.name)
+        self._arm(chore)
+
+    def _disarm(self) -> None:
+        for chore in self._chores:
+            if chore.timer is not None:
+                chore.timer.cancel()
+                chore.timer = None
