@@ -1,9 +1,11 @@
 """How many locks and thread starts the kernel has: a ratchet toward one owner.
 
 Issue 30's target is at most 12 lock objects and at most 6 places that start threads in
-``kernel/``, which needs the owner loop (docs/plan-one-owner.md). Until it lands, this
-test holds the kernel to today's counts: a change may remove a lock or a thread start,
-never add one. When a change lowers a count, lower the number here with it.
+``kernel/`` (docs/plan-one-owner.md). The thread starts are there (the owner loop took
+the background watcher, the warm pool, the periodic chores and the egress proxy); the
+locks are not yet, so this test holds the kernel to today's counts: a change may remove
+a lock or a thread start, never add one. When a change lowers a count, lower the number
+here with it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ THREAD_START = re.compile(r"\bthreading\.Thread\(|\b_thread\.start_new_thread\("
 
 LOCK_SITES = 47
 """Lock objects made in kernel/ today (the goal: 12)."""
-THREAD_START_SITES = 8
-"""Places in kernel/ that start a thread today (the goal: 6)."""
+THREAD_START_SITES = 6
+"""Places in kernel/ that start a thread today (the goal, 6, is met: none may be added)."""
 
 
 def count(pattern: re.Pattern[str], root: Path = KERNEL) -> dict[str, int]:

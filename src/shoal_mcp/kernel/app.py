@@ -133,7 +133,7 @@ class Kernel(CrossServiceChecks):
         # pool's keeper, the periodic chores (owner/loop.py).
         self.owner = OwnerLoop()
         self.tasks = TaskManager(self.events, finalizer.finalize, self.owner)
-        self.egress = start_egress(state, self.db, self.confinement, self._running_exec)
+        self.egress = start_egress(state, self.db, self.confinement, self._running_exec, self.owner)
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all
         )

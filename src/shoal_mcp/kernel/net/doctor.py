@@ -10,13 +10,14 @@ refused with 403; (3) the stand-in's port directly, which must find no route.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 
+from ..owner.loop import LoopClosed
 from .proxy import EgressProxy
 
 DOCTOR_HOST = "doctor.shoal.invalid"
@@ -30,9 +31,11 @@ def check(proxy: EgressProxy) -> dict[str, object]:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
+    listener.setblocking(False)
     port = listener.getsockname()[1]
-    served = threading.Thread(target=_serve, args=(listener,), daemon=True)
-    served.start()
+    loop = proxy.owner  # the stand-in answers on the proxy's loop: no thread of its own
+    fd = listener.fileno()
+    loop.run(lambda: loop.add_reader(fd, _answer, listener), PROBE_TIMEOUT_S)
     try:
         channel = proxy.channel(
             "doctor", "", (f"{DOCTOR_HOST}:{port}",), (), ((DOCTOR_HOST, "127.0.0.1"),)
@@ -51,6 +54,8 @@ def check(proxy: EgressProxy) -> dict[str, object]:
     except (OSError, subprocess.SubprocessError) as e:
         return {"ok": False, "steps": {}, "detail": f"the probe could not run: {e}"}
     finally:
+        with contextlib.suppress(TimeoutError, LoopClosed):
+            loop.run(lambda: loop.remove_reader(fd), PROBE_TIMEOUT_S)
         listener.close()
         if "channel" in locals():
             proxy.close_channel(channel)
@@ -59,12 +64,12 @@ def check(proxy: EgressProxy) -> dict[str, object]:
     return {"ok": ok, "steps": steps, "detail": "" if ok else json.dumps(steps)}
 
 
-def _serve(listener: socket.socket) -> None:
-    """Answer each connection with the marker, until the listener is closed."""
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.sendall(MARKER)
+def _answer(listener: socket.socket) -> None:
+    """On the loop, the listener readable: answer the connection with the marker (a few
+    bytes: the send never waits) and close it."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # BlockingIOError: the peer left before it was accepted
+        return
+    with conn, contextlib.suppress(OSError):
+        conn.sendall(MARKER)

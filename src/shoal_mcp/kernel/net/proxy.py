@@ -1,5 +1,5 @@
-"""The egress proxy: one asyncio loop on a thread of the kernel, one Unix socket per
-channel (a principal's session and its network policy).
+"""The egress proxy: asyncio tasks on the kernel's owner loop (``owner/loop.py``), one
+Unix socket per channel (a principal's session and its network policy).
 
 A sandboxed tree reaches its channel through the bridge in its network namespace
 (``bridge.py``): each TCP connection accepted on the namespace's loopback port is
@@ -23,10 +23,12 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+from ..owner.loop import OwnerLoop
 from . import wire
 from .limits import (
     CLOSE_WAIT_S,
@@ -79,6 +81,7 @@ class EgressProxy:
         log_: EgressLog,
         attribute: Attribution,
         resolver: Resolver | None = None,
+        loop: OwnerLoop | None = None,
     ) -> None:
         os.makedirs(root, mode=0o700, exist_ok=True)
         self.root = root
@@ -93,13 +96,22 @@ class EgressProxy:
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
         self._relays = ThreadPoolExecutor(MAX_RELAYS, thread_name_prefix="egress-relay")
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="egress-proxy", daemon=True)
-        self._thread.start()
+        # The kernel's owner loop runs the proxy's tasks; without one (a test), its own.
+        self._own_loop = loop is None
+        self._owner = loop if loop is not None else OwnerLoop("egress-proxy")
+        self._loop = self._owner.aio
+        self._tasks: set[asyncio.Task] = set()  # its connections being served (the loop's)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
+    @property
+    def owner(self) -> OwnerLoop:
+        """The loop the proxy runs on (``doctor.py`` answers its probe there too)."""
+        return self._owner
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """On the loop: serve a connection as a task of the proxy's own."""
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- channels ---------------------------------------------------------------------
 
@@ -171,9 +183,9 @@ class EgressProxy:
             for fd in fds:
                 client = socket.socket(fileno=fd)
                 client.setblocking(False)
-                self._loop.create_task(self._serve(ch, client, b""))
+                self._spawn(self._serve(ch, client, b""))
         elif data:
-            self._loop.create_task(self._serve(ch, conn, data))
+            self._spawn(self._serve(ch, conn, data))
         else:
             conn.close()
 
@@ -364,6 +376,13 @@ class EgressProxy:
 
     # -- the kernel's end ---------------------------------------------------------------
 
+    async def _cancel_all(self) -> None:
+        """The proxy's own tasks (the loop may be shared: nobody else's)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def close(self) -> None:
         """Kernel exit: channels closed, open relays ended (their sockets shut down, so
         no relay thread outlives the kernel), pending connections dropped."""
@@ -374,23 +393,15 @@ class EgressProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
-            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(CLOSE_WAIT_S)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=CLOSE_WAIT_S)
+            asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(CLOSE_WAIT_S)
+        if self._own_loop:
+            self._owner.close(CLOSE_WAIT_S)
         for ch in channels:
             ch.sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(ch.path)
         self._writer.shutdown(wait=True)
         self._relays.shutdown(wait=False, cancel_futures=True)
-
-
-async def _cancel_all() -> None:
-    me = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not me]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _stop_listening(loop: asyncio.AbstractEventLoop, ch: Channel) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..access.confine import Confinement
+from ..owner.loop import OwnerLoop
 from .log import EgressLog
 from .proxy import Attribution, EgressProxy
 from .resolve import Resolver, map_from_env
@@ -17,9 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def start_egress(
-    state: Path, db: Any, confinement: Confinement, attribute: Attribution
+    state: Path, db: Any, confinement: Confinement, attribute: Attribution, loop: OwnerLoop
 ) -> EgressProxy | None:
-    """The kernel's proxy, installed in ``confinement``; None where it has no use."""
+    """The kernel's proxy, installed in ``confinement`` and run on ``loop``; None where
+    it has no use."""
     if not (confinement.enforcing and confinement.support.view):
         return None
     try:
@@ -29,6 +31,6 @@ def start_egress(
         fixed = {}
     if fixed:
         log.warning("egress: test/development resolver map in force: %s", fixed)
-    proxy = EgressProxy(str(state / "egress"), EgressLog(db), attribute, Resolver(fixed))
+    proxy = EgressProxy(str(state / "egress"), EgressLog(db), attribute, Resolver(fixed), loop)
     confinement.egress = proxy
     return proxy

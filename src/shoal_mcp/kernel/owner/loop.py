@@ -5,8 +5,9 @@ ran a thread of their own, two of them with a hand-written selector loop (a wake
 a queue, a timer heap). They now share this loop: an ``asyncio`` event loop on one
 thread, used only for its reactor (``add_reader``, ``call_later``,
 ``call_soon_threadsafe``): no coroutines, so the callbacks read like the code they
-replace. Connections and foreground calls still run on their own threads; they are the
-next to move here (docs/plan-one-owner.md).
+replace (the egress proxy, written with coroutines, runs its tasks here too, through
+:attr:`OwnerLoop.aio`). Connections and foreground calls still run on their own
+threads; they are the next to move here (docs/plan-one-owner.md).
 
 Rules for what runs here:
 
@@ -43,6 +44,12 @@ class OwnerLoop:
         self._thread.start()
 
     # -- from any thread ------------------------------------------------------------------
+
+    @property
+    def aio(self) -> asyncio.AbstractEventLoop:
+        """The asyncio loop itself, for a component written with coroutines (the egress
+        proxy): its tasks run on this thread like every other callback."""
+        return self._loop
 
     def on_loop(self) -> bool:
         return threading.current_thread() is self._thread
