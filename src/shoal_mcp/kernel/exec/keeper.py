@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..config.limits import ZYGOTE_EXIT_WAIT_S
-from ..owner.loop import LoopClosed, OwnerLoop
+from ..owner.loop import LoopClosed, OwnerLoop, leave
 from .supervisor import Job, Supervisor
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,14 @@ class PoolKeeper:
         if self._closing:
             return
         self._closing = True
-        try:
-            self._loop.run(self._close_on_loop, ZYGOTE_EXIT_WAIT_S)
-        except (TimeoutError, LoopClosed):  # a start that hangs; its fds stay with it
-            log.warning("warm pool keeper did not close")
-        if self._own_loop:
-            self._loop.close(ZYGOTE_EXIT_WAIT_S)
+        # A start that hangs keeps the loop: the zygotes' fds then stay with it.
+        leave(
+            self._loop,
+            self._close_on_loop,
+            ZYGOTE_EXIT_WAIT_S,
+            owned=self._own_loop,
+            who="warm pool",
+        )
 
     # -- on the loop ----------------------------------------------------------------------
 

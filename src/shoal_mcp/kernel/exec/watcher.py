@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from ..config.limits import TASK_OUTPUT_EVENT_INTERVAL_S
-from ..owner.loop import LoopClosed, OwnerLoop
+from ..owner.loop import LoopClosed, OwnerLoop, leave
 from .runner import RunningCommand
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,7 @@ class BackgroundWatcher(Generic[Task]):
         if self._closing:
             return
         self._closing = True
-        try:
-            self._loop.run(self._close_on_loop, timeout)
-        except (TimeoutError, LoopClosed):
-            log.warning("task watcher did not close in time")
-        if self._own_loop:
-            self._loop.close(timeout)
+        leave(self._loop, self._close_on_loop, timeout, owned=self._own_loop, who="task watcher")
 
     # -- on the loop ----------------------------------------------------------------------
 

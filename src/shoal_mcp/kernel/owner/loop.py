@@ -123,6 +123,21 @@ class OwnerLoop:
         return self._loop.call_at(when, fn, *args)
 
 
+def leave(
+    loop: OwnerLoop, let_go: Callable[[], object], timeout: float | None, *, owned: bool, who: str
+) -> None:
+    """A component's close: ``let_go`` (its readers removed, its timers cancelled) runs on
+    the loop, after the work handed over before it; then the loop is closed if the
+    component made it itself (``owned``). Logged, never raised, when that cannot be done
+    in ``timeout``."""
+    try:
+        loop.run(let_go, timeout)
+    except (TimeoutError, LoopClosed):
+        log.warning("%s did not let go of the owner loop in time", who)
+    if owned:
+        loop.close(timeout)
+
+
 def _log_callback_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     exc = context.get("exception")
     log.error("owner loop: %s", context.get("message", "callback failed"), exc_info=exc or False)

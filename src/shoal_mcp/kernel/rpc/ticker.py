@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..owner.loop import LoopClosed, OwnerLoop
+from ..owner.loop import OwnerLoop, leave
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,7 @@ class Ticker:
         if self._stopped:
             return
         self._stopped = True
-        try:
-            self._loop.run(self._disarm, STOP_WAIT_S)
-        except (TimeoutError, LoopClosed):
-            log.warning("periodic chores did not stop in time")
-        if self._own_loop:
-            self._loop.close(STOP_WAIT_S)
+        leave(self._loop, self._disarm, STOP_WAIT_S, owned=self._own_loop, who="periodic chores")
 
     # -- on the loop ----------------------------------------------------------------------
 
