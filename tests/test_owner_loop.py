@@ -93,3 +93,13 @@ def test_close_runs_what_was_handed_over_then_refuses_more():
 def test_the_loop_cannot_close_itself(loop):
     with pytest.raises(RuntimeError, match="cannot close itself"):
         loop.run(lambda: loop.close(1), 10)
+
+
+def test_run_on_a_stopped_loop_says_so_instead_of_waiting():
+    owner = OwnerLoop("stopped-owner")
+    owner.aio.call_soon_threadsafe(owner.aio.stop)  # stopped, as after a close that timed out
+    thread = next(t for t in threading.enumerate() if t.name == "stopped-owner")
+    thread.join(10)
+    with pytest.raises(LoopClosed):
+        owner.run(lambda: None)  # no timeout: it would wait forever
+    assert owner.close(10)

@@ -68,6 +68,8 @@ class OwnerLoop:
         within ``timeout``; LoopClosed when the loop has stopped."""
         if self.on_loop():
             return fn()
+        if not self._thread.is_alive():  # stopped (not yet closed): nothing would run it
+            raise LoopClosed("the owner loop has stopped")
         done = threading.Event()
         outcome: list[Any] = []
 

@@ -124,14 +124,27 @@ class KernelServer:
         self.pty_reaper = OrphanReaper(kernel.ptys, self._attached, grace_s, self.cpu.charge_later)
         kernel.ptys_reaped = lambda: self.pty_reaper.reaped
         self.ticker = Ticker(kernel.owner)  # the periodic chores, timers on the owner loop
-        self.ticker.every(
-            "pty-orphans",
-            self.pty_reaper.poll_s,
-            lambda: self.pty_reaper.sweep(time.monotonic()),
-        )
+        self._sweeping = False  # a sweep for orphaned PTYs is under way on a worker
+        self.ticker.every("pty-orphans", self.pty_reaper.poll_s, self._sweep_ptys)
         if trim is not None:
             self.ticker.every("malloc-trim", lambda: MALLOC_TRIM_INTERVAL_S, trim)
         self.ticker.start()
+
+    def _sweep_ptys(self) -> None:
+        """On the owner loop, every ``poll_s``: closing an orphaned PTY waits up to its
+        grace for the program to end, so the sweep runs on a worker, one at a time (a
+        tick while one runs is skipped)."""
+        if self._sweeping:
+            return
+        self._sweeping = True
+
+        def sweep() -> None:
+            try:
+                self.pty_reaper.sweep(time.monotonic())
+            finally:
+                self._sweeping = False
+
+        self._threads.run(sweep, "pty-reaper")
 
     def _attached(self) -> list[Principal]:
         with self._lock:

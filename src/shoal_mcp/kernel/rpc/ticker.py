@@ -5,7 +5,9 @@ Two chores have nothing to wait on but time: handing free heap pages back to the
 gone for the grace period (``pty/orphans.py``, a fraction of the grace). Each had a
 thread of its own that slept between rounds; now each is a timer on the kernel's owner
 loop (``owner/loop.py``), set again after every round (its interval is asked each
-time: a policy reload may change it). A chore is short and must not block.
+time: a policy reload may change it). A chore is short and must not block: the PTY
+sweep, which waits for programs to end, only hands the sweep to a worker
+(``KernelServer._sweep_ptys``).
 """
 
 from __future__ import annotations
