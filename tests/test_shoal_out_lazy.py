@@ -21,7 +21,7 @@ from shoal_mcp.kernel.config.limits import OUTPUTS_EAGER_COPY_MAX
 from shoal_mcp.kernel.store.cas import ContentStore
 from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.kernel.values import output_entries as entries_mod
-from shoal_mcp.kernel.values.outputs import SharedOutputs
+from shoal_mcp.kernel.values.outputs import SharedOutputs, sync_key
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the root kernel's path")
@@ -71,7 +71,7 @@ def test_an_exec_start_leaves_a_large_copy_to_the_background(store, monkeypatch)
         assert (target / "1" / "out").read_bytes() == small
         assert not (target / "2").exists() and not (target / "3").exists()
         assert [c.split()[1] for c in copied] == [str(len(small))]  # no large copy here
-        assert outputs._pending == [("p", "s")]  # handed to the background
+        assert db.housekeeper.waiting(sync_key("p", "s"))  # handed to the background
     finally:
         held.set()
     # The background makes the rest, the large copy included.

@@ -58,3 +58,31 @@ def test_close_runs_what_was_given_and_drops_what_comes_after():
     keeper.submit(lambda: ran.append(2))
     keeper.close(10)  # again: nothing to do
     assert ran == [1] and not chores_threads()
+
+
+def test_a_keyed_chore_is_queued_once_while_it_waits():
+    """A session's background sync (or the deferred rows' writer) asked for again while
+    one waits is not queued twice; once it has started, the same key queues again."""
+    keeper = Housekeeper()
+    ran: list[str] = []
+    gate = threading.Event()
+    started = threading.Event()
+    try:
+        keeper.submit(gate.wait)  # holds the thread: what follows waits in the queue
+        for _ in range(3):
+            keeper.submit(lambda: ran.append("a"), key="a")
+        keeper.submit(lambda: ran.append("b"), key="b")
+        assert keeper.waiting("a") and keeper.waiting("b")
+
+        def a_again() -> None:
+            started.set()
+            ran.append("a2")
+
+        gate.set()
+        wait_until(lambda: len(ran) == 2, timeout=10, what="the queued chores")
+        assert ran == ["a", "b"] and not keeper.waiting("a")
+        keeper.submit(a_again, key="a")  # started and done: queued again
+        assert started.wait(10)
+        assert ran == ["a", "b", "a2"]
+    finally:
+        keeper.close(10)

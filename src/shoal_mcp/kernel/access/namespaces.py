@@ -428,7 +428,7 @@ def enter(
     init: bool,
     max_procs: int = 0,
     egress: str = "",
-    view_error: str = "exit",
+    raise_view_error: bool = False,
 ) -> None:
     """Move the calling (single-threaded) process's future into new namespaces.
 
@@ -438,7 +438,7 @@ def enter(
     else the returned process is pid 1 itself (the exec zygote, which reaps its jobs).
     Raises :class:`NamespaceError` (in the caller, nothing forked) when the namespaces
     cannot be made; a view that cannot be built ends the child with status 125 and the
-    reason on stderr, or (``view_error="raise"``, only with ``init`` False) raises
+    reason on stderr, or (``raise_view_error``, only with ``init`` False) raises
     :class:`NamespaceError` in it: the exec zygote then reports the reason as every
     job's failure, and nothing runs in the half-built view.  ``egress`` (with a new network namespace): the egress proxy's
     channel socket, which the relay bridges a loopback port to (``net/bridge.py``).
@@ -476,7 +476,7 @@ def enter(
             build_view(view)
             _limit_user_namespace()
     except BaseException as e:  # noqa: BLE001 - a forked child must never return here
-        if view_error == "raise" and not init and isinstance(e, OSError):
+        if raise_view_error and not init and isinstance(e, OSError):
             raise
         os.write(2, f"shoal sandbox: {e}\n".encode(errors="replace"))
         os._exit(125)

@@ -277,7 +277,7 @@ def enter_namespaces(spec: SandboxSpec, *, init: bool) -> None:
         init=init,
         max_procs=spec.max_procs,
         egress=spec.egress,
-        view_error="raise",  # the zygote (init False) reports it on each job's stderr
+        raise_view_error=True,  # the zygote (init False) reports it on each job's stderr
     )
 
 

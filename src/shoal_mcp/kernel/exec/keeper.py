@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config.limits import ZYGOTE_EXIT_WAIT_S
 from ..owner.loop import LoopClosed, OwnerLoop, leave
@@ -68,21 +68,26 @@ class PoolKeeper:
     # -- from any thread ------------------------------------------------------------------
 
     def start_zygote(self, key: PoolKey) -> None:
-        self._submit(self._start_one, key)
+        self._submit(self._start, key, None)  # after the close: no start
 
     def retire(self, zygote: Supervisor) -> None:
         """No more jobs for ``zygote``; it is reaped once its running jobs ended."""
-        self._submit(self._stop, zygote)
+        self._submit(self._stop, zygote, _let_go)
 
     def drop(self, shell: Droppable) -> None:
         """``shell``'s job was told to end; its files go once it has."""
-        self._submit(self._watch, shell)
+        self._submit(self._watch, shell, _wait_and_remove)
 
-    def _submit(self, fn: Callable[..., None], item: object) -> None:
+    def _submit(
+        self, fn: Callable[[Any], None], item: object, closed: Callable[[Any], None] | None
+    ) -> None:
+        """``fn(item)`` on the loop; once the keeper is closed, ``closed(item)`` instead
+        (as close() does with what it still holds), on whichever thread sees it."""
         try:
-            self._loop.call_soon(self._do, fn, item)
-        except LoopClosed:  # kernel exit: done here, as close() does with what it finds
-            self._finish_now(fn, item)
+            self._loop.call_soon(self._do, fn, item, closed)
+        except LoopClosed:  # kernel exit
+            if closed is not None:
+                closed(item)
 
     def close(self) -> None:
         """Kernel exit: no more starts; the zygotes still retiring exit on their own once
@@ -102,23 +107,18 @@ class PoolKeeper:
 
     # -- on the loop ----------------------------------------------------------------------
 
-    def _do(self, fn: Callable[..., None], item: object) -> None:
+    def _do(
+        self, fn: Callable[[Any], None], item: object, closed: Callable[[Any], None] | None
+    ) -> None:
         if self._closing:  # handed over before the close, run after it
-            self._finish_now(fn, item)
+            if closed is not None:
+                closed(item)
             return
         try:
             fn(item)
         except Exception:  # one failed item must not strand the ones behind it
             log.exception("warm pool keeper: %s", fn.__name__)
         self._rearm()
-
-    def _finish_now(self, fn: Callable[..., None], item: object) -> None:
-        """After the close: a retired zygote is let go, a dropped shell waited for; a
-        start is not made."""
-        if fn == self._stop:
-            _let_go(item)  # type: ignore[arg-type]
-        elif fn == self._watch:
-            _wait_and_remove(item)  # type: ignore[arg-type]
 
     def _rearm(self) -> None:
         """Expire what is due; the timer set for the next key's expiry."""
@@ -134,9 +134,6 @@ class PoolKeeper:
     def _on_timer(self) -> None:
         self._timer = None
         self._rearm()
-
-    def _start_one(self, key: PoolKey) -> None:
-        self._start(key)
 
     def _stop(self, zygote: Supervisor) -> None:
         zygote.stop_taking()

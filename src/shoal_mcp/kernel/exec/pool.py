@@ -13,7 +13,7 @@ attached) or at a principal's first exec; a dead one is replaced at the next tak
 A key unused for ``WARM_POOL_IDLE_S`` loses its zygote; at most ``WARM_POOL_MAX_KEYS``
 exist (least recently used goes first), and none for a principal whose ``max_tasks``
 allows no task.  Running execs are bounded by ``max_tasks`` as ever (checked before
-the spawn).  Starts, retires and expiries run on the pool's one thread (``keeper.py``).
+the spawn).  Starts, retires and expiries run on the kernel's owner loop (``keeper.py``).
 """
 
 from __future__ import annotations

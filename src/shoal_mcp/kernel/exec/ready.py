@@ -349,8 +349,7 @@ class ReadyShells:
             shells = list(self._shells.values())
             self._shells.clear()
         for shell in shells:
-            shell.job.kill()  # now: the zygotes close next and wait for their jobs
-            shell.discard()
+            shell.discard()  # killed now: the zygotes close next and wait for their jobs
 
     def __len__(self) -> int:
         with self._lock:

@@ -17,12 +17,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config.limits import OWNER_LOOP_EXIT_WAIT_S
 from ..owner.loop import OwnerLoop, leave
 
 log = logging.getLogger(__name__)
-
-STOP_WAIT_S = 5.0
-"""How long :meth:`Ticker.stop` waits for a round under way."""
 
 
 @dataclass
@@ -59,7 +57,13 @@ class Ticker:
         if self._stopped:
             return
         self._stopped = True
-        leave(self._loop, self._disarm, STOP_WAIT_S, owned=self._own_loop, who="periodic chores")
+        leave(
+            self._loop,
+            self._disarm,
+            OWNER_LOOP_EXIT_WAIT_S,  # a round under way finishes first
+            owned=self._own_loop,
+            who="periodic chores",
+        )
 
     # -- on the loop ----------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ now hand their work to the database's ``Housekeeper``: one thread, started when 
 work and ended once idle for ``HOUSEKEEPER_IDLE_S``, running jobs in the order they came.
 
 A job must not wait on something that may never come: one that meets a locked database
-hands itself back (``submit`` again) rather than looping, so the others still run.
+hands itself back (``submit`` again) rather than looping, so the others still run. A job
+given with a ``key`` is not queued twice: while one with that key waits, another is
+dropped (a session's sync, the deferred rows: one run does all that is due by then).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from ..config.limits import HOUSEKEEPER_IDLE_S
 
@@ -26,21 +28,32 @@ log = logging.getLogger(__name__)
 class Housekeeper:
     def __init__(self, idle_s: float = HOUSEKEEPER_IDLE_S) -> None:
         self.idle_s = idle_s
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # who starts the thread, and the close
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Hashable] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()  # who starts the thread, the keys waiting, the close
+        self._waiting: set[Hashable] = set()  # keys of jobs queued and not yet started
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the housekeeping thread, after the jobs already given; after
+    def submit(self, job: Callable[[], None], key: Hashable = None) -> None:
+        """Run ``job`` on the housekeeping thread, after the jobs already given, unless a
+        job with the same ``key`` (not None) is queued and has not started; after
         ``close`` it is dropped (the kernel is exiting)."""
         with self._lock:
-            if self._closed:
+            if self._closed or (key is not None and key in self._waiting):
                 return
-            self._jobs.put(job)
+            if key is not None:
+                self._waiting.add(key)
+            self._jobs.put((job, key))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="store-chores", daemon=True)
                 self._thread.start()
+
+    def waiting(self, key: Hashable) -> bool:
+        """Whether a job with ``key`` is queued and has not started."""
+        with self._lock:
+            return key in self._waiting
 
     def close(self, timeout: float) -> None:
         """The jobs given so far run (for up to ``timeout`` seconds), then the thread ends."""
@@ -67,7 +80,11 @@ class Housekeeper:
                 continue
             if job is None:
                 return
+            chore, key = job
+            if key is not None:
+                with self._lock:
+                    self._waiting.discard(key)  # from now on the same key queues again
             try:
-                job()
+                chore()
             except Exception:  # noqa: BLE001 - one failed chore must not end the others
                 log.exception("store chore failed")

@@ -112,12 +112,15 @@ def store_once(conn, text: str, kind: str) -> dict:
     return {"kind": kind, "hash": digest, "len": len(text)}
 
 
+DEFERRED_KEY = "journal-deferred"
+"""The housekeeping key of the deferred rows' writer: queued once at a time."""
+
+
 class Journal:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._deferred: list[JournalEntry] = []  # rows that met a locked database
         self._deferred_lock = threading.Lock()
-        self._deferring = False  # _write_deferred is with the housekeeper
         with db.transaction() as conn:
             conn.execute(TEXTS_SCHEMA)
 
@@ -204,10 +207,7 @@ class Journal:
                 )
                 return
             self._deferred.append(failed)
-            if self._deferring:
-                return
-            self._deferring = True
-        self.db.housekeeper.submit(self._write_deferred)
+        self.db.housekeeper.submit(self._write_deferred, DEFERRED_KEY)
 
     def _write_deferred(self) -> None:
         """Write the rows that met a locked database, oldest first, once it is free (a
@@ -215,7 +215,6 @@ class Journal:
         while True:
             with self._deferred_lock:
                 if not self._deferred:
-                    self._deferring = False
                     return
                 entry = self._deferred[0]
             try:
@@ -223,7 +222,7 @@ class Journal:
                     self.insert_in(conn, entry, state=FAILED)
             except RpcError as exc:
                 if is_db_locked(exc):  # the attempt itself waited DB_WRITE_WAIT_S
-                    self.db.housekeeper.submit(self._write_deferred)
+                    self.db.housekeeper.submit(self._write_deferred, DEFERRED_KEY)
                     return
                 log.error("journal: a deferred row could not be written: %s", exc.message)
             except Exception:  # noqa: BLE001 - housekeeping: logged, the next row goes on

@@ -64,6 +64,11 @@ def _stored_blobs(value: Any) -> dict[str, str]:
     return blobs
 
 
+def sync_key(principal: str, session: str) -> tuple[str, str, str]:
+    """The housekeeping key of a session's background sync: queued once at a time."""
+    return ("$SHOAL_OUT", principal, session)
+
+
 class SharedOutputs:
     def __init__(
         self,
@@ -84,9 +89,7 @@ class SharedOutputs:
         # One lock per (principal, session): syncs of different sessions never wait for
         # each other (one kernel-wide lock was a third of the kernel's time under load).
         self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._locks_guard = threading.Lock()  # _locks, and the two below
-        self._pending: list[tuple[str, str]] = []  # keys to sync in the background
-        self._draining = False  # _drain is with the store's housekeeper
+        self._locks_guard = threading.Lock()  # _locks
         self.entries = EntryMaker(self.root, cas, self._copies)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
         self.view: Path | None = None  # a root kernel's read-only mount of ``root``
@@ -142,13 +145,10 @@ class SharedOutputs:
     def schedule(self, principal: str, session: str) -> None:
         """Sync ``session`` soon, as one of the store's chores: off the exec's critical
         path (a root kernel copies each output, about a fifth of an exec's kernel time)."""
-        with self._locks_guard:
-            if (principal, session) not in self._pending:
-                self._pending.append((principal, session))
-            if self._draining:
-                return
-            self._draining = True
-        self.db.housekeeper.submit(self._drain)
+        self.db.housekeeper.submit(
+            functools.partial(self._sync_eagerly, principal, session),
+            sync_key(principal, session),
+        )
 
     def prepare(
         self, principal: str, session: str, n: int, blobs: dict[str, str]
@@ -196,18 +196,12 @@ class SharedOutputs:
         self._synced[key] = last
         return last
 
-    def _drain(self) -> None:
-        """The background syncs, until none is pending."""
-        while True:
-            with self._locks_guard:
-                if not self._pending:
-                    self._draining = False
-                    return
-                principal, session = self._pending.pop(0)
-            try:
-                self.sync(principal, session, eager=True)
-            except Exception:  # noqa: BLE001 - the next exec's own sync reports it
-                log.warning("background $SHOAL_OUT sync failed", exc_info=True)
+    def _sync_eagerly(self, principal: str, session: str) -> None:
+        """A background sync (a housekeeping chore), large copies included."""
+        try:
+            self.sync(principal, session, eager=True)
+        except Exception:  # noqa: BLE001 - the next exec's own sync reports it
+            log.warning("background $SHOAL_OUT sync failed", exc_info=True)
 
     def sync(self, principal: str, session: str, *, eager: bool = False) -> Path:
         """Link every output of ``principal`` in ``session`` not linked yet; the directory.
