@@ -8,6 +8,7 @@ extends this with its globs compiled.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,9 +37,10 @@ class PrincipalSettings:
         self.defined = defined
         self._s = dict(settings)
 
-    @property
+    @functools.cached_property
     def uses_project(self) -> bool:
-        """Some fs glob names ``{project}``: the rules depend on the session."""
+        """Some fs glob names ``{project}``: the rules depend on the session (asked at
+        every policy lookup; the settings never change after construction)."""
         return any(
             g.startswith(PROJECT_PLACEHOLDER)
             for k in ("fs_read", "fs_write", "fs_delete")

@@ -65,8 +65,9 @@ def filter_report(
         refused = sorted({n for n in (*delta.set, *delta.unset) if not env_writable(n, grants)})
         kept_set = {k: v for k, v in delta.set.items() if k not in refused}
         kept_unset = frozenset(n for n in delta.unset if n not in refused)
-    # A state that could not be exec'd is never stored (store/envlimits.py).
-    too_big, why = refused_sets(start[1], kept_set, kept_unset)
+    # A state that could not be exec'd is never stored (store/envlimits.py). Without a
+    # set the environment can only shrink: nothing to measure (most execs).
+    too_big, why = refused_sets(start[1], kept_set, kept_unset) if kept_set else ([], [])
     if too_big:
         kept_set = {k: v for k, v in kept_set.items() if k not in too_big}
         refused = sorted({*refused, *too_big})

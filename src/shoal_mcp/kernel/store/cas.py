@@ -345,7 +345,7 @@ class ContentStore:
         self._pins: dict[str, int] = {}
 
     def path_of(self, digest: str) -> Path:
-        return self.root / digest[:2] / digest
+        return self.root.joinpath(digest[:2], digest)
 
     def ingest(self, spool: Path) -> BlobInfo:
         """Hash ``spool`` into the store (moving it) and record its metadata."""

@@ -8,6 +8,7 @@ rewrite a stored blob), as copies kept once per blob and session.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -36,21 +37,32 @@ class EntryMaker:
     def make(self, target: Path, n: int, blobs: dict[str, str]) -> None:
         """Entry ``target/<n>`` holding ``blobs`` (``{"out"|"err": hash}``); ``target`` is
         writable for us. Built under a temporary name and renamed into place whole, so no
-        exec sees a half-made entry; one an earlier kernel left is completed in place."""
-        entry = target / str(n)
-        if entry.is_dir():
+        exec sees a half-made entry; one an earlier kernel left is completed in place.
+
+        Each step is tried first and its rare failure handled (a leftover part, an entry
+        already there): this runs after every exec, and the checks it made first were
+        half of its system calls."""
+        target = os.fspath(target)
+        part = os.path.join(target, f".{n}.part")  # not a number: never taken for an entry
+        try:
+            os.mkdir(part, 0o700)
+        except FileExistsError:  # cut short by a crash or a full disk
+            os.chmod(part, 0o700)
+            shutil.rmtree(part)
+            os.mkdir(part, 0o700)
+        self._fill(part, blobs)
+        os.chmod(part, DIR_MODE)
+        entry = os.path.join(target, str(n))
+        try:
+            os.rename(part, entry)  # over an empty directory too
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            os.chmod(part, 0o700)
+            shutil.rmtree(part)
             os.chmod(entry, 0o700)
             self._fill(entry, blobs)
             os.chmod(entry, DIR_MODE)
-            return
-        part = target / f".{n}.part"  # not a number: never taken for an entry
-        if part.exists():
-            os.chmod(part, 0o700)
-            shutil.rmtree(part)  # cut short by a crash or a full disk
-        part.mkdir(mode=0o700)
-        self._fill(part, blobs)
-        os.chmod(part, DIR_MODE)
-        os.rename(part, entry)
 
     def drop_unlinked_copies(self, target: Path) -> None:
         """A root kernel's copies that no entry of ``target`` links any more (a link
@@ -67,40 +79,46 @@ class EntryMaker:
             except FileNotFoundError:
                 pass
 
-    def _fill(self, entry: Path, blobs: dict[str, str]) -> None:
+    def _fill(self, entry: str, blobs: dict[str, str]) -> None:
         for stream, digest in blobs.items():
-            self._link(self.cas.path_of(digest), entry / stream, self._copy_of(entry, digest))
+            self._link(digest, os.path.join(entry, stream), entry)
 
-    def _copy_of(self, entry: Path, digest: str) -> Path:
+    def _copy_of(self, entry: str, digest: str) -> Path:
         """Where a root kernel keeps its one copy of blob ``digest`` for the session of
         ``entry``: outside every ``$SHOAL_OUT`` (under ``root/.copies/<principal>/<session>``),
         so no listing shows it twice."""
-        session_dir = entry.parent
+        session_dir = Path(entry).parent
         return self.root / COPIES_DIR / session_dir.parent.name / session_dir.name / digest
 
-    def _link(self, blob: Path, name: Path, copy: Path) -> None:
-        if name.exists() or not blob.exists():
-            return
+    def _link(self, digest: str, name: str, entry: str) -> None:
+        """``name`` becomes blob ``digest``'s bytes; nothing when the blob is gone (gc
+        pruned it) or ``name`` is there already (an entry completed in place)."""
+        blob = self.cas.path_of(digest)
         if not self._copies():
-            # A hard link shares the blob's mode: CAS blobs never change, read-only.
-            os.chmod(blob, FILE_MODE)
             try:
+                # A hard link shares the blob's mode: CAS blobs never change, read-only.
+                os.chmod(blob, FILE_MODE)
                 os.link(blob, name)
+                return
+            except (FileNotFoundError, FileExistsError):
                 return
             except OSError:
                 pass  # another file system or no hard links: a copy
+        if os.path.exists(name) or not blob.exists():
+            return
         # root ignores file modes: a hard link would let `>>` rewrite the CAS blob itself,
         # so a root kernel exposes a copy, one per blob and session, hard-linked into each
         # entry with those bytes (a new file per exec was most of this sync's cost). A
         # root write through one entry changes that session's other entries of the same
         # bytes, never the stored output (a sandbox makes them read-only too).
+        copy = self._copy_of(entry, digest)
         if not copy.exists():
             copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.clones = _copy(blob, copy)
         try:
             os.link(copy, name)
         except OSError:
-            _copy(blob, name)  # too many links to one file: this entry gets its own
+            _copy(blob, Path(name))  # too many links to one file: this entry gets its own
 
 
 def _copy(blob: Path, name: Path) -> bool:

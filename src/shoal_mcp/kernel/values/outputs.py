@@ -48,9 +48,16 @@ SHOAL_OUT_ENV = "SHOAL_OUT"
 """The variable every exec gets: its caller's ``session_dir``."""
 
 
+@functools.lru_cache(maxsize=4096)
 def _key(name: str) -> str:
     """A directory name for a principal or session: stable, safe, not guessable from text."""
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+@functools.lru_cache(maxsize=4096)
+def _dir_of(base: Path, *names: str) -> Path:
+    """``base/<key of each name>``: asked for at every exec's start and end."""
+    return base.joinpath(*map(_key, names))
 
 
 def _stored_blobs(value: Any) -> dict[str, str]:
@@ -132,15 +139,15 @@ class SharedOutputs:
 
     def principal_dir(self, principal: str) -> Path:
         """Everything ``$SHOAL_OUT`` can show ``principal`` (read rules of its sandbox)."""
-        return (self.view or self.root) / _key(principal)
+        return _dir_of(self.view or self.root, principal)
 
     def session_dir(self, principal: str, session: str) -> Path:
         """``$SHOAL_OUT`` of ``principal`` in ``session`` (through the read-only mount)."""
-        return self.principal_dir(principal) / _key(session)
+        return _dir_of(self.view or self.root, principal, session)
 
     def _own_dir(self, principal: str, session: str) -> Path:
         """The same directory where this kernel writes it."""
-        return self.root / _key(principal) / _key(session)
+        return _dir_of(self.root, principal, session)
 
     def schedule(self, principal: str, session: str) -> None:
         """Sync ``session`` soon, as one of the store's chores: off the exec's critical
@@ -301,16 +308,19 @@ class SharedOutputs:
         return max((int(p.name) for p in target.iterdir() if p.name.isdigit()), default=0)
 
     def _writable(self, target: Path, work: Any) -> None:
-        """Run ``work`` with ``target`` (and its parents up to root) writable for us."""
-        for d in (self.root, target.parent):
-            d.mkdir(mode=0o700, exist_ok=True)
-        target.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(target, 0o700)
+        """Run ``work`` with ``target`` writable for us (made first, with its parents up to
+        root, when it is not there yet: the first output of a session)."""
+        try:
+            os.chmod(target, 0o700)
+        except FileNotFoundError:
+            for d in (self.root, target.parent, target):
+                d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(target.parent, DIR_MODE | 0o200)  # the kernel adds sessions
+            os.chmod(target, 0o700)
         try:
             work()
         finally:
             os.chmod(target, DIR_MODE)
-            os.chmod(target.parent, DIR_MODE | 0o200)  # the kernel adds sessions
 
     def _link_rows(self, target: Path, rows: list) -> None:
         for row in rows:
