@@ -238,6 +238,10 @@ its own EXIT report shows when the two differ by more than this (the kernel was 
 # --- exec supervisors and warm shells (docs/architecture.md, Processes) -------------
 SUPERVISOR_START_TIMEOUT_S = 30.0
 """How long an exec supervisor may take to start its command (or to exit once told)."""
+LANE_START_TIMEOUT_S = 2.0
+"""How long a lane (an exec's supervisor kept for the session's next ready shell) may
+take to start it before it is given up and the zygote forks one instead: a command
+may have stopped its supervisor (``kill -STOP $PPID``)."""
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * MiB
 """Policy ``max_output_bytes`` default: stdout + stderr of one exec; past it the command's
 tree is killed, the spools are cut back to the cap and the outcome says ``output_capped``."""
@@ -249,9 +253,12 @@ REPORTS_REMEMBERED = 16
 REPORT_REMEMBERED_MAX = 64 * KiB
 """Exec state reports (``export -p``) kept parsed, and the largest one kept: a session's
 report is usually the same exec after exec (exec/exports.py)."""
-READY_SHELL_WAIT_S = 0.05
+READY_SHELL_WAIT_S = 0.5
 """How long an exec waits for its session's ready shell that is still starting (past
-it, the exec starts its own bash)."""
+it, the exec starts its own bash). A start under way is nearly always sooner done than
+a cold one begun now, which needs the same busy CPUs for more work: at 0.05 s, 32
+agents on 2 cores went cold on 15% of their execs, which made the slowest tenth of all
+calls (p99 413 ms; 161 at 0.5 s). The bound is for a start that hangs."""
 READY_SHELLS_MAX = 16
 """At most this many started bash processes waiting for a source (exec/ready.py), one
 per (principal, session); the least recently made goes."""

@@ -3,8 +3,9 @@
 Starting the supervisor (a ``python -I -S``, plus the sandbox) is most of a cold
 exec's spawn cost.  A warm zygote forks a fresh supervisor for each job instead, which
 spawns bash; the zygote holds nothing of a session (cwd, env and source come with the
-job), and every job gets a new process and a new process tree, killed to the last
-process before its end is reported, so no state passes between execs.  A zygote was
+job), and every job gets a new process tree, killed to the last process before its end
+is reported, so no state passes between execs (without a sandbox, the supervisor of a
+session's last exec may start its next ready shell: a lane, ``supervisor.Lane``).  A zygote was
 confined to one exact sandbox spec and is only used for that spec: a grant change
 yields a new key, never a stale shell.
 
@@ -81,6 +82,7 @@ class WarmPool:
             "ready_hits": ready.hits if ready is not None else 0,
             "ready_misses": ready.misses if ready is not None else 0,
             "ready_waiting": len(ready) if ready is not None else 0,
+            "ready_on_lanes": ready.on_lanes if ready is not None else 0,
         }
 
     def take(self, principal: str, spec_bytes: bytes) -> Supervisor | None:

@@ -51,7 +51,7 @@ from .runner import (
     _prelude,
     take_spools,
 )
-from .supervisor import Job, Supervisor
+from .supervisor import Job, Lane, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ LOADER = (
     'eval "unset __shoal_go __shoal_src; $__shoal_src"'
 )
 """After the EXIT trap, on the same first line: wait, read the source, run it."""
+READY_ARGV = [_bytes(a) for a in (BASH, *BASH_ARGV[1:], _prelude(STATE_FD) + LOADER)]
+"""A ready bash's argv, as its supervisor gets it."""
 
 
 ReadyKey = tuple[str, str]  # (principal, session)
@@ -200,8 +202,10 @@ def prepare(
     sandbox: SandboxSpec | None,
     max_output_bytes: int,
     owner: str = "",
+    lane: Lane | None = None,
 ) -> ReadyShell:
-    """Start a bash under ``supervisor`` that waits for its source (OSError if not)."""
+    """Start a bash under ``supervisor`` that waits for its source (OSError if not); on
+    ``lane`` (the session's last exec's supervisor) when it can take it, else forked."""
     if env.get("BASH_ENV"):
         raise OSError("BASH_ENV is set: a ready shell would read it before its exec")
     fds: list[int] = []
@@ -215,13 +219,15 @@ def prepare(
         keep += [state_fd, script_fd, go_w]
         fds += [state_fd, script_fd, go_r]
         job = supervisor.run(
-            [_bytes(a) for a in (BASH, *BASH_ARGV[1:], _prelude(STATE_FD) + LOADER)],
+            READY_ARGV,
             _bytes(cwd),
             {_bytes(k): _bytes(v) for k, v in env.items()},
             fds,
             [STATE_FD, SCRIPT_FD, GO_FD],
             max_output_bytes,
             write=[_bytes(str(p)) for p in paths] if sandbox is not None else [],
+            stay=True,  # a bash that runs nothing before its go byte: safe on any lane
+            lane=lane,
         )
     except BaseException:
         for p in paths:
@@ -270,6 +276,7 @@ class ReadyShells:
         self._closed = False
         self.hits = 0
         self.misses = 0
+        self.on_lanes = 0  # started on the last exec's supervisor (supervisor.Lane)
 
     def take(
         self, key: ReadyKey, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int

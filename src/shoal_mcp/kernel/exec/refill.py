@@ -17,6 +17,7 @@ from ..values.service import ValueService
 from .pool import WarmPool
 from .prepare import LaunchSetup
 from .ready import ReadyShell, prepare
+from .supervisor import Lane
 
 
 class ShellRefill:
@@ -39,13 +40,21 @@ class ShellRefill:
         self.spool_dir = spool_dir
         self.pool = pool
 
-    def refill(self, who: Principal) -> None:
-        """Start the session's next bash now, unless ready shells are off."""
+    def refill(self, who: Principal, lane: Lane | None = None) -> None:
+        """Start the session's next bash now, unless ready shells are off; on ``lane``
+        (the supervisor of the exec that just ended) when it can take it. The lane is
+        closed once it is of no use."""
         ready = self.pool.ready if self.pool is not None else None
-        if ready is not None:
-            ready.refill((who.principal, who.session), lambda: self._make(who))
+        try:
+            if ready is not None:
+                ready.refill((who.principal, who.session), lambda: self._make(who, lane))
+        finally:
+            if lane is not None:
+                if lane.used and ready is not None:
+                    ready.on_lanes += 1
+                lane.close()  # unused (a shell was ready already, none was made)
 
-    def _make(self, who: Principal) -> ReadyShell | None:
+    def _make(self, who: Principal, lane: Lane | None = None) -> ReadyShell | None:
         """The ready shell for ``who``'s session as it is now; None when its cwd is gone
         or there is no warm zygote to start it under."""
         assert self.pool is not None
@@ -66,4 +75,5 @@ class ShellRefill:
             sandbox=prepared.sandbox,
             max_output_bytes=cap,
             owner=who.principal,
+            lane=lane,
         )

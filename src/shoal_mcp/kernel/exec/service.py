@@ -158,14 +158,18 @@ class ExecService:
         # A foreground exec is watched (and finalized) on this thread, which then writes
         # the reply: no waiter thread, no hand-off. Whenever this thread stops watching
         # before the end, the task gets a waiter thread of its own.
+        job = task.run.job
+        job.keep_lane = True  # its supervisor may start the session's next shell (a lane)
         try:
             if caller.spawned(task):
                 self.tasks.cancel(task, at_once=True)  # a cancel overtook the spawn
             waited = wait_for(self.tasks, task, opts.timeout_ms, caller)
         except BaseException:
+            job.drop_lane()
             self.tasks.watch_in_background(task)
             raise
         if not waited:
+            job.drop_lane()
             self.tasks.watch_in_background(task)
             # Past the wait budget, or the caller hung up (nobody will read the reply): the
             # command keeps running as a listed task, visible in task.list and cancellable,
@@ -180,8 +184,11 @@ class ExecService:
 
     def _after_exec(self, who: Principal, task: Task) -> None:
         """A foreground exec's housekeeping, done once its reply is on its way."""
+        lane = task.run.job.take_lane()  # its supervisor, waiting for a next job
         if task.result is not None:  # not after an output that could not be stored
-            self.refill.refill(who)  # first: the session's next exec waits for its shell
+            self.refill.refill(who, lane)  # first: the session's next exec waits for it
+        elif lane is not None:
+            lane.close()
         task.make_output_entry()
         # A finished foreground exec is never named again (its value is out:N in the
         # transcript): drop the task record so the kernel's memory stays flat.

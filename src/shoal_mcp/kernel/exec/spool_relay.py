@@ -204,3 +204,61 @@ def truncated_outcome(outcome: dict, losses: dict[str, dict]) -> dict:
     if not losses:
         return outcome
     return {**outcome, "ok": False, "truncated": dict(sorted(losses.items()))}
+
+
+class JobOutput:
+    """A job's stdout and stderr as pipes (the exec supervisor's side): the command gets
+    the write ends, a ``SpoolRelay`` per stream moves what arrives into the spool."""
+
+    def __init__(self, full_wait_s: float) -> None:
+        self.out_r, self.out_w = output_pipe()
+        self.err_r, self.err_w = output_pipe()
+        self.full_wait_s = full_wait_s
+        self.relays: list = []
+
+    def start(self, out: int, err: int) -> None:
+        """The command holds the write ends now; this process only reads."""
+        os.close(self.out_w)
+        os.close(self.err_w)
+        self.relays = [
+            SpoolRelay(self.out_r, out, self.full_wait_s),
+            SpoolRelay(self.err_r, err, self.full_wait_s),
+        ]
+
+    def abandon(self) -> None:
+        """Nothing started: close all four ends."""
+        for fd in (self.out_r, self.out_w, self.err_r, self.err_w):
+            os.close(fd)
+
+    def watched(self) -> list:
+        return [r.pipe_r for r in self.relays if r.wants_read()]
+
+    def held(self) -> bool:
+        return any(r.pending for r in self.relays)
+
+    def move(self, ready: list) -> None:
+        for r in self.relays:
+            if r.pipe_r in ready:
+                r.on_readable()
+            elif r.pending:
+                r.retry()
+
+    def copied(self) -> int:
+        return sum(r.written for r in self.relays)
+
+    def finish(self) -> bytes:
+        """After the tree is dead: what is left in the pipes, then close them; the loss
+        words of the ``exit`` line (`` out:ENOSPC:LOST:STORED``), empty when none."""
+        words = b""
+        for name, r in zip((b"out", b"err"), self.relays, strict=True):
+            r.finish(self.full_wait_s)
+            os.close(r.pipe_r)
+            loss = r.loss()
+            if loss is not None:
+                words += b" %s:%s:%d:%d" % (
+                    name,
+                    str(loss["reason"]).encode(),
+                    loss["lost_bytes"],
+                    loss["stored_bytes"],
+                )
+        return words

@@ -1,4 +1,5 @@
-"""The exec supervisor: a per-(principal, sandbox) zygote that forks one supervisor per job.
+"""The exec supervisor: a per-(principal, sandbox) zygote that forks a supervisor per job
+(or, without a sandbox, per run of a session's jobs: a lane).
 
     python -I -S supervise.py CTRL_FD
 
@@ -30,6 +31,16 @@ tree is reparented to it, ``setsid`` or not — answers:
 4. ``b"exit WSTATUS CAPPED[ LOSS…]\\n"`` once bash exited and every other process of the
    tree is dead and reaped: after it, nothing writes the spools.  Then it exits.  A
    ``LOSS`` word ``out|err:ERRNO:LOST:STORED`` names a stream that lost bytes.
+5. A job whose frame says ``"stay"`` (only ever sent to a zygote without a sandbox)
+   makes its supervisor a *lane*: after ``exit`` it waits on the same socket for the
+   kernel's next job of that session, a ``0`` byte then a job frame with its spools and
+   extra descriptors (no socket: this one goes on), and runs it as above; EOF instead
+   ends it.  Bytes other than ``0`` that arrive between jobs are signals sent too late
+   for the job that ended: dropped.  A lane saves a fork of the zygote and an exit per
+   exec.  It takes no next job once a command changed what the next tree would inherit
+   from it (``_inherited``).  A sandboxed job never stays, because its supervisor's
+   confinement is the job's own (a SysV IPC namespace per job, Landlock rules bound to
+   that job's spool inodes).
 
 The command never holds a spool: its stdout and stderr are pipes this supervisor
 copies into the spools (``spool_relay.py``), the one witness of a write a full or
@@ -195,67 +206,6 @@ def _cut(out: int, err: int, cap: int) -> bool:
     return True
 
 
-class _Output:
-    """The job's stdout and stderr as pipes: the command gets the write ends, a
-    ``SpoolRelay`` per stream moves what arrives into the spool and witnesses every
-    byte a full or failing disk refused (issue 31, honest storage)."""
-
-    def __init__(self, full_wait_s: float) -> None:
-        relay = _relay_module()
-        self.out_r, self.out_w = relay.output_pipe()
-        self.err_r, self.err_w = relay.output_pipe()
-        self.full_wait_s = full_wait_s
-        self.relays: list = []
-
-    def start(self, out: int, err: int) -> None:
-        """The command holds the write ends now; this process only reads."""
-        relay = _relay_module()
-        os.close(self.out_w)
-        os.close(self.err_w)
-        self.relays = [
-            relay.SpoolRelay(self.out_r, out, self.full_wait_s),
-            relay.SpoolRelay(self.err_r, err, self.full_wait_s),
-        ]
-
-    def abandon(self) -> None:
-        """Nothing started: close all four ends."""
-        for fd in (self.out_r, self.out_w, self.err_r, self.err_w):
-            os.close(fd)
-
-    def watched(self) -> list:
-        return [r.pipe_r for r in self.relays if r.wants_read()]
-
-    def held(self) -> bool:
-        return any(r.pending for r in self.relays)
-
-    def move(self, ready: list) -> None:
-        for r in self.relays:
-            if r.pipe_r in ready:
-                r.on_readable()
-            elif r.pending:
-                r.retry()
-
-    def copied(self) -> int:
-        return sum(r.written for r in self.relays)
-
-    def finish(self) -> bytes:
-        """After the tree is dead: what is left in the pipes, then close them; the loss
-        words of the ``exit`` line (`` out:ENOSPC:LOST:STORED``), empty when none."""
-        words = b""
-        for name, r in zip((b"out", b"err"), self.relays, strict=True):
-            r.finish(self.full_wait_s)
-            os.close(r.pipe_r)
-            loss = r.loss()
-            if loss is not None:
-                words += b" %s:%s:%d:%d" % (
-                    name,
-                    str(loss["reason"]).encode(),
-                    loss["lost_bytes"],
-                    loss["stored_bytes"],
-                )
-        return words
-
-
 _RELAY: list = []
 
 
@@ -277,7 +227,7 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     Bytes the kernel sends on the socket are signals for the command's process group
     (a job in a pid namespace: the kernel cannot name its pids itself), or TERMINATE.
     """
-    output = _Output(job.get("full_wait") or 0.0)
+    output = _relay_module().JobOutput(job.get("full_wait") or 0.0)
     try:
         pid = _start(job, output.out_w, output.err_w, extra)
     except OSError as e:
@@ -409,7 +359,8 @@ def _drain(fd: int) -> None:
 
 
 def _job(job: dict, fds: list, failure: "str | None") -> None:
-    """In the forked supervisor: run one job on its own socket, report, exit."""
+    """In the forked supervisor: run one job on its own socket, report, exit; a lane
+    (``stay``) runs the session's next jobs on that socket first."""
     sock = _socket.socket(fileno=fds[0])
     out, err, extra = fds[1], fds[2], fds[3:]
     try:
@@ -427,10 +378,62 @@ def _job(job: dict, fds: list, failure: "str | None") -> None:
         _close_spools(out, err)
         sock.sendall(b"exit %d 0\n" % (_SANDBOX_FAILED << 8))
         return
-    job["env"].update(_SANDBOX_ENV)
-    status, capped, lost, _alive = _run(sock, wake_r, job, out, err, extra)
-    _close_spools(out, err)
-    sock.sendall(b"exit %d %d%s\n" % (status, int(capped), lost))
+    inherited = _inherited() if job.get("stay") else None
+    while True:
+        job["env"].update(_SANDBOX_ENV)
+        status, capped, lost, alive = _run(sock, wake_r, job, out, err, extra)
+        _close_spools(out, err)
+        sock.sendall(b"exit %d %d%s\n" % (status, int(capped), lost))
+        if not (alive and job.get("stay")) or _SANDBOX or _inherited() != inherited:
+            return
+        following = _next_job(sock)
+        if following is None:
+            return
+        job, fds = following
+        out, err, extra = fds[0], fds[1], fds[2:]
+
+
+def _inherited() -> tuple:
+    """What a job's tree inherits from this supervisor that a command could change from
+    outside (``prlimit``, ``renice``, ``taskset``, ``choom``, a cgroup move, ``ptrace``
+    on ``$PPID``): a lane that finds any of it changed after a job takes no other, so
+    nothing of one exec reaches the next."""
+    found: list = [os.getpriority(os.PRIO_PROCESS, 0), frozenset(os.sched_getaffinity(0))]
+    for name in ("limits", "oom_score_adj", "cgroup"):
+        try:
+            with open(f"/proc/self/{name}", "rb") as fh:
+                found.append(fh.read())
+        except OSError:
+            found.append(None)
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            found += [line for line in fh if line.startswith(b"TracerPid:")]
+    except OSError:
+        found.append(None)
+    return tuple(found)
+
+
+def _next_job(sock: "_socket.socket") -> "tuple | None":
+    """A lane between jobs: the next job and its descriptors (spools, then extras), or
+    None at EOF or on a frame that is not one."""
+    while True:
+        fds: list = []
+        try:
+            marker = _recv_exact(sock, 1, fds)
+            if marker != b"\0":  # a signal for the job that ended
+                for fd in fds:
+                    os.close(fd)
+                continue
+            job = _recv_frame(sock, fds)
+        except (EOFError, OSError):
+            job = None
+        for fd in fds:  # SCM_RIGHTS descriptors arrive inheritable; only dup2 targets may be
+            os.set_inheritable(fd, False)
+        if not isinstance(job, dict) or len(fds) < 2:
+            for fd in fds:
+                os.close(fd)
+            return None
+        return job, fds
 
 
 def _close_spools(out: int, err: int) -> None:

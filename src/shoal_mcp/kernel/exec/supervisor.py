@@ -5,8 +5,11 @@ at a time: :meth:`Supervisor.run` hands over the command's argv, cwd, env, its s
 descriptors and an output cap, and returns a :class:`Job` with the command's pid.
 :meth:`Job.wait` returns once the whole process tree is gone.  :meth:`Job.kill` closes
 our end of the control socket, which makes the supervisor SIGKILL the tree and exit
-(so does the kernel dying).  A supervisor whose job ended normally can take another
-(``on_idle`` gives it back to the warm pool).  See docs/architecture.md, Processes.
+(so does the kernel dying).  A job of a zygote without a sandbox may be started to
+*stay*: kept by its consumer (``Job.keep_lane``), its supervisor outlives the job as a
+:class:`Lane` that takes the session's next job itself (``run(lane=…)``), one fork and
+one exit fewer per exec (supervise.py, protocol step 5).  See docs/architecture.md,
+Processes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..access.sandbox import SandboxSpec
-from ..config.limits import CANCEL_GRACE_S, SPOOL_FULL_WAIT_S, SUPERVISOR_START_TIMEOUT_S
+from ..config.limits import (
+    CANCEL_GRACE_S,
+    LANE_START_TIMEOUT_S,
+    SPOOL_FULL_WAIT_S,
+    SUPERVISOR_START_TIMEOUT_S,
+)
 from .supervise import TERMINATE
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
@@ -59,7 +67,8 @@ def _frame(payload: bytes | dict[str, object]) -> bytes:
 
 
 class Supervisor:
-    """One zygote process; forks a supervisor per job, any number concurrently."""
+    """One zygote process; forks a supervisor per job (unless it runs on a lane), any
+    number concurrently."""
 
     def __init__(self, spec_bytes: bytes = b"") -> None:
         self.spec_bytes = spec_bytes
@@ -121,14 +130,20 @@ class Supervisor:
         *,
         write: list[bytes] | None = None,
         last: bool = False,
+        stay: bool = False,
+        lane: Lane | None = None,
     ) -> Job:
         """Start a job: stdout, stderr, then extras in ``fds`` (placed at ``targets`` in
         the command).  The :class:`Job` has the command's pid once it started.
 
         ``write``: paths this job may also write in the sandbox (its spools).
         ``last``: a one-job (cold) zygote, told at once that no job follows; the job
-        closes (reaps) it when it ends."""
+        closes (reaps) it when it ends.
+        ``stay``: its supervisor may become a lane (only without a sandbox).
+        ``lane``: a lane of this zygote's to run the job on instead of a new fork; one
+        that is not this zygote's or has ended is closed, and the zygote forks as ever."""
         owner = self if last else None
+        stay = stay and not self.spec_bytes and not last
         frame = _frame(
             {
                 "argv": argv,
@@ -139,10 +154,16 @@ class Supervisor:
                 "write": write or [],
                 "full_wait": SPOOL_FULL_WAIT_S,
                 "grace": CANCEL_GRACE_S,
+                "stay": stay,
             }
         )
+        if lane is not None:
+            job = lane.run(self, frame, fds) if stay else None
+            lane.close()  # taken by the job, or of no use: the lane's supervisor exits
+            if job is not None:
+                return job
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        job = Job(ours, owner, own_pids=self.own_pids)
+        job = Job(ours, owner, own_pids=self.own_pids, stays=stay)
         try:
             with self._send:
                 self.jobs += 1
@@ -156,13 +177,26 @@ class Supervisor:
             raise SupervisorError(exc.errno, f"exec supervisor is gone: {exc}") from exc
         finally:
             theirs.close()
-        line = job.line(SUPERVISOR_START_TIMEOUT_S)
+        started = self._started(job)
+        assert started is not None  # only a lane's start can come back empty
+        return started
+
+    def _started(self, job: Job, *, lane: bool = False) -> Job | None:
+        """``job`` once its supervisor said how the start went; on a ``lane``, None when
+        its supervisor is gone or did not answer within ``LANE_START_TIMEOUT_S``: a lane
+        only ever starts a ready shell's bash, which runs nothing before its go byte, so
+        the caller forks one afresh instead."""
+        job.zygote = self
+        line = job.line(LANE_START_TIMEOUT_S if lane else SUPERVISOR_START_TIMEOUT_S)
         if line is not None and line.startswith(b"pid "):
             job.pid = int(line[4:])
             return job
         if line is not None and line.startswith(b"exit "):
             job.finish(line)  # nothing ran (sandbox not applied, exec failed)
             return job
+        if lane:  # gone, or stopped by the last job (kill -STOP $PPID): not used again
+            job.kill()
+            return None
         if job.eof:
             # Its supervisor was killed before it could report (the command killed its
             # parent at once); the zygote, a subreaper too, kills what it left.
@@ -220,11 +254,20 @@ class Job:
     is gone.  ``lock`` orders ``exit`` against kill/signal calls."""
 
     def __init__(
-        self, sock: socket.socket, owner: Supervisor | None = None, *, own_pids: bool = False
+        self,
+        sock: socket.socket,
+        owner: Supervisor | None = None,
+        *,
+        own_pids: bool = False,
+        stays: bool = False,
+        zygote: Supervisor | None = None,
     ) -> None:
         self.sock = sock
         self.owner = owner  # a one-job zygote to reap once the job ended
         self.own_pids = own_pids  # pid is in the job's own pid namespace (a sandbox's)
+        self.stays = stays  # its supervisor waits for a next job after this one (a lane)
+        self.zygote = zygote  # whose lane it is (set by Supervisor._started)
+        self.keep_lane = False  # its consumer takes the lane once the job ended
         self.pid: int | None = None
         self.exit: Exit | None = None
         self.reported = False  # the supervisor itself reported the end (tree reaped)
@@ -256,13 +299,35 @@ class Job:
         with self.lock:
             self.exit = Exit(int(status), capped == b"1", _losses(losses))
             self.reported = reported
-        self.close()
+            lane = reported and self.stays and self.keep_lane
+        if not lane:  # else the socket waits for take_lane or drop_lane
+            self.close()
 
     def close(self) -> None:
         self.sock.close()
         owner, self.owner = self.owner, None
         if owner is not None:
             owner.close()  # it exits right after this job's supervisor did
+
+    def take_lane(self) -> Lane | None:
+        """Once the job ended: its supervisor, waiting for the session's next job (the
+        caller runs one on it or closes it); None when it is not waiting."""
+        with self.lock:
+            kept = self.reported and self.stays and self.keep_lane and self.zygote is not None
+            self.keep_lane = False
+        if not kept or self.exit is None:
+            return None
+        assert self.zygote is not None
+        return Lane(self.sock, self.zygote)
+
+    def drop_lane(self) -> None:
+        """Nobody will take the lane: the supervisor exits once the job ended (now, when
+        it already has)."""
+        with self.lock:
+            kept = self.exit is not None and self.reported and self.stays and self.keep_lane
+            self.keep_lane = False
+        if kept:
+            self.sock.close()
 
     def wait(self, timeout: float | None = None, wake: int | None = None) -> Exit | None:
         """The command's end (every process of its tree reaped); None on timeout, or
@@ -302,6 +367,7 @@ class Job:
         """Kill the whole tree now (EOF on the job's socket), unless it already ended."""
         with self.lock:
             if self.exit is None:
+                self.stays = False  # its supervisor exits after the tree: no lane
                 try:
                     self.sock.shutdown(socket.SHUT_WR)
                 except OSError:
@@ -334,3 +400,41 @@ class Job:
             except OSError:  # the job's socket is closed: it is ending
                 return False
             return True
+
+
+class Lane:
+    """A job's supervisor after the job, waiting on its socket for the next job of the
+    same session (supervise.py, protocol step 5); owned by whoever took it."""
+
+    def __init__(self, sock: socket.socket, zygote: Supervisor) -> None:
+        self._sock: socket.socket | None = sock
+        self.zygote = zygote
+        self.used = False  # a job was started on it
+
+    def run(self, zygote: Supervisor, frame: bytes, fds: list[int]) -> Job | None:
+        """Start the job of ``frame`` here; None when this lane cannot (another zygote's,
+        already used, its supervisor gone), and then nothing started."""
+        sock = self._sock
+        if sock is None or zygote is not self.zygote or not zygote.alive():
+            return None
+        try:
+            socket.send_fds(sock, [b"\0" + frame], fds)
+        except OSError:
+            return None
+        self._sock = None  # the job's now
+        job = Job(sock, own_pids=zygote.own_pids, stays=True)
+        try:
+            started = zygote._started(job, lane=True)
+        except BaseException:
+            job.close()
+            raise
+        if started is None:  # the lane's supervisor was gone or stopped: nothing ran
+            job.close()
+        self.used = started is not None
+        return started
+
+    def close(self) -> None:
+        """Not used (any more): its supervisor reads EOF and exits."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()

@@ -42,8 +42,8 @@ class EntryMaker:
         Each step is tried first and its rare failure handled (a leftover part, an entry
         already there): this runs after every exec, and the checks it made first were
         half of its system calls."""
-        target = os.fspath(target)
-        part = os.path.join(target, f".{n}.part")  # not a number: never taken for an entry
+        where = os.fspath(target)
+        part = os.path.join(where, f".{n}.part")  # not a number: never taken for an entry
         try:
             os.mkdir(part, 0o700)
         except FileExistsError:  # cut short by a crash or a full disk
@@ -52,7 +52,7 @@ class EntryMaker:
             os.mkdir(part, 0o700)
         self._fill(part, blobs)
         os.chmod(part, DIR_MODE)
-        entry = os.path.join(target, str(n))
+        entry = os.path.join(where, str(n))
         try:
             os.rename(part, entry)  # over an empty directory too
         except OSError as exc:
