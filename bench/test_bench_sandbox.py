@@ -11,7 +11,8 @@ on both alike); the ratio of medians (sandboxed / unsandboxed; issue 25's target
 ``SHOAL_BENCH_QUICK=1`` runs a handful of rounds.
 
 Beside them, in the same rounds: the default agent (``agent:mcp``, what an MCP client
-without a token attaches as: sandboxed, in a git project) against the local human (no
+without a token attaches as: sandboxed, in a git project; its CPU budget lifted, so the
+rounds measure the sandbox and not ``max_cpu_ms_per_s``) against the local human (no
 policy table: unconfined), issue 26's target: <= 1.15.
 """
 
@@ -41,10 +42,15 @@ WARMUP = 3 if QUICK else 20
 TARGET_RATIO = 1.3
 AGENT_TARGET_RATIO = 1.15
 
+# No principal here is held for its CPU budget (``max_cpu_ms_per_s``, 100 ms/s for a
+# token or the default agent): ~300 back-to-back execs each would be, and the ratios would
+# measure the throttle, not the sandbox (agent/human read 1.78-1.87 held, 1.27-1.29
+# unheld, at the commit that lifted it).
 POLICY = """
 [principal."bench:boxed"]
 proc_spawn = ["true"]
 sandbox = true
+max_cpu_ms_per_s = 0
 [principal."bench:boxed".fs]
 read = ["{work}/**"]
 write = ["{work}/**"]
@@ -52,9 +58,14 @@ write = ["{work}/**"]
 [principal."bench:open"]
 proc_spawn = ["true"]
 sandbox = false
+max_cpu_ms_per_s = 0
 [principal."bench:open".fs]
 read = ["{work}/**"]
 write = ["{work}/**"]
+
+# The default agent keeps its built-in profile but for its CPU budget.
+[principal."agent:mcp"]
+max_cpu_ms_per_s = 0
 """
 
 MEDIANS: dict[str, float] = {}
