@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+from shoal_mcp.kernel.config.limits import READY_SHELL_WAIT_S
 from shoal_mcp.kernel.exec.keeper import PoolKeeper
 from shoal_mcp.kernel.exec.ready import ReadyShells, prepare
 from shoal_mcp.kernel.exec.supervisor import Supervisor
@@ -115,6 +116,44 @@ def test_a_shell_is_used_only_for_the_exact_state_it_was_started_with(tmp_path):
         assert run.out_path.read_bytes() == b"hi\n" and run.err_path.read_bytes() == b"/"
         assert run.read_state()[0] == "/"  # type: ignore[index]
         run.discard()
+    finally:
+        shells.close()
+        z.close()
+
+
+def test_a_take_waits_for_a_reserved_shell_and_not_for_a_released_one(tmp_path):
+    """An exec reserves its session's next shell before its reply: the caller's next
+    exec, even when it comes before the refill has begun, waits for that shell instead
+    of starting cold; a reservation released wakes it at once (a miss, no wait)."""
+    z = Supervisor()
+    shells = ReadyShells()
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    taken: list = []
+
+    def take() -> None:
+        taken.append(shells.take(("p", "s"), "/", dict(env), b"", 0))
+
+    try:
+        assert shells.reserve(("p", "s"))
+        assert not shells.reserve(("p", "s"))  # one refill per key at a time
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        time.sleep(0.05)  # the take is under way and finds nothing made yet
+        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        shells.refill(("p", "s"), lambda: made, reserved=True)
+        waiter.join(10)
+        assert taken == [made] and shells.hits == 1
+        made.discard()
+
+        assert shells.reserve(("p", "s"))
+        waiter = threading.Thread(target=take)
+        began = time.monotonic()
+        waiter.start()
+        time.sleep(0.05)
+        shells.release(("p", "s"))
+        waiter.join(10)
+        assert taken[-1] is None and shells.misses == 1
+        assert time.monotonic() - began < READY_SHELL_WAIT_S  # woken, not timed out
     finally:
         shells.close()
         z.close()

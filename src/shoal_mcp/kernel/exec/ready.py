@@ -305,18 +305,41 @@ class ReadyShells:
         self.hits += 1
         return shell
 
-    def refill(self, key: ReadyKey, make: object) -> None:
+    def reserve(self, key: ReadyKey) -> bool:
+        """Say that the key's next shell is coming (``refill(reserved=True)`` after the
+        exec's reply): from now on a take waits for it, as for one being made. Before
+        the reply, so the caller's next exec cannot arrive first and start cold. True:
+        reserved, and the caller must refill or ``release``."""
+        with self._lock:
+            if self._closed or key in self._making or key in self._shells:
+                return False
+            self._making.add(key)
+            return True
+
+    def release(self, key: ReadyKey) -> None:
+        """A reservation with no refill after all (the exec's output was not stored)."""
+        with self._lock:
+            self._making.discard(key)
+            self._made.notify_all()
+
+    def refill(self, key: ReadyKey, make: object, *, reserved: bool = False) -> None:
         """Start the key's next shell with ``make()`` (a callable returning a ReadyShell
-        or None), unless one is ready or being made; on this thread (the exec service
-        calls it once its reply is written, so no thread is started for it)."""
+        or None), unless one is ready or being made (``reserved``: by this caller); on
+        this thread (the exec service calls it once its reply is written, so no thread
+        is started for it)."""
         with self._lock:
             stale = self._expired()
-            busy = self._closed or key in self._making or key in self._shells
-            if not busy:
-                self._making.add(key)
+            if reserved:
+                busy = self._closed
+            else:
+                busy = self._closed or key in self._making or key in self._shells
+                if not busy:
+                    self._making.add(key)
         for old in stale:
             old.discard()
         if busy:
+            if reserved:
+                self.release(key)
             return
         self._make(key, make)
 

@@ -40,14 +40,29 @@ class ShellRefill:
         self.spool_dir = spool_dir
         self.pool = pool
 
-    def refill(self, who: Principal, lane: Lane | None = None) -> None:
+    def reserve(self, who: Principal) -> bool:
+        """Before a foreground exec's reply: the session's next shell is coming, so an
+        exec that arrives before the refill waits for it (``ReadyShells.reserve``)."""
+        ready = self.pool.ready if self.pool is not None else None
+        return ready is not None and ready.reserve((who.principal, who.session))
+
+    def release(self, who: Principal) -> None:
+        """A reservation that no refill follows."""
+        if self.pool is not None and self.pool.ready is not None:
+            self.pool.ready.release((who.principal, who.session))
+
+    def refill(self, who: Principal, lane: Lane | None = None, *, reserved: bool = False) -> None:
         """Start the session's next bash now, unless ready shells are off; on ``lane``
         (the supervisor of the exec that just ended) when it can take it. The lane is
-        closed once it is of no use."""
+        closed once it is of no use. ``reserved``: this caller's ``reserve`` said True."""
         ready = self.pool.ready if self.pool is not None else None
         try:
             if ready is not None:
-                ready.refill((who.principal, who.session), lambda: self._make(who, lane))
+                ready.refill(
+                    (who.principal, who.session),
+                    lambda: self._make(who, lane),
+                    reserved=reserved,
+                )
         finally:
             if lane is not None:
                 if lane.used and ready is not None:

@@ -177,18 +177,25 @@ class ExecService:
             # max_tasks, like every running exec.
             self.tasks.detach(task)
             return task_handle(task, timed_out=True)
+        # The session's next shell is made after the reply; said before it, so that the
+        # caller's next exec waits for that shell instead of starting cold.
+        reserved = task.result is not None and self.refill.reserve(who)
         try:
             return self.reply.result(who, task, opts, started)
         finally:
-            caller.after_reply(lambda: self._after_exec(who, task))
+            caller.after_reply(lambda: self._after_exec(who, task, reserved))
 
-    def _after_exec(self, who: Principal, task: Task) -> None:
+    def _after_exec(self, who: Principal, task: Task, reserved: bool = False) -> None:
         """A foreground exec's housekeeping, done once its reply is on its way."""
         lane = task.run.job.take_lane()  # its supervisor, waiting for a next job
         if task.result is not None:  # not after an output that could not be stored
-            self.refill.refill(who, lane)  # first: the session's next exec waits for it
-        elif lane is not None:
-            lane.close()
+            # first: the session's next exec waits for it
+            self.refill.refill(who, lane, reserved=reserved)
+        else:
+            if reserved:
+                self.refill.release(who)
+            if lane is not None:
+                lane.close()
         task.make_output_entry()
         # A finished foreground exec is never named again (its value is out:N in the
         # transcript): drop the task record so the kernel's memory stays flat.
