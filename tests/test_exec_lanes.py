@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,6 +163,19 @@ def test_a_supervisor_its_job_changed_takes_no_other(zygote, tmp_path, change):
     assert lane is not None and not lane.used
     assert ppid != out1.read_text().strip()
     assert nofile != "100" and nice == str(os.getpriority(os.PRIO_PROCESS, zygote.pid))
+
+
+def test_a_supervisor_gone_with_our_bytes_unread_reads_as_eof():
+    """A lane's supervisor that ends before reading the next job's frame leaves the
+    kernel's end reset (ECONNRESET), not at EOF: read as EOF, so the zygote forks."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.sendall(b"a frame the supervisor never read\n")
+    theirs.close()
+    job = Job(ours, stays=True)
+    try:
+        assert job.line(5) is None and job.eof
+    finally:
+        job.close()
 
 
 def test_a_stopped_lane_is_given_up(zygote, tmp_path):

@@ -286,7 +286,12 @@ class Job:
             ready, _, _ = select.select(watched, [], [], remaining)
             if self.sock not in ready:
                 return None
-            data = self.sock.recv(4096)
+            try:
+                data = self.sock.recv(4096)
+            except ConnectionResetError:
+                # The supervisor exited with bytes of ours unread (a lane that ended
+                # because its last job changed it): the same as EOF.
+                data = b""
             if not data:
                 self.eof = True
                 return None
