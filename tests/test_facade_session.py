@@ -192,6 +192,7 @@ def test_a_handler_bug_is_an_internal_error(session, sent):
 
 def test_a_cancelled_request_is_never_answered_and_others_are(monkeypatch, tmp_path):
     monkeypatch.setenv("SHOAL_SOCKET", str(tmp_path / "no-kernel.sock"))
+    monkeypatch.setenv("SHOAL_NO_AUTOSTART", "1")  # else initialize leaves a kernel running
     sent: list[dict] = []
     session = McpSession(sent.append)  # the real pool: the slow call must not block pings
     session.receive(_req("init", "initialize", {"protocolVersion": "2025-06-18"}))
