@@ -153,9 +153,13 @@ def _shoal_row(env: dict[str, str] | None, policy: Path) -> dict:
 
             for c in clients:  # each session's first exec starts its shell: not measured
                 ok(c.call_tool("shoal_exec", {"command": "true"}))
+            warm0 = _warm(kernel)
             cpu0 = cpu_seconds(kernel.pid)
             facades0 = sum(cpu_seconds(c.pid) for c in clients)
             row = agents.mcp_row(clients, "shoal_exec", {"command": "true"}, AGENT_CALLS, ok)
+            warm1 = _warm(kernel)
+            # An exec that found no ready shell started cold: the slowest calls.
+            row["ready_misses"] = warm1.get("ready_misses", 0) - warm0.get("ready_misses", 0)
             row["server_cpu_ms_per_call"] = round(
                 (cpu_seconds(kernel.pid) - cpu0) / row["calls"] * 1e3, 3
             )
@@ -167,6 +171,15 @@ def _shoal_row(env: dict[str, str] | None, policy: Path) -> dict:
             for c in clients:
                 c.close()
     return row
+
+
+def _warm(kernel) -> dict:
+    """The kernel's warm-pool and ready-shell counters (kernel.status)."""
+    status = kernel.client("agents-status")
+    try:
+        return status.call("kernel.status", timeout=30)["warm"]
+    finally:
+        close_client(status)
 
 
 def _fastmcp_row() -> dict:
@@ -208,15 +221,17 @@ def test_agents_each_with_a_server(request, tmp_path):
                     "cpus": os.cpu_count(), "quick": QUICK, "rows": rows}, indent=2) + "\n"
     )  # fmt: skip
     lines = [
-        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11}"
+        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11} {'cold':>5}"
     ]
     for name, row in rows.items():
         cpu = row.get("server_cpu_ms_per_call")
         facade = row.get("facade_cpu_ms_per_call")
+        cold = row.get("ready_misses")
         lines.append(
             f"{name:>14} {row['calls_per_s']:9.1f} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} "
             f"{row['throughput_over_fastmcp']:10.2f} {row['p99_over_fastmcp']:6.2f} "
             f"{'' if cpu is None else f'{cpu:19.3f}'} {'' if facade is None else f'{facade:11.3f}'}"
+            f"{'' if cold is None else f' {cold:5d}'}"
         )
     lines.append(f"saved to {AGENTS_RESULTS}")
     print("\n" + "\n".join(lines))

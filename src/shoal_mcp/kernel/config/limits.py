@@ -259,9 +259,12 @@ it, the exec starts its own bash). A start under way is nearly always sooner don
 a cold one begun now, which needs the same busy CPUs for more work: at 0.05 s, 32
 agents on 2 cores went cold on 15% of their execs, which made the slowest tenth of all
 calls (p99 413 ms; 161 at 0.5 s). The bound is for a start that hangs."""
-READY_SHELLS_MAX = 16
+READY_SHELLS_MAX = 64
 """At most this many started bash processes waiting for a source (exec/ready.py), one
-per (principal, session); the least recently made goes."""
+per (principal, session); the least recently made goes. One costs ~2.1 MB (PSS: its
+bash ~0.5, its supervisor ~1.65) until it is used or idle for ``WARM_POOL_IDLE_S``. At
+16, 32 agents took turns evicting each other's: 1% of their execs went cold (the
+evicted shell's start wasted too), which cost 6% of the kernel's CPU per call."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
 OWNER_LOOP_EXIT_WAIT_S = 5.0
