@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from shoal_mcp.kernel.config.limits import CPU_DEBT_CAP_S
+from shoal_mcp.kernel.rpc.fairness import UNMETERED_FRAME_MAX, is_unmetered
 from shoal_mcp.protocol.limits import SRC_MAX_CHARS
 from tests.support.budgets import token_kernel
 from tests.support.polling import wait_until
@@ -158,3 +159,10 @@ def test_attaching_before_the_deadline_keeps_the_connection(env) -> None:
         assert conn.call("ping", timeout=30)["result"]["pong"] is True
     finally:
         conn.close()
+
+
+def test_only_small_frames_of_the_unmetered_methods_go_unmetered() -> None:
+    """Judged on the message the connection parsed (no second parse of the frame)."""
+    assert is_unmetered("ping", 40) and is_unmetered("task.cancel", UNMETERED_FRAME_MAX)
+    assert not is_unmetered("ping", UNMETERED_FRAME_MAX + 1)  # a large one pays its way
+    assert not is_unmetered("exec", 40) and not is_unmetered(None, 40)  # None: a response

@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-import orjson
-
 from ..config.limits import CPU_BURST_S, CPU_DEBT_CAP_S, CPU_UNMETERED_METHODS, CPU_WAIT_SLICE_S
 
 UNMETERED_FRAME_MAX = 512
@@ -201,16 +199,7 @@ class Metered:
         self.settle()
 
 
-def is_unmetered(event: object) -> bool:
-    """A frame of a method the CPU budget never holds (``CPU_UNMETERED_METHODS``).
-
-    Only small frames are looked at (those methods' frames are small): a prefix check of
-    the method name would be fooled by a crafted frame, a parse of a 1 MiB one would cost
-    what admission is there to bound."""
-    if not isinstance(event, (bytes, bytearray, memoryview)) or len(event) > UNMETERED_FRAME_MAX:
-        return False
-    try:
-        method = orjson.loads(event).get("method")
-    except (orjson.JSONDecodeError, AttributeError):
-        return False
-    return method in CPU_UNMETERED_METHODS
+def is_unmetered(method: str | None, frame_len: int) -> bool:
+    """A frame of a method the CPU budget never holds (``CPU_UNMETERED_METHODS``), as
+    parsed already, and small (those methods' frames are): a large one pays its way."""
+    return frame_len <= UNMETERED_FRAME_MAX and method in CPU_UNMETERED_METHODS

@@ -503,7 +503,9 @@ def _principal_of(conn: Connection) -> str | None:
 
 
 def _unmetered(event: Received | Oversized) -> bool:
-    return isinstance(event, Received) and is_unmetered(event.frame)
+    if not isinstance(event, Received):
+        return False
+    return is_unmetered(getattr(event.message, "method", None), len(event.frame))
 
 
 def _attach_timeout(timeout_s: float) -> dict:
