@@ -1,10 +1,10 @@
-"""The kernel's reusable worker threads (kernel/rpc/workers.py): reuse, bounds, expiry."""
+"""The kernel's reusable worker threads (kernel/owner/workers.py): reuse, bounds, expiry."""
 
 from __future__ import annotations
 
 import threading
 
-from shoal_mcp.kernel.rpc.workers import Workers
+from shoal_mcp.kernel.owner.workers import Workers
 from tests.support.polling import wait_until
 
 

@@ -36,9 +36,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a deadline for the pre-attach read, and for a refusal sent to a peer that does"
         " not read: timeouts on one operation, not a loop that looks again"
     ),
-    ("kernel/rpc/fairness.py", "CPU_WAIT_SLICE_S"): (
-        "only a principal over its CPU budget waits here, sliced so a closed connection"
-        " ends the wait; the owner loop replaces it with a timer"
+    ("kernel/rpc/loop_reading.py", "CPU_WAIT_SLICE_S"): (
+        "a timer on the owner loop, not a wait: a connection paused for its principal's"
+        " CPU rate is looked at again after a slice (a policy reload may lift the limit)"
     ),
     ("kernel/exec/spool_relay.py", "time.sleep("): (
         "in the supervisor process, not the kernel: a full disk is retried until the"

@@ -26,7 +26,7 @@ def test_clean_text_stays_a_string_and_names_are_escaped():
 
 
 def test_the_kernel_reply_encoder_never_raises():
-    from shoal_mcp.kernel.rpc.server import _encode_reply
+    from shoal_mcp.kernel.rpc.socket_connection import _encode_reply
 
     odd = orjson.loads(_encode_reply({"jsonrpc": "2.0", "id": 7, "result": {"cwd": "/x\udcff"}}))
     assert odd["result"]["cwd"] == {"$": "bytes", "v": base64.b64encode(b"/x\xff").decode()}

@@ -40,6 +40,7 @@ from .exec.service import ExecService
 from .exec.tasks import TaskManager
 from .net.service import start_egress
 from .owner.loop import OwnerLoop
+from .owner.workers import Workers
 from .pty.manager import PtyManager
 from .store.cas import ContentStore
 from .store.db import Database, check_not_truncated
@@ -132,7 +133,14 @@ class Kernel(CrossServiceChecks):
         # One thread for fd readiness and timers: the background tasks' reports, the warm
         # pool's keeper, the periodic chores (owner/loop.py).
         self.owner = OwnerLoop()
-        self.tasks = TaskManager(self.events, finalizer.finalize, self.owner)
+        # Reused threads for what the owner loop must not wait for: calls, finalizes.
+        self.workers = Workers()
+        self.tasks = TaskManager(
+            self.events,
+            finalizer.finalize,
+            self.owner,
+            elsewhere=lambda job: self.workers.run(job, "finalize"),
+        )
         self.egress = start_egress(state, self.db, self.confinement, self._running_exec, self.owner)
         self.values = ValueService(
             self.transcript, self.tasks, Resolver(self.cas), self.journal_read_all

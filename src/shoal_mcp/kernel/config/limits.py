@@ -346,6 +346,11 @@ at most (the facade accepts ``MCP_INPUT_QUEUE`` pipelined requests and sends the
 one connection); past it they are refused -32031 (quota ``blocking_calls``)."""
 MAX_QUEUED_BLOCKING_BYTES = 64 * MiB
 """Frame bytes a connection's queued blocking calls hold at most (1 MiB sources)."""
+MAX_DRAIN_BACKLOG = 16
+"""Frames of one connection waiting for its quick calls to answer (rpc/loop_reading.py)
+before the owner loop stops reading it; it reads on once they have (backpressure)."""
+MAX_DRAIN_BACKLOG_BYTES = 1 * MiB
+"""The same bound in frame bytes."""
 LIST_REPLY_BYTES = 4 * MiB
 """Encoded rows one list reply (journal.query, plan.list, task.list, events.read) carries
 before it stops with ``more`` and a ``cursor`` (at least one row always goes out)."""

@@ -126,6 +126,7 @@ class TaskManager:
         events: EventBus,
         finalize: Callable[[Task], dict],
         loop: OwnerLoop | None = None,
+        elsewhere: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.events = events
         self.finalize = finalize
@@ -133,7 +134,7 @@ class TaskManager:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False  # set by shutdown(): no task may start behind its back
-        self.watcher = BackgroundWatcher(self._finish, self._publish_output, loop)
+        self.watcher = BackgroundWatcher(self._finish, self._publish_output, loop, elsewhere)
 
     def start(
         self,

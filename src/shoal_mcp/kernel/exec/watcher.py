@@ -6,8 +6,9 @@ thread of its own, blocked in ``select()`` on its supervisor's socket until the 
 then one watcher thread held all those sockets in one selector. Now they are readers
 on the kernel's owner loop (``owner/loop.py``): a readable socket is a report line
 (``exit``), read without blocking; a timer per task sends its throttled ``output``
-event. Finalize runs on the loop, one task after another: it is the bookkeeping that
-stays in the kernel (a few ms; the output itself was written by the supervisor).
+event. Finalize runs on a worker (``elsewhere``; on the loop for a watcher without
+one): it writes to the database and the CAS, which may be held for seconds by
+another process or by ``store.gc``, and every client's reading waits on the loop.
 
 Tasks come in through ``call_soon``, so ``add`` never waits for the loop.
 """
@@ -51,9 +52,11 @@ class BackgroundWatcher(Generic[Task]):
         finish: Callable[[Task], None],
         publish_output: Callable[[Task], None],
         loop: OwnerLoop | None = None,
+        elsewhere: Callable[[Callable[[], None]], None] | None = None,
     ):
         self._finish = finish
         self._publish_output = publish_output
+        self._elsewhere = elsewhere  # where finalize runs (a worker), else on the loop
         self._own_loop = loop is None
         self._loop = loop if loop is not None else OwnerLoop("task-watcher")
         # task id → (its report socket's fd, its output timer): the loop thread's alone
@@ -103,6 +106,14 @@ class BackgroundWatcher(Generic[Task]):
             self._finished(task)
 
     def _finished(self, task: Task) -> None:
+        if self._elsewhere is not None:
+            # Finalize writes to the database and the CAS, which another process or a
+            # store.gc may hold for seconds: never on the loop every client waits on.
+            self._elsewhere(lambda: self._finish_now(task))
+            return
+        self._finish_now(task)
+
+    def _finish_now(self, task: Task) -> None:
         try:
             self._finish(task)
         except Exception:  # noqa: BLE001 - finish catches its own; belt and braces

@@ -7,14 +7,15 @@ analysing its source, encoding its reply) under the one GIL, so two principals s
 own calls (issue 14's soak: its p99 went from 31 to 188 ms).
 
 ``CpuBudgets`` measures the CPU time (``time.thread_time``) each principal's work uses on
-the kernel's threads: the connection's reader (framing, parsing, quick methods) and the
-threads of its blocking calls. It is charged after the work; before the next frame of a
-connection is handled, a principal that has used more than policy ``max_cpu_ms_per_s``
-allows (with a burst of ``CPU_BURST_S`` of it) waits until it is back in credit. The debt
+the kernel's threads: the owner loop's reading of its connections (framing, parsing,
+routing), its quick methods and its blocking calls. It is charged after the work;
+before the next frame of a connection is handled, a principal that has used more than
+policy ``max_cpu_ms_per_s`` allows (with a burst of ``CPU_BURST_S`` of it) waits until
+it is back in credit (``rpc/loop_reading.py`` pauses the connection). The debt
 is capped at ``CPU_DEBT_CAP_S`` seconds of the rate, so one huge call costs its caller a
 bounded wait, and ``CPU_UNMETERED_METHODS`` (ping, task.cancel, kernel.status) are never
 held: a principal in debt can still cancel its work and tell throttled from stalled. The
-reader waiting stops reading that connection, so the socket pushes back on the client;
+paused connection is not read, so the socket pushes back on the client;
 no other principal's call waits. A principal's calls are delayed, never refused: a
 refusal would still cost the parse of each frame, and a client retrying in a loop would
 make the kernel spend more time, not less (docs/decisions.md, Fairness).
@@ -29,22 +30,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
-from ..config.limits import CPU_BURST_S, CPU_DEBT_CAP_S, CPU_UNMETERED_METHODS, CPU_WAIT_SLICE_S
+from ..config.limits import CPU_BURST_S, CPU_DEBT_CAP_S, CPU_UNMETERED_METHODS
 
 UNMETERED_FRAME_MAX = 512
 """Frames longer than this are never taken for an unmetered call (theirs are ~100 bytes)."""
 
 RateOf = Callable[[str], int]
-
-
-class StopFlag(Protocol):
-    """What ends a wait for credit early: the connection's ``closed``."""
-
-    def is_set(self) -> bool: ...
-
-
 """A principal's ``max_cpu_ms_per_s`` (0: no limit)."""
 
 
@@ -78,23 +70,10 @@ class CpuBucket:
         self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def admit(self, stop: StopFlag, on_wait: Callable[[float], None] | None = None) -> None:
-        """Wait while in debt (or until ``stop``); ``on_wait(seconds of debt left)`` before
-        each slice of waiting, outside the lock (the server tells the client it is
-        throttled, not stalled, and a write may block)."""
-        while not stop.is_set():
-            with self._cond:
-                self._refill()
-                if self.tokens >= 0 or self.rate <= 0:
-                    return
-                debt_s = -self.tokens / self.rate
-            if on_wait is not None:
-                on_wait(debt_s)
-            with self._cond:
-                # Woken early by set_rate; sliced so ``stop`` (a closed connection) is seen.
-                began = time.monotonic()
-                self._cond.wait(min(debt_s, CPU_WAIT_SLICE_S))
-                self.held_s += time.monotonic() - began
+    def note_held(self, seconds: float) -> None:
+        """A wait the owner loop timed itself (its connection paused), for ``held_s``."""
+        with self._cond:
+            self.held_s += seconds
 
     def charge(self, seconds: float) -> None:
         with self._cond:
@@ -145,18 +124,6 @@ class CpuBudgets:
             buckets = list(self._buckets.items())
         waits = ((p, b.wait_s()) for p, b in buckets)
         return {p: w for p, w in waits if w > 0}
-
-    def admit(
-        self,
-        principal: str,
-        stop: StopFlag,
-        on_wait: Callable[[float], None] | None = None,
-    ) -> None:
-        """Before a principal's work: wait while it is over its CPU rate."""
-        bucket = self.bucket(principal)
-        if bucket is None:
-            return
-        bucket.admit(stop, on_wait)
 
     def charge_later(self, principal: str, seconds: float) -> None:
         """Charge work done outside a call (a reaped PTY's program), also to a limited

@@ -1,20 +1,22 @@
 """The kernel's Unix-socket JSON-RPC server: connections, dispatch, replies.
 
-One reader thread per connection feeds frames through the framing core and the
-sans-I/O JSON-RPC layer; quick methods answer inline, blocking ones on their own thread,
-so responses can come out of order. All writes to a connection go through one
-``FrameWriter`` lock. No handler exception ever reaches a client as a traceback.
+Until it attaches, a connection is served on a worker thread (the attach timeout, the
+pre-attach rule); from then on the owner loop reads it with every other client's
+(``loop_reading.py``) and hands its calls to workers: quick methods one at a time in
+frame order, blocking ones each on a thread of its own, so responses can come out of
+order. All writes to a connection go through one lock. No handler exception ever
+reaches a client as a traceback.
 
 Budgets (docs/configuration.md, Budgets): at most ``[kernel] max_connections``
-connections are open (each is a thread; past it a new one is answered -32031 and
-closed), a connection runs at most ``MAX_BLOCKING_CALLS`` blocking calls at once, and
-before ``session.attach`` a frame may not exceed ``FRAME_BEFORE_ATTACH`` bytes and the
+connections are open (past it a new one is answered -32031 and closed), a connection
+runs at most ``MAX_BLOCKING_CALLS`` blocking calls at once, and before
+``session.attach`` a frame may not exceed ``FRAME_BEFORE_ATTACH`` bytes and the
 connection must attach within ``[kernel] attach_timeout_ms``. Each attached frame and
 blocking call is metered against its principal's ``max_cpu_ms_per_s`` (``fairness.py``):
-a principal over it waits before its next frame is handled, so it cannot starve others.
+a principal over it is not read until it is back in credit, so it cannot starve others.
 A connection's state (attach, the pre-attach rule, oversize accounting, the in-flight
-table) is the sans-I/O ``connection.Connection``; the threads here read its socket into
-it, act on its events and write the replies.
+table) is the sans-I/O ``connection.Connection``; the code here and in
+``loop_reading.py`` reads its socket into it, acts on its events and writes the replies.
 """
 
 from __future__ import annotations
@@ -26,22 +28,12 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.framing import FrameTooLarge, FrameWriter, encode_frame
-from ...protocol.jsonrpc import (
-    NO_ID,
-    Invalid,
-    Notification,
-    Request,
-    Response,
-    error_response,
-    response,
-)
+from ...protocol.framing import encode_frame
+from ...protocol.jsonrpc import NO_ID, Request, error_response, response
 from ...protocol.limits import READ_CHUNK
 from ...protocol.schema import split_unknown, validate
-from ...protocol.wiretext import to_wire
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
@@ -52,58 +44,20 @@ from ..config.limits import (
 )
 from ..pty.orphans import OrphanReaper
 from .call import Call
-from .callqueue import REFUSED, RUN, BlockingCalls
-from .closed_flag import ClosedFlag
+from .callqueue import REFUSED, RUN
 from .connection import NEED_DATA, Connection, Oversized, Received
-from .fairness import CpuBudgets, Metered, is_unmetered
+from .fairness import CpuBudgets, Metered
+from .loop_reading import LoopReading
 from .malloc import tune_malloc
-from .registry import REGISTRY, MethodSpec
+from .registry import MethodSpec
+from .routing import route
+from .socket_connection import SocketConnection
 from .ticker import Ticker
-from .workers import Workers
 
 log = logging.getLogger(__name__)
 
 REFUSAL_SEND_TIMEOUT_S = 0.25
 """How long a refusal may wait for a peer that does not read: never stall accept."""
-
-
-class SocketConnection(Connection):
-    """A connection's state (``connection.Connection``) with its socket: what the
-    server's threads need to read it, write to it and close it."""
-
-    def __init__(self, sock: socket.socket, peer_pid: int | None = None) -> None:
-        super().__init__(peer_pid)
-        self.sock = sock
-        self.closed = ClosedFlag()
-        self.subscriptions: dict[str, Any] = {}
-        self.lock = threading.Lock()  # a write, or the close of the fd
-        self.calls = BlockingCalls()  # running and queued ones
-        self.writer = FrameWriter(sock.fileno())
-
-    def send(self, message: dict) -> bool:
-        """Write one message; False when the peer is gone."""
-        if self.closed.is_set():
-            return False
-        frame = _encode_reply(message)
-        # Checked and written under ``lock``, which _close_conn also takes before closing
-        # the fd: a reply can never go to a recycled fd (another client's connection).
-        with self.lock:
-            if self.closed.is_set():
-                return False
-            try:
-                self.writer.write_frame(frame)
-            except OSError:
-                self.closed.set()
-                return False
-        return True
-
-    def notify_event(self, event: dict) -> None:
-        self.send({"jsonrpc": "2.0", "method": "event", "params": event})
-
-    def notify_throttled(self, wait_s: float) -> None:
-        """Tell the client its frames wait for its CPU budget: its liveness pings go
-        unanswered meanwhile, and it must not call that a stalled kernel."""
-        self.send({"jsonrpc": "2.0", "method": "throttled", "params": {"wait_s": round(wait_s, 3)}})
 
 
 class KernelServer:
@@ -116,8 +70,11 @@ class KernelServer:
         self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
         trim = tune_malloc()  # before the connection threads: see malloc.py
-        self._threads = Workers()  # reused threads: no thread start per blocking call
-        self.cpu = CpuBudgets(self._cpu_rate)
+        self._threads = kernel.workers  # reused threads: no thread start per blocking call
+        self.cpu = CpuBudgets(
+            lambda principal: kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
+        )
+        self.reading = LoopReading(kernel.owner, self)  # attached connections, on the loop
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
         grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
@@ -150,9 +107,6 @@ class KernelServer:
         with self._lock:
             return [c.who for c in self.connections if c.who is not None]
 
-    def _cpu_rate(self, principal: str) -> int:
-        return self.kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
-
     def connections_of(self, principal: str) -> int:
         """Attached connections of ``principal`` (its ``max_connections`` count)."""
         with self._lock:
@@ -184,9 +138,10 @@ class KernelServer:
             conn = SocketConnection(sock, peer_pid=pid)
             with self._lock:
                 self.connections.add(conn)
-            self._start_worker(self._serve, (conn,), f"conn-{conn.id}")
+            self.on_worker(self._serve, (conn,), f"conn-{conn.id}")
 
-    def _start_worker(self, target: Any, args: tuple, name: str) -> None:
+    def on_worker(self, target: Callable[..., None], args: tuple, name: str) -> None:
+        """Run ``target(*args)`` on a worker thread, counted until it ends (``drain``)."""
         # Counted before start, so drain() cannot miss a thread that has not run yet.
         with self._lock:
             self._workers += 1
@@ -244,50 +199,54 @@ class KernelServer:
         if not attached:
             self._cleanup(conn)
             return
-        self._read_frames(conn)
+        self._hand_to_loop(conn)
 
-    def _read_frames(self, conn: SocketConnection) -> None:
-        """Read ``conn``'s socket into it and act on its events.
+    def _hand_to_loop(self, conn: SocketConnection) -> None:
+        """The attached connection is read on the owner loop from now on
+        (``loop_reading.py``); it counts as a worker until it is cleaned up."""
+        self.busy(+1)
+        if not self.reading.adopt(conn):
+            self.lost(conn)
 
-        A blocking call runs on the thread that read it, which first hands the reading
-        (the connection, with the frames it holds after the call's) to another worker:
-        the call starts without a thread hand-off, and this connection is read on
-        meanwhile. Whichever thread reads last cleans the connection up."""
-        handed_off = False
+    # -- what the owner loop's reading calls back (loop_reading.Server) --------------------
+
+    def admit_blocking(
+        self, conn: SocketConnection, spec: MethodSpec, msg: Request, size: int
+    ) -> dict | None:
+        """Start a routed blocking call on a worker, or queue it behind the connection's
+        running ones (``callqueue.py``); the refusal to send when both are full."""
+        admitted = conn.calls.admit((spec, msg), size)
+        if admitted == REFUSED:
+            conn.pop_call(msg.id)
+            err = over_budget(
+                "blocking_calls",
+                MAX_BLOCKING_CALLS + MAX_QUEUED_BLOCKING_CALLS,
+                "blocking calls running or queued on this connection",
+            )
+            return error_response(msg.id, err.code, err.message, err.data)
+        if admitted == RUN:
+            self.on_worker(self._run_metered, (conn, spec, msg), "call")
+        return None
+
+    def busy(self, delta: int) -> None:
+        """Work that ``drain`` waits for besides worker threads: a connection the owner
+        loop reads (+1 when it is handed over, -1 once it is cleaned up)."""
+        with self._lock:
+            self._workers += delta
+            if delta < 0:
+                self._workers_done.notify_all()
+
+    def run_quick(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
+        """A quick method, answered on this thread; its CPU is its principal's."""
+        with Metered(self.cpu, _principal_of(conn)):
+            self._run(conn, spec, msg)
+
+    def lost(self, conn: SocketConnection) -> None:
+        """A connection the loop read has ended: cleaned up here, on a worker."""
         try:
-            cpu_start = time.thread_time()  # reading the frames is this principal's too
-            while not conn.closed.is_set():
-                event = conn.next_event()
-                if event is NEED_DATA:
-                    conn.receive_data(conn.sock.recv(READ_CHUNK))
-                    continue
-                if not isinstance(event, (Received, Oversized)):  # CLOSED
-                    break
-                principal = _principal_of(conn)
-                if principal is not None and not _unmetered(event):
-                    self.cpu.admit(principal, conn.closed, conn.notify_throttled)
-                blocking = None
-                if isinstance(event, Oversized):
-                    ok = self._oversize(conn, event)
-                else:
-                    blocking = self._handle_frame(conn, event)
-                    ok = True
-                if principal is not None:
-                    now = time.thread_time()
-                    self.cpu.charge(principal, now - cpu_start)
-                    cpu_start = now
-                if not ok:
-                    return
-                if blocking is not None:
-                    self._start_worker(self._read_frames, (conn,), f"conn-{conn.id}")
-                    handed_off = True
-                    self._run_metered(conn, *blocking)
-                    return
-        except OSError:
-            pass
+            self._cleanup(conn)
         finally:
-            if not handed_off:
-                self._cleanup(conn)
+            self.busy(-1)
 
     def _read_until_attached(self, conn: SocketConnection) -> bool:
         """Serve frames until the connection attaches (True) or closes, times out or
@@ -295,7 +254,7 @@ class KernelServer:
 
         The connection decodes one line at a time until it attaches (the pre-attach
         rule, ``connection.py``): what follows the attaching frame stays in it for the
-        full-size decoding that ``_read_frames`` does next.
+        full-size decoding that the owner loop does next (``loop_reading.py``).
         """
         sock = conn.sock
         timeout_s = self.kernel.guard.policy.kernel["attach_timeout_ms"] / 1000
@@ -319,65 +278,25 @@ class KernelServer:
                     return False
                 sock.settimeout(None)  # replies are written in blocking mode
                 if isinstance(event, Oversized):
-                    if not self._oversize(conn, event):
+                    conn.send(event.reply)
+                    if event.close:
                         return False
                     continue
-                blocking = self._handle_frame(conn, event)
-                if blocking is not None:  # before attach: only a call that refuses
-                    self._start_worker(self._run_metered, (conn, *blocking), "call")
+                kind, what = route(conn, event)
+                if kind == "reply":
+                    conn.send(what)
+                elif kind == "quick":
+                    spec, msg = what
+                    self._run(conn, spec, msg)
+                elif kind == "blocking":  # before attach: only a call that refuses
+                    spec, msg = what
+                    refusal = self.admit_blocking(conn, spec, msg, len(event.frame))
+                    if refusal is not None:
+                        conn.send(refusal)
         finally:
             if not conn.closed.is_set():
                 sock.settimeout(None)  # the socket is read in blocking mode from now on
         return True
-
-    def _oversize(self, conn: SocketConnection, event: Oversized) -> bool:
-        conn.send(event.reply)
-        return not event.close
-
-    def _handle_frame(
-        self, conn: SocketConnection, event: Received
-    ) -> tuple[MethodSpec, Request] | None:
-        """Answer the message, or return the blocking call it is (its slot is taken: the
-        caller runs it, on a thread of its own)."""
-        msg = event.message
-        if isinstance(msg, Invalid):
-            if msg.reply is not None:
-                conn.send(msg.reply)
-            return None
-        if isinstance(msg, (Response, Notification)):
-            return None  # clients send no responses or notifications we act on
-        assert isinstance(msg, Request)
-        spec = REGISTRY.get(msg.method)
-        if spec is None:
-            conn.send(
-                error_response(msg.id, ErrorCode.METHOD_NOT_FOUND, f"no method {msg.method!r}")
-            )
-            return None
-        if spec.attach and not conn.attached:
-            conn.send(
-                error_response(
-                    msg.id,
-                    ErrorCode.NOT_ATTACHED,
-                    "not attached: call session.attach first",
-                    {"method": msg.method},
-                )
-            )
-            return None
-        if spec.blocking:
-            admitted = conn.calls.admit((spec, msg), len(event.frame))  # callqueue.py
-            if admitted == REFUSED:
-                err = over_budget(
-                    "blocking_calls",
-                    MAX_BLOCKING_CALLS + MAX_QUEUED_BLOCKING_CALLS,
-                    "blocking calls running or queued on this connection",
-                )
-                conn.send(error_response(msg.id, err.code, err.message, err.data))
-                return None
-            # Known by its id before it runs, so task.cancel {call} can't overtake it.
-            conn.add_call(msg.id)
-            return (spec, msg) if admitted == RUN else None
-        self._run(conn, spec, msg)
-        return None
 
     def _run_metered(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         """A blocking call on its own thread: its CPU is charged to its principal (an
@@ -452,25 +371,6 @@ class KernelServer:
             self.connections.discard(conn)
 
 
-def _encode_reply(message: dict) -> bytes:
-    """One frame for ``message``, never an exception: text that is not UTF-8 goes as
-    bytes nodes (``protocol.wiretext``), anything else unencodable becomes -32603."""
-    try:
-        try:
-            return encode_frame(message)
-        except FrameTooLarge:
-            raise
-        except TypeError:  # orjson: a lone surrogate (non-UTF-8 path/env) or bytes
-            return encode_frame(to_wire(message))
-    except FrameTooLarge:
-        log.error("reply to %r too large; sending -32603 instead", message.get("id"))
-        why = "result too large for one frame"
-    except Exception as exc:  # noqa: BLE001 - a reply must always go out
-        log.exception("cannot encode reply to %r", message.get("id"))
-        why = f"cannot encode the result: {type(exc).__name__}: {exc}"[:500]
-    return encode_frame(error_response(message.get("id"), ErrorCode.INTERNAL, why))
-
-
 def _close_conn(conn: SocketConnection, close_fd: bool = True) -> None:
     conn.closed.set()
     try:
@@ -500,12 +400,6 @@ def _refuse(sock: socket.socket, why: RpcError | None = None) -> None:
 def _principal_of(conn: Connection) -> str | None:
     who = conn.who
     return who.principal if who is not None else None
-
-
-def _unmetered(event: Received | Oversized) -> bool:
-    if not isinstance(event, Received):
-        return False
-    return is_unmetered(getattr(event.message, "method", None), len(event.frame))
 
 
 def _attach_timeout(timeout_s: float) -> dict:
