@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal_mcp.kernel.config.limits import CPU_DEBT_CAP_S
+from shoal_mcp.kernel.config.limits import CPU_DEBT_CAP_S, KERNEL_IDLE_WORKERS
 from shoal_mcp.kernel.rpc.fairness import UNMETERED_FRAME_MAX, is_unmetered
 from shoal_mcp.protocol.limits import SRC_MAX_CHARS
 from tests.support.budgets import token_kernel
@@ -44,6 +44,7 @@ def env():
 
 def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> None:
     # 1 ms of kernel CPU per second: one 1 MiB plan puts agent:slow about 100 s in debt.
+    base_threads = threads(env.kernel.pid)
     with env.raw("cpu-slow", principal="agent:slow") as slow:
         first = slow.call("exec", {"src": _heavy_src(1), "mode": "plan"}, timeout=120)
         assert "result" in first, first  # the burst lets the first call through
@@ -65,9 +66,17 @@ def test_a_principal_over_its_cpu_rate_waits_while_others_are_served(env) -> Non
 
             wait_until(lambda: held().get("agent:slow", 0) > 0, timeout=30, interval=0.1)
             assert "agent:other" not in held()
-        base = threads(env.kernel.pid)
-    # Closing the held connection releases its reader thread (it does not sleep out the debt).
-    wait_until(lambda: threads(env.kernel.pid) < base, timeout=30, interval=0.1)
+            # Held, it costs no thread: the owner loop only stopped reading it.
+            assert threads(env.kernel.pid) <= base_threads + KERNEL_IDLE_WORKERS
+            open_before = local.call("kernel.status", timeout=30)["result"]["connections"]
+    # The held connection, closed, is cleaned up (at the latest once its capped debt is
+    # paid, when the loop reads its end), and it held no thread meanwhile.
+    with env.raw("cpu-local-2", principal=None) as local:
+
+        def connections() -> int:
+            return local.call("kernel.status", timeout=30)["result"]["connections"]
+
+        wait_until(lambda: connections() < open_before, timeout=30, interval=0.1)
 
 
 def test_debt_is_capped_and_cancel_ping_status_are_never_held(env) -> None:

@@ -115,6 +115,7 @@ class LoopReading:
         self._pump(state)
 
     def _readable(self, state: _Reading) -> None:
+        began = time.thread_time()  # reading and decoding are the principal's CPU too
         try:
             data = state.conn.sock.recv(READ_CHUNK, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -122,16 +123,16 @@ class LoopReading:
         except OSError:
             data = b""  # reset by the peer: the end of its input, like EOF
         state.conn.receive_data(data)
-        self._pump(state)
+        self._pump(state, began)
 
-    def _pump(self, state: _Reading) -> None:
+    def _pump(self, state: _Reading, began: float | None = None) -> None:
         """Route the connection's events until it needs data, pauses or closes. The CPU
         this takes is the principal's (framing, parsing, routing), but not a pause's
         notice: charging that would keep a principal at its rate in debt for ever."""
         conn = state.conn
         who: Principal | None = conn.who
         principal = who.principal if who is not None else None
-        mark: float | None = time.thread_time()
+        mark: float | None = time.thread_time() if began is None else began
         try:
             while not state.gone:
                 if state.throttled or state.backed_up():
