@@ -297,7 +297,8 @@ EVENT_BYTES = 256 * MiB
 """``[kernel] max_event_bytes``: encoded bytes all event rings keep together (past it the
 least recently used rings without subscribers are evicted)."""
 KERNEL_CONNECTIONS = 256
-"""``[kernel] max_connections``: open connections (one thread each) of the whole kernel."""
+"""``[kernel] max_connections``: open connections of the whole kernel (each a worker
+until it attaches, then a reader on the owner loop)."""
 STATE_BYTES = 32 * 1024 * MiB
 """``[kernel] max_state_bytes``: size of the state dir past which new execs and plans are
 refused (-32031) until ``shoal gc`` frees room."""

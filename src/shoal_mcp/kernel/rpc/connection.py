@@ -81,7 +81,7 @@ class InflightCall:
     An exec attaches its task here once spawned. Until then the call's lifecycle is
     spawn-pending: a ``task.cancel {call}`` that arrives earlier is remembered and
     applied at the spawn; from the spawn on, the task's own lifecycle takes over. The
-    lock stays while two threads touch a call (the reader cancels, the call spawns).
+    lock stays while two threads touch a call (a quick call cancels, the call spawns).
     """
 
     def __init__(self) -> None:

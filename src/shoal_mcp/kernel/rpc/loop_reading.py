@@ -41,7 +41,7 @@ from ...protocol.limits import READ_CHUNK
 from ..config.limits import CPU_WAIT_SLICE_S, MAX_DRAIN_BACKLOG, MAX_DRAIN_BACKLOG_BYTES
 from ..owner.loop import LoopClosed, OwnerLoop
 from .connection import CLOSED, NEED_DATA, Event, Oversized, Received
-from .fairness import CpuBudgets, is_unmetered
+from .fairness import CpuBucket, CpuBudgets, is_unmetered
 from .routing import route
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class LoopReading:
         notice goes out, and the loop looks again in a slice (or once in credit)."""
         bucket = self.server.cpu.bucket(principal)
         wait_s = bucket.wait_s() if bucket is not None else 0.0
-        if wait_s <= 0:
+        if bucket is None or wait_s <= 0:
             return False
         state.throttled = True
         self._stop_reading(state)
@@ -186,7 +186,7 @@ class LoopReading:
         self.loop.call_later(nap, self._unthrottle, state, bucket, nap)
         return True
 
-    def _unthrottle(self, state: _Reading, bucket: Any, waited_s: float) -> None:
+    def _unthrottle(self, state: _Reading, bucket: CpuBucket, waited_s: float) -> None:
         bucket.note_held(waited_s)
         state.throttled = False
         self._go_on(state)

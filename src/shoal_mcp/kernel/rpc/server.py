@@ -142,17 +142,13 @@ class KernelServer:
 
     def on_worker(self, target: Callable[..., None], args: tuple, name: str) -> None:
         """Run ``target(*args)`` on a worker thread, counted until it ends (``drain``)."""
-        # Counted before start, so drain() cannot miss a thread that has not run yet.
-        with self._lock:
-            self._workers += 1
+        self.busy(+1)  # before start, so drain() cannot miss a thread that has not run yet
 
         def work() -> None:
             try:
                 target(*args)
             finally:
-                with self._lock:
-                    self._workers -= 1
-                    self._workers_done.notify_all()
+                self.busy(-1)
 
         self._threads.run(work, name)
 
@@ -185,8 +181,9 @@ class KernelServer:
         with self._lock:
             conns = list(self.connections)
         for conn in conns:
-            # Shut down only: each reader thread wakes with EOF and closes its own fd in
-            # _cleanup, so no thread is left reading an fd number the OS may reuse.
+            # Shut down only: its reader (a worker before attach, the owner loop after)
+            # sees EOF and the fd is closed in _cleanup, so nothing reads a number the OS
+            # may reuse.
             _close_conn(conn, close_fd=False)
 
     # -- per connection -----------------------------------------------------------------
@@ -229,8 +226,8 @@ class KernelServer:
         return None
 
     def busy(self, delta: int) -> None:
-        """Work that ``drain`` waits for besides worker threads: a connection the owner
-        loop reads (+1 when it is handed over, -1 once it is cleaned up)."""
+        """Count work that ``drain`` waits for: a worker's job, a connection the owner
+        loop reads (+1 when it begins or is handed over, -1 once it has ended)."""
         with self._lock:
             self._workers += delta
             if delta < 0:
@@ -299,13 +296,13 @@ class KernelServer:
         return True
 
     def _run_metered(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
-        """A blocking call on its own thread: its CPU is charged to its principal (an
-        inline call's is charged by the reader that runs it)."""
+        """A blocking call on its own thread: its CPU is charged to its principal (a
+        quick call's by ``run_quick``, its frame's reading by the owner loop)."""
         call: tuple[MethodSpec, Request] | None = (spec, msg)
         while call is not None:  # then the connection's queued ones, on this thread
             with Metered(self.cpu, _principal_of(conn)) as metered:
                 # Charged before the reply is written too: the client's next frame, which
-                # the reader may take as soon as the reply is out, must see this debt.
+                # the owner loop may take as soon as the reply is out, must see this debt.
                 self._run(conn, *call, before_reply=metered.settle)
             call, dropped = conn.calls.next_after(conn.closed.is_set())
         for _, gone in dropped:  # the connection closed: nobody waits for them
