@@ -9,7 +9,10 @@ sequence on a live kernel is in ``test_reliability_faults.py`` (SIGTERM test).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +27,12 @@ from shoal_mcp.kernel.exec.runner import spawn
 from shoal_mcp.kernel.exec.tasks import TaskManager
 from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
+from tests.support.kernel import KernelProcess, close_client
 from tests.support.procfs import pid_alive
+from tests.support.tmp import short_tmp
+
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+STOP_WAIT_S = 30.0
 
 
 def test_close_lets_a_leased_transaction_finish(tmp_path: Path) -> None:
@@ -116,3 +124,28 @@ def test_task_shutdown_waits_for_results_then_refuses_new_tasks(tmp_path: Path) 
     assert info.value.code == ErrorCode.INTERNAL and "shutting down" in info.value.message
     assert not pid_alive(late.pid)
     assert stored == [first.id]
+
+
+def test_a_stop_signal_taken_by_another_thread_still_stops_the_kernel(tmp_path: Path) -> None:
+    """The OS may give SIGTERM to any of the kernel's threads; Python runs its handler on
+    the main thread only, which waits in the accept loop. Taken by the owner loop's
+    thread, it was never handled (the kernel ran on until SIGKILL, and a clean stop's
+    bookkeeping, such as the ref numbers it gives back, was lost). Sent here to a thread
+    that is not the main one, with tgkill."""
+    with short_tmp("shsig-") as tmp:
+        kernel = KernelProcess(tmp).start()
+        try:
+            client = kernel.client("sig")
+            client.call("exec", {"src": "true"}, timeout=60)  # its threads are all up
+            close_client(client)
+            pid = kernel.proc.pid
+            others = sorted(int(t.name) for t in Path(f"/proc/{pid}/task").iterdir())
+            others.remove(pid)
+            assert others, "the kernel has no thread but its main one"
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.syscall(SYS_TGKILL, pid, others[0], signal.SIGTERM) == 0
+            assert kernel.proc.wait(STOP_WAIT_S) == 0  # (SIGKILLed after it, else)
+            assert "signal 15: shutting down" in kernel.log()
+        finally:
+            kernel.stop()
+            kernel.release_pipes()

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
+import select
+import signal
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import encode_frame
@@ -113,32 +116,42 @@ class KernelServer:
             return sum(1 for c in self.connections if c.who and c.who.principal == principal)
 
     def serve_forever(self) -> None:
-        # accept() blocks without a timeout: stop() shuts the listener down, which wakes
-        # it with an error (Linux), and the loop then sees ``stopping``.
-        while not self.stopping.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                if self.stopping.is_set():
-                    return
-                continue
-            uid, pid = peer_credentials(sock)
-            if uid is not None and uid != os.geteuid():
-                log.warning("refusing connection from uid %s (pid %s)", uid, pid)
-                _refuse(sock)
-                continue
-            sock.settimeout(None)
-            cap = self.kernel.guard.policy.kernel["max_connections"]
-            with self._lock:
-                full = len(self.connections) >= cap
-            if full:  # refused here, on the accept thread: no thread per refused peer
-                log.warning("refusing connection from pid %s: %d connections open", pid, cap)
-                _refuse(sock, over_budget("kernel.max_connections", cap, "connections open"))
-                continue
-            conn = SocketConnection(sock, peer_pid=pid)
-            with self._lock:
-                self.connections.add(conn)
-            self.on_worker(self._serve, (conn,), f"conn-{conn.id}")
+        # The wait has no timeout: stop() shuts the listener down, which makes it readable
+        # and accept() fail (Linux), and the loop then sees ``stopping``. A signal wakes
+        # it too, whichever of the kernel's threads the OS gave it to (_signal_wakeup).
+        self.listener.setblocking(False)
+        listening = self.listener.fileno()
+        with _signal_wakeup() as woken:
+            while not self.stopping.is_set():
+                ready, _, _ = select.select([listening, *woken], [], [])
+                if listening not in ready:
+                    _drain(woken)  # the signal's handler runs now, on this thread
+                    continue
+                try:
+                    sock, _ = self.listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue  # the peer gave up before we took it
+                except OSError:
+                    if self.stopping.is_set():
+                        return
+                    continue
+                uid, pid = peer_credentials(sock)
+                if uid is not None and uid != os.geteuid():
+                    log.warning("refusing connection from uid %s (pid %s)", uid, pid)
+                    _refuse(sock)
+                    continue
+                sock.settimeout(None)
+                cap = self.kernel.guard.policy.kernel["max_connections"]
+                with self._lock:
+                    full = len(self.connections) >= cap
+                if full:  # refused here, on the accept thread: no thread per refused peer
+                    log.warning("refusing connection from pid %s: %d connections open", pid, cap)
+                    _refuse(sock, over_budget("kernel.max_connections", cap, "connections open"))
+                    continue
+                conn = SocketConnection(sock, peer_pid=pid)
+                with self._lock:
+                    self.connections.add(conn)
+                self.on_worker(self._serve, (conn,), f"conn-{conn.id}")
 
     def on_worker(self, target: Callable[..., None], args: tuple, name: str) -> None:
         """Run ``target(*args)`` on a worker thread, counted until it ends (``drain``)."""
@@ -380,6 +393,38 @@ def _close_conn(conn: SocketConnection, close_fd: bool = True) -> None:
         try:
             conn.sock.close()
         except OSError:
+            pass
+
+
+@contextmanager
+def _signal_wakeup() -> Iterator[list[int]]:
+    """On the main thread: the read end of the signal wake-up fd, in a list for
+    ``select`` (empty on any other thread, where signals are not handled).
+
+    The OS gives a signal sent to the kernel to any thread that does not block it, and
+    Python runs its handler on the main thread only: one taken by the owner loop or a
+    worker left the accept loop asleep with its handler never run (a SIGTERM ignored,
+    seen once in the tests). The C-level handler writes to this fd on the thread that
+    took the signal, so the accept loop wakes and runs the handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        yield [wake_r]
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _drain(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            while os.read(fd, 64):
+                pass
+        except BlockingIOError:
             pass
 
 
