@@ -22,6 +22,8 @@ import pytest
 
 from shoal_mcp.kernel.access import landlock
 from shoal_mcp.kernel.access.sandbox_build import build_spec
+from shoal_mcp.kernel.exec.ready import ReadyShells
+from shoal_mcp.kernel.exec.ready_start import send_shell
 from shoal_mcp.kernel.exec.supervisor import Job, Supervisor
 from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import close_client
@@ -178,14 +180,26 @@ def test_a_supervisor_gone_with_our_bytes_unread_reads_as_eof():
         job.close()
 
 
-def test_a_stopped_lane_is_given_up(zygote, tmp_path):
-    job, _ = _start(zygote, tmp_path, "kill -STOP $PPID", stay=True)
+def _stopped_lane(zygote: Supervisor, tmp: Path) -> tuple[Job, int]:
+    """A job that stops its own supervisor (``kill -STOP $PPID``) once it has started,
+    ended (the supervisor let go only to report that), and its supervisor stopped again
+    before the next job comes: the job, and the stopped supervisor's pid."""
+    go = tmp / "go"
+    job, _ = _start(
+        zygote, tmp, f"while [ ! -e {go} ]; do sleep 0.01; done; kill -STOP $PPID", stay=True
+    )
+    go.touch()  # after its start was reported: the stop cannot come before it
     (supervisor,) = children(zygote.pid)
     wait_until(lambda: proc_state(supervisor) == "T", timeout=10)
     job.keep_lane = True
     os.kill(supervisor, signal.SIGCONT)  # only to let it report this job's end
     assert job.wait(30) is not None
     os.kill(supervisor, signal.SIGSTOP)  # stopped again before the next job comes
+    return job, supervisor
+
+
+def test_a_stopped_lane_is_given_up(zygote, tmp_path):
+    job, supervisor = _stopped_lane(zygote, tmp_path)
     lane = job.take_lane()
     try:
         second, out = _start(zygote, tmp_path, "echo ran", stay=True, lane=lane)
@@ -265,3 +279,50 @@ def test_the_default_agent_never_runs_on_a_lane(kernel):
     warm = _warm(kernel)
     assert warm["ready_on_lanes"] == before["ready_on_lanes"], (before, warm)
     assert warm["ready_hits"] - before["ready_hits"] >= 2, (before, warm)  # forked as ever
+
+
+# -- a ready shell sent without waiting (the owner loop's refill: ready_start.send_shell) --
+
+READY_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+
+
+def test_a_shell_sent_to_a_lane_starts_once_its_answer_is_read(zygote, tmp_path):
+    first, out1 = _start(zygote, tmp_path, "echo $PPID", stay=True)
+    lane = _finished(first).take_lane()
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    start = send_shell("/", READY_ENV, spools, zygote, sandbox=None, max_output_bytes=0, lane=lane)
+    assert start.on_lane and lane is not None and lane.used
+    shells = ReadyShells()
+    try:
+        # What the owner loop does once the job's socket is readable: the answer, then
+        # the shell kept for the session (its waiters told).
+        shells.refill(("p", "s"), lambda done: done(start.finish(start.job.line(30))), later=True)
+        assert len(shells) == 1
+        shell = shells.take(("p", "s"), "/", dict(READY_ENV), b"", 0)
+        assert shell is not None
+        run = shell.start("echo $PPID")
+        assert run is not None and run.wait(60) == 0
+        assert run.out_path.read_text() == out1.read_text()  # the first job's supervisor
+        assert zygote.jobs == 1  # no fork for the shell
+        run.discard()
+    finally:
+        shells.close()
+
+
+def test_a_shell_sent_to_a_stopped_lane_is_given_up_with_its_files(zygote, tmp_path):
+    job, supervisor = _stopped_lane(zygote, tmp_path)
+    (tmp_path / "spools").mkdir()
+    try:
+        start = send_shell(
+            "/", READY_ENV, tmp_path / "spools", zygote, sandbox=None, max_output_bytes=0,
+            lane=job.take_lane(),
+        )  # fmt: skip
+        assert start.on_lane and all(p.exists() for p in start.files.paths)
+        assert start.job.line(0) is None and not start.job.eof  # no answer yet
+        with pytest.raises(OSError):
+            start.finish(None)  # what the loop does when its answer does not come in time
+        assert not any(p.exists() for p in start.files.paths)
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait_until(lambda: not pid_alive(supervisor), timeout=10)  # given up: it exits

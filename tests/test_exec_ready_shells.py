@@ -10,7 +10,8 @@ import time
 
 from shoal_mcp.kernel.config.limits import READY_SHELL_WAIT_S
 from shoal_mcp.kernel.exec.keeper import PoolKeeper
-from shoal_mcp.kernel.exec.ready import ReadyShells, prepare
+from shoal_mcp.kernel.exec.ready import ReadyShells
+from shoal_mcp.kernel.exec.ready_start import prepare
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until

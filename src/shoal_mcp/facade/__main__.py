@@ -29,9 +29,21 @@ def main() -> None:
     except ValueError as exc:
         print(f"shoal-mcp: {exc}", file=sys.stderr)
         sys.exit(2)
+    relay_priority()
     from .server import main_loop
 
     sys.exit(main_loop())
+
+
+def relay_priority() -> None:
+    """The facade relays an agent's calls to a kernel that many agents share: as
+    ``SCHED_BATCH`` (before any thread starts, so all of them are), a reply waking it
+    does not preempt that kernel's owner loop, which every agent waits on. Its share
+    of the CPU is the same (docs/decisions.md, "Foreground execs on the owner loop")."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass  # not Linux, or refused: scheduled as before
 
 
 def remote_options_from_argv(argv: list[str]) -> None:

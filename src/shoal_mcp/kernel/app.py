@@ -167,6 +167,7 @@ class Kernel(CrossServiceChecks):
             log.warning("%d exec(s) were running when the kernel last stopped: marked lost", lost)
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
         self.ptys_reaped: Callable[[], int] = lambda: 0  # likewise (its PTY orphan reaper)
+        self.execs_on_loop: Callable[[], dict] = dict  # likewise (rpc/loop_exec.py)
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 from ...protocol.errors import ErrorCode, RpcError
 from ..effects import analyzer
+from ..owner.nowait import WouldWait, waits_allowed
 from ..store.sessions import SessionTable
 from .guard import Guard
 from .identity import Principal
@@ -86,6 +87,8 @@ class ExecGate:
         judged = self._judge(who, src)
         if judged.verdict.verdict == "allow":  # the common case needs no plan (nor its ref)
             return judged.analysis.effects
+        if not waits_allowed():  # the owner loop: a plan and a journal row are a worker's
+            raise WouldWait()
         plan, verdict = self._plan_of(who, src, judged)
         if verdict.verdict == "deny":
             self.journal.journal_plan(who, plan, "denied", None, ok=False)

@@ -347,6 +347,9 @@ at most (the facade accepts ``MCP_INPUT_QUEUE`` pipelined requests and sends the
 one connection); past it they are refused -32031 (quota ``blocking_calls``)."""
 MAX_QUEUED_BLOCKING_BYTES = 64 * MiB
 """Frame bytes a connection's queued blocking calls hold at most (1 MiB sources)."""
+LOOP_FINALIZE_MAX_BYTES = 256 * KiB
+"""An exec watched on the owner loop whose output is larger than this is finalized
+(hashed, stored) on a worker instead, so that the other clients do not wait for it."""
 MAX_DRAIN_BACKLOG = 16
 """Frames of one connection waiting for its quick calls to answer (rpc/loop_reading.py)
 before the owner loop stops reading it; it reads on once they have (backpressure)."""

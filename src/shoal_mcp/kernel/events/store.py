@@ -73,7 +73,7 @@ class EventStore:
     def insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
         """One event in its own transaction (the write turn is re-entrant: a caller may
         hold it already, as ``EventBus.publish`` does)."""
-        with self._lock, self.turn():
+        with self.turn(), self._lock:  # the turn first, as everywhere (owner/nowait.py)
             insert_event_in(self._conn, channel, seq, ts, payload_json)
 
     def turn(self) -> AbstractContextManager[None]:

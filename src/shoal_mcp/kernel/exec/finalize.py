@@ -14,7 +14,8 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..access.plans import Plan
 from ..config.limits import RUN_CLOCK_SLACK_NS, STATE_REPORT_MAX_BYTES
 from ..events.bus import EventBus
 from ..events.durable import DurableBatch
+from ..owner.nowait import WouldWait, hold, waits_allowed
 from ..store.cas import ContentStore, Placed
 from ..store.db import Database
 from ..store.journal import Journal, JournalEntry, command_head
@@ -81,7 +83,28 @@ class Finalizer:
             spool={"out": str(run.out_path), "err": str(run.err_path)},
         )
 
+    def claim_begin(self) -> AbstractContextManager[None]:
+        """Around a spawn and its ``begin``: inside ``no_wait()`` (the owner loop) the
+        database's write lock is taken before the spawn, so that the row cannot meet a
+        wait once the command runs (``WouldWait`` with nothing started, else)."""
+        return self.db.claim()
+
     # -- the end --------------------------------------------------------------------------
+
+    @contextmanager
+    def claim(self, task: Task) -> Iterator[None]:
+        """Inside ``no_wait()`` (the owner loop): all that finalizing ``task`` may wait
+        for, taken now or ``WouldWait`` with nothing done (its session's lock, the CAS
+        generation that gc holds while deleting, the database's write lock), so that a
+        finalize begun on the loop ends there. Outside ``no_wait()``: nothing taken."""
+        if waits_allowed():
+            yield
+            return
+        session = self.sessions.get(task.session)
+        if session is None:  # loading it reads the database: not here
+            raise WouldWait()
+        with hold(session.lock), hold(self.cas.generation), self.db.claim():
+            yield
 
     def finalize(self, task: Task) -> dict[str, Any]:
         """Ingest the spools, store ``out:N``, apply the delta, journal it; once per task."""
@@ -92,10 +115,7 @@ class Finalizer:
             # Nothing of this exec was applied (one transaction); the row says what happened.
             run.discard()
             reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-            try:
-                self.journal.fail(task.journal_id, f"finalize failed: {reason}", None)
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                pass
+            self._fail_row(task.journal_id, f"finalize failed: {reason}")
             if is_disk_full(exc):
                 raise state_dir_full(f"cannot store output: {exc.strerror}") from exc
             raise
@@ -179,7 +199,7 @@ class Finalizer:
         # commit (events/durable.py), delivered once it is done.
         events = DurableBatch(self.events) if self.events.store is not None else None
         try:
-            with session.lock:
+            with session.lock:  # taken ahead by claim() on the owner loop
                 try:
                     with self.db.transaction() as conn:
                         self.cas.record_in(conn, out.info)
@@ -227,6 +247,16 @@ class Finalizer:
             **({"truncated": outcome["truncated"]} if run.output_lost else {}),
             "value": outcome,  # what was stored as out:N: the reply needs no read-back
         }
+
+    def _fail_row(self, row_id: int | None, error: str) -> None:
+        """The journal row says why finalizing failed; on the owner loop, when the database
+        is not free at once, the housekeeper writes it (best effort either way)."""
+        try:
+            self.journal.fail(row_id, error, None)
+        except WouldWait:
+            self.db.housekeeper.submit(lambda: self._fail_row(row_id, error))
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
 
     def _read_report(self, run: RunningCommand) -> tuple[tuple[str, dict] | None, int | None]:
         """The EXIT trap's (cwd, env) report, bounded, and when it was written (ns)."""

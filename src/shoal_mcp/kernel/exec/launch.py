@@ -12,6 +12,7 @@ from typing import Any
 
 from ..access.guard import Guard
 from ..access.identity import Principal
+from ..owner.nowait import WouldWait, waits_allowed
 from .escalation import RunGrants
 from .pool import WarmPool
 from .prepare import LaunchSetup
@@ -47,12 +48,16 @@ class Launcher:
         stdin_fd: int | None = None,
     ) -> tuple[RunningCommand, dict[str, str]]:
         """Under the principal's warm zygote when there is one, else a cold supervisor;
-        also the env the command got (TMPDIR of its sandbox included)."""
+        also the env the command got (TMPDIR of its sandbox included). Inside
+        ``no_wait()`` (the owner loop): in a ready shell that can start at once, else
+        ``WouldWait`` with nothing started."""
         prepared = self.setup.prepare(who, env, outputs, grants)
         env, spec_bytes = prepared.env, prepared.spec_bytes
-        warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
+        if not waits_allowed():
+            return self._in_ready_shell(who, src, cwd, env, spec_bytes, cap), env
+        warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         supervisor: Any = warm
         if stdin_fd is not None:
             # A ready shell's stdin is /dev/null already: this one gets the FIFO, placed at
@@ -74,6 +79,25 @@ class Launcher:
             owner=who.principal,
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
+
+    def _in_ready_shell(
+        self, who: Principal, src: str, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int
+    ) -> RunningCommand:
+        """The command started in its session's ready shell at once, or ``WouldWait``
+        with nothing started (the launch on a thread then counts the miss)."""
+        ready = self.pool.ready if self.pool is not None else None
+        if ready is None or not _short(src):
+            raise WouldWait()
+        shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap, wait=False)
+        if shell is None:
+            raise WouldWait()
+        if self.pool is None or self.pool.take(who.principal, spec_bytes) is None:
+            shell.discard()  # its zygote is gone or retired: the thread starts afresh
+            raise WouldWait()
+        started = shell.start(src)
+        if started is None:
+            raise WouldWait()
+        return started
 
 
 def _short(src: str) -> bool:

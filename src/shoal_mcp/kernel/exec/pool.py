@@ -61,6 +61,7 @@ class WarmPool:
         loop: OwnerLoop | None = None,
     ) -> None:
         self.allowance = allowance  # max_tasks of the principal: 0 → no zygote kept
+        self.loop = loop  # the owner loop: ready shells refilled there (refill.py)
         self.enabled = enabled
         self.idle_s = idle_s
         self.max_keys = max_keys

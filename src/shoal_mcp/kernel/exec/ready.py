@@ -2,7 +2,8 @@
 
 Starting bash (fork, exec, the loader, locale) is most of a small exec's time.  Once a
 foreground exec's reply is written, the session's next bash is started (by the thread
-that wrote it) under the principal's warm zygote, with the session's cwd and
+that wrote it, or by the owner loop without waiting for it: ``ready_start.py``) under
+the principal's warm zygote (or the session's lane), with the session's cwd and
 environment as they are now, reused spools and its own supervisor (a job like any
 other), and blocks reading one byte from a pipe; an exec arriving while it starts
 waits for it, up to ``READY_SHELL_WAIT_S``.  An exec whose cwd, environment, sandbox
@@ -40,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..access.sandbox import SandboxSpec
 from ..config.limits import READY_SHELL_WAIT_S, READY_SHELLS_MAX, WARM_POOL_IDLE_S
 from .runner import (
     BASH,
@@ -49,9 +49,8 @@ from .runner import (
     RunningCommand,
     _bytes,
     _prelude,
-    take_spools,
 )
-from .supervisor import Job, Lane, Supervisor
+from .supervisor import Job
 
 log = logging.getLogger(__name__)
 
@@ -193,69 +192,6 @@ class ReadyShell:
             self.state_fd = -1
 
 
-def prepare(
-    cwd: str,
-    env: dict[str, str],
-    spool_dir: Path,
-    supervisor: Supervisor,
-    *,
-    sandbox: SandboxSpec | None,
-    max_output_bytes: int,
-    owner: str = "",
-    lane: Lane | None = None,
-) -> ReadyShell:
-    """Start a bash under ``supervisor`` that waits for its source (OSError if not); on
-    ``lane`` (the session's last exec's supervisor) when it can take it, else forked."""
-    if env.get("BASH_ENV"):
-        raise OSError("BASH_ENV is set: a ready shell would read it before its exec")
-    fds: list[int] = []
-    paths: list[Path] = []
-    keep: list[int] = []
-    try:
-        take_spools(spool_dir, fds, paths, owner)  # reused, like a cold spawn's
-        state_fd = os.memfd_create("shoal-state", os.MFD_CLOEXEC)
-        script_fd = os.memfd_create("shoal-src", os.MFD_CLOEXEC)
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        keep += [state_fd, script_fd, go_w]
-        fds += [state_fd, script_fd, go_r]
-        job = supervisor.run(
-            READY_ARGV,
-            _bytes(cwd),
-            {_bytes(k): _bytes(v) for k, v in env.items()},
-            fds,
-            [STATE_FD, SCRIPT_FD, GO_FD],
-            max_output_bytes,
-            write=[_bytes(str(p)) for p in paths] if sandbox is not None else [],
-            stay=True,  # a bash that runs nothing before its go byte: safe on any lane
-            lane=lane,
-        )
-    except BaseException:
-        for p in paths:
-            p.unlink(missing_ok=True)
-        for fd in keep:
-            os.close(fd)
-        raise
-    finally:
-        for fd in fds:
-            if fd not in keep:
-                os.close(fd)
-    spec_bytes = sandbox.to_bytes() if sandbox is not None else b""
-    # The paths it may change: a write grant replaced under it would make "Permission
-    # denied" inside its own grant.  (Not every read rule: a default agent reads "/**",
-    # split around the kernel's directories into hundreds of rules to stat per take.)
-    granted = [] if sandbox is None else [*sandbox.write, *sandbox.delete]
-    if job.own_pids:
-        granted.append(cwd)  # its cwd, by the inode it names now (see still_valid)
-    shell = ReadyShell(
-        cwd, dict(env), spec_bytes, max_output_bytes, job, paths[0], paths[1],
-        state_fd, script_fd, go_w, files=file_ids([*map(str, paths), *granted]),
-    )  # fmt: skip
-    if job.exit is not None:  # it could not start (sandbox not applied, exec failed)
-        shell.discard()
-        raise OSError("the ready shell did not start")
-    return shell
-
-
 class ReadyShells:
     """At most one ready shell per (principal, session); see the module docstring."""
 
@@ -273,20 +209,34 @@ class ReadyShells:
         self._making: set[ReadyKey] = set()
         self._lock = threading.Lock()
         self._made = threading.Condition(self._lock)  # a make ended (its shell or none)
+        self._waiters: dict[ReadyKey, list[Callable[[], None]]] = {}  # when_made callbacks
         self._closed = False
         self.hits = 0
         self.misses = 0
         self.on_lanes = 0  # started on the last exec's supervisor (supervisor.Lane)
 
     def take(
-        self, key: ReadyKey, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int
+        self,
+        key: ReadyKey,
+        cwd: str,
+        env: dict[str, str],
+        spec_bytes: bytes,
+        cap: int,
+        *,
+        wait: bool = True,
     ) -> ReadyShell | None:
         """The key's shell if it was started with exactly this state, else None.
 
         A shell still starting is waited for, up to ``READY_SHELL_WAIT_S``: its start is
-        well under way, a cold start would begin from nothing (back-to-back execs)."""
+        well under way, a cold start would begin from nothing (back-to-back execs).
+        ``wait=False`` (the owner loop): None at once, with nothing counted or discarded,
+        unless the shell is there and fits (the take on a thread then decides)."""
         deadline = time.monotonic() + READY_SHELL_WAIT_S
         with self._lock:
+            if not wait:
+                there = self._shells.get(key)
+                if there is None or not there.matches(cwd, env, spec_bytes, cap):
+                    return None
             while key in self._making and key not in self._shells:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._made.wait(left):
@@ -305,6 +255,28 @@ class ReadyShells:
         self.hits += 1
         return shell
 
+    def when_made(self, key: ReadyKey, then: Callable[[], None]) -> bool:
+        """For a caller that must not wait (the owner loop): True when the key's shell
+        is being made, and ``then()`` is called once that make has ended (with its shell
+        or none, on the thread that made it); False when no make is under way (then
+        ``then`` is never called)."""
+        with self._lock:
+            if self._closed or key not in self._making or key in self._shells:
+                return False
+            self._waiters.setdefault(key, []).append(then)
+            return True
+
+    def _ended(self, key: ReadyKey) -> None:
+        """A make (or a reservation) of ``key`` ended: its waiters are told, outside the
+        lock (caller does not hold it)."""
+        with self._lock:
+            waiters = self._waiters.pop(key, [])
+        for then in waiters:
+            try:
+                then()
+            except Exception:  # noqa: BLE001 - a waiter's failure is its own
+                log.exception("a ready-shell waiter failed")
+
     def reserve(self, key: ReadyKey) -> bool:
         """Say that the key's next shell is coming (``refill(reserved=True)`` after the
         exec's reply): from now on a take waits for it, as for one being made. Before
@@ -321,12 +293,16 @@ class ReadyShells:
         with self._lock:
             self._making.discard(key)
             self._made.notify_all()
+        self._ended(key)
 
-    def refill(self, key: ReadyKey, make: object, *, reserved: bool = False) -> None:
+    def refill(
+        self, key: ReadyKey, make: Callable, *, reserved: bool = False, later: bool = False
+    ) -> None:
         """Start the key's next shell with ``make()`` (a callable returning a ReadyShell
         or None), unless one is ready or being made (``reserved``: by this caller); on
         this thread (the exec service calls it once its reply is written, so no thread
-        is started for it)."""
+        is started for it). ``later`` (the owner loop): ``make(done)`` starts it and
+        calls ``done(shell or None)`` once, when its start is answered."""
         with self._lock:
             stale = self._expired()
             if reserved:
@@ -341,22 +317,26 @@ class ReadyShells:
             if reserved:
                 self.release(key)
             return
-        self._make(key, make)
-
-    def _make(self, key: ReadyKey, make: object) -> None:
-        shell = None
         try:
-            shell = make()  # type: ignore[operator]
+            if later:
+                make(lambda shell: self._made_one(key, shell))
+                return
+            shell = make()
         except Exception as exc:  # noqa: BLE001 - the next exec simply starts cold
             log.debug("ready shell for %s not started: %s", key, exc)
+            shell = None
+        self._made_one(key, shell)
+
+    def _made_one(self, key: ReadyKey, shell: ReadyShell | None) -> None:
+        """A make of ``key`` ended, with its shell or none."""
         if shell is not None:
             shell.dropper = self.dropper
         with self._lock:
             self._making.discard(key)
             self._made.notify_all()
             if shell is None:
-                return
-            if self._closed:
+                drop = []
+            elif self._closed:
                 drop = [shell]
             else:
                 drop = [s for s in (self._shells.pop(key, None),) if s is not None]
@@ -365,6 +345,7 @@ class ReadyShells:
                     drop.append(self._shells.popitem(last=False)[1])
         for old in drop:
             old.discard()
+        self._ended(key)
 
     def _expired(self) -> list[ReadyShell]:
         """Shells unused for ``idle_s`` (caller holds the lock): taken out."""
@@ -378,6 +359,9 @@ class ReadyShells:
             self._closed = True
             shells = list(self._shells.values())
             self._shells.clear()
+            waiting = list(self._waiters)
+        for key in waiting:
+            self._ended(key)
         for shell in shells:
             shell.discard()  # killed now: the zygotes close next and wait for their jobs
 

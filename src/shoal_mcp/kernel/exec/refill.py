@@ -7,17 +7,24 @@ meanwhile (``ready.py`` checks).
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..access.guard import Guard
 from ..access.identity import Principal
+from ..owner.loop import LoopClosed
 from ..store.sessions import SessionTable
 from ..values.service import ValueService
 from .pool import WarmPool
 from .prepare import LaunchSetup
-from .ready import ReadyShell, prepare
-from .supervisor import Lane
+from .ready import ReadyShell
+from .ready_start import ShellStart, prepare, send_shell
+from .supervisor import Lane, start_timeout
+
+log = logging.getLogger(__name__)
 
 
 class ShellRefill:
@@ -69,9 +76,71 @@ class ShellRefill:
                     ready.on_lanes += 1
                 lane.close()  # unused (a shell was ready already, none was made)
 
-    def _make(self, who: Principal, lane: Lane | None = None) -> ReadyShell | None:
-        """The ready shell for ``who``'s session as it is now; None when its cwd is gone
-        or there is no warm zygote to start it under."""
+    def refill_soon(self, who: Principal, lane: Lane | None, *, reserved: bool) -> None:
+        """``refill`` on the owner loop, which must not wait: the bash is sent to its
+        supervisor, and its start is read once its socket is readable (a reader on the
+        loop), so an exec waiting for the shell (``ReadyShells.when_made``) starts then."""
+        ready = self.pool.ready if self.pool is not None else None
+        try:
+            if ready is not None:
+                ready.refill(
+                    (who.principal, who.session),
+                    lambda done: self._make_soon(who, lane, done),
+                    reserved=reserved,
+                    later=True,
+                )
+        finally:
+            if lane is not None:
+                lane.close()  # taken by the shell's start, or of no use
+
+    def _make_soon(
+        self, who: Principal, lane: Lane | None, done: Callable[[ReadyShell | None], None]
+    ) -> None:
+        assert self.pool is not None and self.pool.loop is not None
+        loop, ready = self.pool.loop, self.pool.ready
+        start: ShellStart | None = self._make(who, lane, send_shell)
+        if start is None:
+            done(None)
+            return
+        fd = start.job.sock.fileno()
+        timers: list[Any] = []
+
+        def answered(line: bytes | None) -> None:
+            loop.remove_reader(fd)
+            for timer in timers:
+                timer.cancel()
+            try:
+                shell = start.finish(line)
+            except OSError as exc:
+                log.debug("ready shell for %s not started: %s", who.session, exc)
+                done(None)
+                return
+            if start.on_lane and ready is not None:
+                ready.on_lanes += 1
+            done(shell)
+
+        def readable() -> None:
+            line = start.job.line(0)  # what is there: never waits
+            if line is not None or start.job.eof:
+                answered(line)
+
+        def watch() -> None:  # on the loop
+            timers.append(loop.call_later(start_timeout(start.on_lane), answered, None))
+            loop.add_reader(fd, readable)
+
+        if loop.on_loop():
+            watch()
+            return
+        try:
+            loop.call_soon(watch)
+        except LoopClosed:  # the kernel is exiting: no shell
+            start.finish(None)
+            done(None)
+
+    def _make(self, who: Principal, lane: Lane | None = None, start: Callable = prepare) -> Any:
+        """The ready shell for ``who``'s session as it is now (``start=send_shell``: its
+        ``ShellStart``); None when its cwd is gone or there is no warm zygote to start
+        it under."""
         assert self.pool is not None
         cwd, env = self.sessions.get_or_create(who.session).snapshot(who.principal)
         if not os.path.isdir(cwd):
@@ -82,7 +151,7 @@ class ShellRefill:
         if zygote is None:
             return None
         cap = self.guard.for_principal(who.principal).max_output_bytes
-        return prepare(
+        return start(
             cwd,
             prepared.env,
             self.spool_dir,

@@ -23,6 +23,7 @@ from ..access.exec_gate import ExecGate
 from ..access.guard import Guard
 from ..access.identity import Principal
 from ..access.plans import APPROVED, PlanStore
+from ..owner.nowait import waits_allowed
 from ..store.sessions import SessionTable
 from ..values.service import ValueService
 from .calls import Caller, RunOptions
@@ -158,25 +159,59 @@ class ExecService:
         # A foreground exec is watched (and finalized) on this thread, which then writes
         # the reply: no waiter thread, no hand-off. Whenever this thread stops watching
         # before the end, the task gets a waiter thread of its own.
-        job = task.run.job
-        job.keep_lane = True  # its supervisor may start the session's next shell (a lane)
         try:
-            if caller.spawned(task):
-                self.tasks.cancel(task, at_once=True)  # a cancel overtook the spawn
+            self._watched(task, caller)
             waited = wait_for(self.tasks, task, opts.timeout_ms, caller)
         except BaseException:
-            job.drop_lane()
-            self.tasks.watch_in_background(task)
+            self.unwatch(task)
             raise
         if not waited:
-            job.drop_lane()
-            self.tasks.watch_in_background(task)
-            # Past the wait budget, or the caller hung up (nobody will read the reply): the
-            # command keeps running as a listed task, visible in task.list and cancellable,
-            # instead of an unlisted process nobody can name. It already counts toward
-            # max_tasks, like every running exec.
-            self.tasks.detach(task)
-            return task_handle(task, timed_out=True)
+            return self.let_go(task)
+        return self.answer(who, task, opts, started, caller)
+
+    # -- a foreground exec in steps, for a caller that watches it itself (the owner loop) --
+
+    def start_foreground(self, who: Principal, src: str, caller: Caller) -> tuple[Task, float]:
+        """``exec mode=run`` up to its spawn: the gate, then the start; the task and when
+        the call began. Inside ``no_wait()`` (the owner loop): in a ready shell at once,
+        else ``WouldWait`` with nothing started (the loop then runs the call on a worker)."""
+        started = time.time()
+        effects = self.exec_gate.gate(who, src)
+        task = self.starter.start(who, src, effects, False, caller)
+        self._watched(task, caller)
+        return task, started
+
+    def finish_watched(self, task: Task) -> None:
+        """A foreground exec its caller watched has exited: finalized here. Inside
+        ``no_wait()`` (the owner loop) all it may wait for is taken first, or
+        ``WouldWait`` with nothing done (then a worker finishes it)."""
+        with self.starter.finalizer.claim(task):
+            self.tasks.finish_watched(task)
+
+    def _watched(self, task: Task, caller: Caller) -> None:
+        task.run.job.keep_lane = True  # its supervisor may start the session's next shell
+        if caller.spawned(task):
+            self.tasks.cancel(task, at_once=True)  # a cancel overtook the spawn
+
+    def let_go(self, task: Task) -> dict:
+        """The caller stopped watching before the end (its wait budget ran out, it hung
+        up, or the watch failed): the command keeps running as a listed task, visible in
+        task.list and cancellable, instead of an unlisted process nobody can name. It
+        already counts toward max_tasks, like every running exec. Its handle, for a
+        caller still there."""
+        self.unwatch(task)
+        self.tasks.detach(task)
+        return task_handle(task, timed_out=True)
+
+    def unwatch(self, task: Task) -> None:
+        """Its caller stops watching: the background watcher takes it to its end."""
+        task.run.job.drop_lane()
+        self.tasks.watch_in_background(task)
+
+    def answer(
+        self, who: Principal, task: Task, opts: RunOptions, started: float, caller: Caller
+    ) -> dict:
+        """The reply of a foreground exec finalized by its caller's watch."""
         # The session's next shell is made after the reply; said before it, so that the
         # caller's next exec waits for that shell instead of starting cold.
         reserved = task.result is not None and self.refill.reserve(who)
@@ -188,14 +223,16 @@ class ExecService:
     def _after_exec(self, who: Principal, task: Task, reserved: bool = False) -> None:
         """A foreground exec's housekeeping, done once its reply is on its way."""
         lane = task.run.job.take_lane()  # its supervisor, waiting for a next job
-        if task.result is not None:  # not after an output that could not be stored
-            # first: the session's next exec waits for it
-            self.refill.refill(who, lane, reserved=reserved)
-        else:
+        # First the session's next shell: its next exec waits for it.
+        if task.result is None:  # an output that could not be stored: no next shell
             if reserved:
                 self.refill.release(who)
             if lane is not None:
                 lane.close()
+        elif waits_allowed():
+            self.refill.refill(who, lane, reserved=reserved)
+        else:  # the owner loop: sent now, its start read when it is answered
+            self.refill.refill_soon(who, lane, reserved=reserved)
         task.make_output_entry()
         # A finished foreground exec is never named again (its value is out:N in the
         # transcript): drop the task record so the kernel's memory stays flat.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...protocol.errors import ErrorCode, RpcError
+from ...protocol.errors import ErrorCode, RpcError, state_db_locked
 from ..access.guard import Guard
 from ..access.identity import Principal
+from ..owner.nowait import WouldWait
 from ..store.sessions import Session, SessionTable
 from ..values.service import ValueService
 from .calls import Caller
@@ -86,13 +87,18 @@ class TaskStarter:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
             if caller.cancelled():
                 raise CancelledBeforeStart()
-            run, start_env = self.launcher.launch(who, src, cwd, env, outputs, grants, stdin_fd)
-            try:
-                journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
-            except BaseException:
-                run.terminate()
-                run.discard()
-                raise
+            with self.finalizer.claim_begin():  # the row cannot wait once the command runs
+                run, start_env = self.launcher.launch(who, src, cwd, env, outputs, grants, stdin_fd)
+                try:
+                    journal_id = self.finalizer.begin(who.principal, who.session, run, effects)
+                except WouldWait as exc:  # not under the claim; never taken as "not started"
+                    run.terminate()
+                    run.discard()
+                    raise state_db_locked(0) from exc
+                except BaseException:
+                    run.terminate()
+                    run.discard()
+                    raise
             return self.tasks.start(
                 who.session,
                 who.principal,

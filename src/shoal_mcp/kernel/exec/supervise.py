@@ -73,6 +73,7 @@ _MAX_FDS = 8
 _STOP_SIGNALS = {_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP}
 TERMINATE = 255  # not a signal number: SIGTERM now, the tree killed after the grace
 _SANDBOX_ENV: dict = {}
+_COMMAND_POLICY: "tuple | None" = None  # set by _batch(): the policy a command runs with
 
 
 _libc = None
@@ -180,6 +181,7 @@ def _start(job: dict, out: int, err: int, extra: list) -> int:
     """
     actions = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
     actions += [(os.POSIX_SPAWN_DUP2, fd, t) for fd, t in zip(extra, job["fds"], strict=False)]
+    policy = {} if _COMMAND_POLICY is None else {"scheduler": _COMMAND_POLICY}  # see _batch
     os.chdir(job["cwd"])
     try:
         return os.posix_spawn(
@@ -190,6 +192,7 @@ def _start(job: dict, out: int, err: int, extra: list) -> int:
             setsid=True,
             setsigmask=(),  # the stop signals blocked here are open again in the command
             setsigdef=(_signal.SIGXFSZ,),  # ignored here only (see _job)
+            **policy,  # type: ignore[arg-type]
         )
     finally:
         os.chdir("/")
@@ -444,7 +447,22 @@ def _close_spools(out: int, err: int) -> None:
     os.close(err)
 
 
+def _batch() -> None:
+    """This zygote and every supervisor forked from it run as ``SCHED_BATCH``: the same
+    share of the CPU, but their wake-ups (a job's frame, a lane asked for the session's
+    next shell) do not preempt the kernel's owner loop, which every agent waits on
+    (docs/decisions.md, "Foreground execs on the owner loop"). The command itself is
+    spawned back in ``SCHED_OTHER``: what it runs is scheduled as it always was."""
+    global _COMMAND_POLICY
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        return  # not Linux, or refused: nothing changes
+    _COMMAND_POLICY = (os.SCHED_OTHER, os.sched_param(0))
+
+
 def main(args: list) -> int:
+    _batch()
     zsock = _socket.socket(fileno=int(args[0]))
     os.set_inheritable(zsock.fileno(), False)
     # Only the socket says stop (or SIGKILL).  Blocked, not ignored: the command gets

@@ -142,6 +142,38 @@ class Supervisor:
         ``stay``: its supervisor may become a lane (only without a sandbox).
         ``lane``: a lane of this zygote's to run the job on instead of a new fork; one
         that is not this zygote's or has ended is closed, and the zygote forks as ever."""
+        job, on_lane = self.send(
+            argv, cwd, env, fds, targets, cap, write=write, last=last, stay=stay, lane=lane
+        )
+        if on_lane:
+            started = self._started(job, lane=True)
+            if started is not None:
+                return started
+            job.close()  # nothing ran there: forked afresh
+            if lane is not None:
+                lane.used = False
+            job, _ = self.send(argv, cwd, env, fds, targets, cap, write=write, stay=stay)
+        started = self._started(job)
+        assert started is not None  # only a lane's start can come back empty
+        return started
+
+    def send(
+        self,
+        argv: list[bytes],
+        cwd: bytes,
+        env: dict[bytes, bytes],
+        fds: list[int],
+        targets: list[int],
+        cap: int,
+        *,
+        write: list[bytes] | None = None,
+        last: bool = False,
+        stay: bool = False,
+        lane: Lane | None = None,
+    ) -> tuple[Job, bool]:
+        """``run`` up to the start, without waiting for it: the job, and whether it went
+        to ``lane`` (True) or to this zygote. Its start is read from its socket next:
+        ``answered(job, line, lane=…)`` (the owner loop reads it when it is readable)."""
         owner = self if last else None
         stay = stay and not self.spec_bytes and not last
         frame = _frame(
@@ -158,10 +190,10 @@ class Supervisor:
             }
         )
         if lane is not None:
-            job = lane.run(self, frame, fds) if stay else None
+            job = lane.send(self, frame, fds) if stay else None
             lane.close()  # taken by the job, or of no use: the lane's supervisor exits
             if job is not None:
-                return job
+                return job, True
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         job = Job(ours, owner, own_pids=self.own_pids, stays=stay)
         try:
@@ -177,17 +209,18 @@ class Supervisor:
             raise SupervisorError(exc.errno, f"exec supervisor is gone: {exc}") from exc
         finally:
             theirs.close()
-        started = self._started(job)
-        assert started is not None  # only a lane's start can come back empty
-        return started
+        return job, False
 
     def _started(self, job: Job, *, lane: bool = False) -> Job | None:
-        """``job`` once its supervisor said how the start went; on a ``lane``, None when
-        its supervisor is gone or did not answer within ``LANE_START_TIMEOUT_S``: a lane
-        only ever starts a ready shell's bash, which runs nothing before its go byte, so
-        the caller forks one afresh instead."""
+        """``job`` once its supervisor said how the start went (waited for here)."""
+        return self.answered(job, job.line(start_timeout(lane)), lane=lane)
+
+    def answered(self, job: Job, line: bytes | None, *, lane: bool = False) -> Job | None:
+        """``job`` with its start's answer ``line`` (None: EOF, or none within
+        ``start_timeout``); on a ``lane``, None when its supervisor is gone or did not
+        answer: a lane only ever starts a ready shell's bash, which runs nothing before
+        its go byte, so the caller forks one afresh instead."""
         job.zygote = self
-        line = job.line(LANE_START_TIMEOUT_S if lane else SUPERVISOR_START_TIMEOUT_S)
         if line is not None and line.startswith(b"pid "):
             job.pid = int(line[4:])
             return job
@@ -227,6 +260,12 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             pass
         self.sock.close()
+
+
+def start_timeout(lane: bool) -> float:
+    """How long a job's start may take to be answered: a lane's bash is started by a
+    supervisor already running, a zygote's by a fork."""
+    return LANE_START_TIMEOUT_S if lane else SUPERVISOR_START_TIMEOUT_S
 
 
 def _losses(words: list[bytes]) -> dict[str, dict[str, object]]:
@@ -416,9 +455,10 @@ class Lane:
         self.zygote = zygote
         self.used = False  # a job was started on it
 
-    def run(self, zygote: Supervisor, frame: bytes, fds: list[int]) -> Job | None:
-        """Start the job of ``frame`` here; None when this lane cannot (another zygote's,
-        already used, its supervisor gone), and then nothing started."""
+    def send(self, zygote: Supervisor, frame: bytes, fds: list[int]) -> Job | None:
+        """Hand the job of ``frame`` to this lane (its start is answered on the job's
+        socket); None when this lane cannot take it (another zygote's, already used, its
+        supervisor gone), and then nothing was sent."""
         sock = self._sock
         if sock is None or zygote is not self.zygote or not zygote.alive():
             return None
@@ -427,16 +467,8 @@ class Lane:
         except OSError:
             return None
         self._sock = None  # the job's now
-        job = Job(sock, own_pids=zygote.own_pids, stays=True)
-        try:
-            started = zygote._started(job, lane=True)
-        except BaseException:
-            job.close()
-            raise
-        if started is None:  # the lane's supervisor was gone or stopped: nothing ran
-            job.close()
-        self.used = started is not None
-        return started
+        self.used = True
+        return Job(sock, own_pids=zygote.own_pids, stays=True)
 
     def close(self) -> None:
         """Not used (any more): its supervisor reads EOF and exits."""

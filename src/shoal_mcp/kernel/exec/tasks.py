@@ -134,7 +134,7 @@ class TaskManager:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False  # set by shutdown(): no task may start behind its back
-        self.watcher = BackgroundWatcher(self._finish, self._publish_output, loop, elsewhere)
+        self.watcher = BackgroundWatcher(self._finish, self.publish_output, loop, elsewhere)
 
     def start(
         self,
@@ -205,13 +205,19 @@ class TaskManager:
             now = time.monotonic()
             if now >= task.next_output_at:
                 task.next_output_at = now + TASK_OUTPUT_EVENT_INTERVAL_S
-                self._publish_output(task)
+                self.publish_output(task)
             if deadline is not None and now >= deadline:
                 return False
         self._finish(task, entry_now=False)  # the caller makes it after its reply
         return True
 
-    def _publish_output(self, task: Task) -> None:
+    def finish_watched(self, task: Task) -> None:
+        """A foreground exec whose caller watched it (on the owner loop) has exited:
+        finalize it here; its caller makes its ``$SHOAL_OUT`` entry after the reply."""
+        self._finish(task, entry_now=False)
+
+    def publish_output(self, task: Task) -> None:
+        """Its ``output`` event, when its sizes changed since the last one."""
         sizes = task.run.output_sizes()
         if sizes != task.sizes_sent:
             task.sizes_sent = sizes

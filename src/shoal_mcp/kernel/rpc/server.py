@@ -31,10 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import encode_frame
-from ...protocol.jsonrpc import NO_ID, Request, error_response, response
+from ...protocol.jsonrpc import NO_ID, Request, error_response
 from ...protocol.limits import READ_CHUNK
 from ...protocol.schema import split_unknown, validate
 from ..access.budgets import over_budget
@@ -46,10 +47,12 @@ from ..config.limits import (
     MAX_QUEUED_BLOCKING_CALLS,
 )
 from ..pty.orphans import OrphanReaper
+from .answers import answer_of, with_ignored
 from .call import Call
 from .callqueue import REFUSED, RUN
 from .connection import NEED_DATA, Connection, Oversized, Received
 from .fairness import CpuBudgets, Metered
+from .loop_exec import LoopExecs
 from .loop_reading import LoopReading
 from .malloc import tune_malloc
 from .registry import MethodSpec
@@ -78,6 +81,8 @@ class KernelServer:
             lambda principal: kernel.guard.for_principal(principal).budget("max_cpu_ms_per_s")
         )
         self.reading = LoopReading(kernel.owner, self)  # attached connections, on the loop
+        self.loop_execs = LoopExecs(kernel.owner, kernel, self)  # their common execs too
+        kernel.execs_on_loop = self.loop_execs.counts
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
         grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
@@ -235,8 +240,19 @@ class KernelServer:
             )
             return error_response(msg.id, err.code, err.message, err.data)
         if admitted == RUN:
-            self.on_worker(self._run_metered, (conn, spec, msg), "call")
+            elsewhere = lambda: self.on_worker(self._run_metered, (conn, spec, msg), "call")  # noqa: E731
+            if not self.loop_execs.try_start(conn, spec, msg, elsewhere):
+                elsewhere()
         return None
+
+    def call_ended(self, conn: SocketConnection) -> None:
+        """A blocking call that ran off a worker of its own (an exec on the owner loop)
+        has answered: the connection's next queued call runs, on a worker."""
+        call, dropped = conn.calls.next_after(conn.closed.is_set())
+        for _, gone in dropped:  # the connection closed: nobody waits for them
+            conn.pop_call(gone.id)
+        if call is not None:
+            self.on_worker(self._run_metered, (conn, *call), "call")
 
     def busy(self, delta: int) -> None:
         """Count work that ``drain`` waits for: a worker's job, a connection the owner
@@ -328,35 +344,24 @@ class KernelServer:
         msg: Request,
         before_reply: Callable[[], None] | None = None,
     ) -> None:
-        call = None
         slot = conn.begin_call(msg.id) if spec.blocking else None
-        try:
-            params = msg.params if isinstance(msg.params, dict) else None
+        call = Call(self.kernel, conn, msg.id, slot, self.cpu)
+        params = msg.params if isinstance(msg.params, dict) else None
+
+        def produce() -> Any:
             if params is None:
                 raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
-            params, ignored = split_unknown(params, spec.schema)
-            validate(params, spec.schema)
-            call = Call(self.kernel, conn, msg.id, slot, self.cpu)
-            result = spec.func(call, params)
-            if ignored and isinstance(result, dict):
-                result = {**result, "ignored_params": ignored}
-            reply = response(msg.id, result)
-        except RpcError as exc:
-            reply = error_response(msg.id, exc.code, exc.message, exc.data)
-        except Exception as exc:  # noqa: BLE001 - never a traceback to the client
-            log.exception("method %s failed", spec.name)
-            reply = error_response(
-                msg.id,
-                ErrorCode.INTERNAL,
-                f"internal error in {spec.name}: {type(exc).__name__}: {exc}"[:500],
-            )
+            checked, ignored = split_unknown(params, spec.schema)
+            validate(checked, spec.schema)
+            return with_ignored(spec.func(call, checked), ignored)
+
+        reply = answer_of(spec.name, msg.id, produce)
         if spec.blocking:
             conn.pop_call(msg.id)
         if before_reply is not None:
             before_reply()
         conn.send(reply)
-        if call is not None:
-            call.run_deferred()
+        call.run_deferred()
 
     def _cleanup(self, conn: SocketConnection) -> None:
         _close_conn(conn)

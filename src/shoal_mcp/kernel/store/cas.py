@@ -341,7 +341,9 @@ class ContentStore:
         # The store's generation: a blob placed for a value being stored is pinned from
         # before its file is looked up until its row is committed (``release``), and gc
         # deletes only under this lock, only what is neither pinned nor referenced.
-        self._generation = threading.Lock()
+        # Re-entrant: a finalize on the owner loop takes it first, across its pins and
+        # releases (exec/finalize.py ``claim``): gc may hold it while it waits to write.
+        self.generation = threading.RLock()
         self._pins: dict[str, int] = {}
 
     def path_of(self, digest: str) -> Path:
@@ -414,11 +416,11 @@ class ContentStore:
         )
 
     def _pin(self, digest: str) -> None:
-        with self._generation:
+        with self.generation:
             self._pins[digest] = self._pins.get(digest, 0) + 1
 
     def _unpin(self, digest: str) -> None:
-        with self._generation:
+        with self.generation:
             left = self._pins.get(digest, 0) - 1
             if left > 0:
                 self._pins[digest] = left
@@ -434,7 +436,7 @@ class ContentStore:
         """Delete a blob (row and file) unless it is pinned or ``referenced(digest)``,
         both judged under the store's generation lock, so no value being stored now can
         come to reference a deleted blob (``store.gc``). True when it was deleted."""
-        with self._generation:
+        with self.generation:
             if self._pins.get(digest) or referenced(digest):
                 return False
             with self.db.transaction() as conn:

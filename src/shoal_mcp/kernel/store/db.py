@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...protocol.errors import state_db_locked, state_dir_full
 from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S
+from ..owner.nowait import WouldWait, take_now, waits_allowed
 from .housekeeper import Housekeeper
 
 SCHEMA = """
@@ -107,6 +108,7 @@ class WriteQueue:
     before it is done.  Re-entrant: a thread that writes again through another
     connection while it holds the turn gets SQLite's own busy answer, as before, instead
     of waiting on itself.  Other processes (the CLI's doctor) still meet the busy handler.
+    Inside ``no_wait()`` (the owner loop) a turn held by another thread is ``WouldWait``.
     """
 
     def __init__(self) -> None:
@@ -115,7 +117,9 @@ class WriteQueue:
     @contextmanager
     def turn(self, wait_s: float) -> Iterator[None]:
         """Hold the write turn; ``database is locked`` (SQLite's words) after ``wait_s``."""
-        if not self._lock.acquire(timeout=wait_s):
+        if not waits_allowed():
+            take_now(self._lock)
+        elif not self._lock.acquire(timeout=wait_s):
             raise sqlite3.OperationalError("database is locked")
         try:
             yield
@@ -133,6 +137,12 @@ class Database:
     caller waits for a free one: leases last one statement or one short transaction,
     and SQLite has one writer anyway), which also bounds the db fds SQLite keeps open
     for reuse after a close while other connections hold locks on the file.
+
+    Inside ``no_wait()`` (the owner loop, owner/nowait.py) nothing here waits: no free
+    connection, the write turn held in this process or the write lock held by another
+    process is ``WouldWait``, raised before anything was written. ``claim()`` takes the
+    write lock ahead of a transaction that must not meet a wait once it is due (an
+    exec's ``running`` row right after its spawn).
     """
 
     MAX_OPEN = 8
@@ -183,7 +193,8 @@ class Database:
         if conn is not None:  # nested use on the same thread shares the lease
             yield conn
             return
-        self._slots.acquire()
+        if not self._slots.acquire(blocking=waits_allowed()):
+            raise WouldWait()
         try:
             with self._all_lock:
                 conn = self._idle.pop() if self._idle else None
@@ -223,7 +234,10 @@ class Database:
         to the pool without a write lock; SQLITE_FULL becomes a clean -32603.
         """
         with self._lease() as conn, _locked_translated(), self.writers.turn(DB_WRITE_WAIT_S):
-            _translate(conn.execute, "BEGIN IMMEDIATE")
+            if getattr(self._local, "claimed", None) is conn:
+                self._local.claimed = None  # its BEGIN is the claim's
+            else:
+                self._begin(conn)
             try:
                 yield conn
                 _translate(conn.execute, "COMMIT")
@@ -236,6 +250,40 @@ class Database:
                 if _is_full(exc):  # an INSERT in the body hit the full disk
                     raise state_dir_full(str(exc)) from exc
                 raise
+
+    @contextmanager
+    def claim(self) -> Iterator[None]:
+        """Inside ``no_wait()``: the write turn and lock taken now, for this thread's next
+        ``transaction()`` in the block, or ``WouldWait``; unused, it is let go with
+        nothing written. Outside ``no_wait()`` a no-op: that transaction waits its turn."""
+        if waits_allowed():
+            yield
+            return
+        with self._lease() as conn, self.writers.turn(DB_WRITE_WAIT_S):
+            self._begin(conn)
+            self._local.claimed = conn
+            try:
+                yield
+            finally:
+                self._local.claimed = None
+                if conn.in_transaction:  # not used, or its transaction failed
+                    conn.execute("ROLLBACK")
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE: waiting for another process's write lock up to the busy
+        timeout, or (inside ``no_wait()``) ``WouldWait`` at once."""
+        if waits_allowed():
+            _translate(conn.execute, "BEGIN IMMEDIATE")
+            return
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise WouldWait() from exc
+            _translate(_reraise, exc)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(DB_WRITE_WAIT_S * 1000)}")
 
     def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
         with self._lease() as conn:
@@ -315,6 +363,10 @@ def _translate(func, *args):
         if _is_locked(exc):
             raise state_db_locked(DB_WRITE_WAIT_S) from exc
         raise
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ...protocol.wiretext import from_bytes, to_bytes
+from ..owner.nowait import hold
 from .db import Database
 from .envlimits import repaired_env
 
@@ -203,7 +204,12 @@ class SessionTable:
         }
 
     def get_or_create(self, name: str, cwd: str | None = None) -> Session:
-        with self._lock:
+        # A loaded session is never dropped, so finding one needs no lock: the lock is
+        # held while a session is loaded or created, which reads or writes the database.
+        session = self._sessions.get(name)
+        if session is not None:
+            return session
+        with hold(self._lock):  # on the owner loop: WouldWait rather than wait for it
             session = self._sessions.get(name)
             if session is not None:
                 return session
@@ -229,8 +235,8 @@ class SessionTable:
             return session
 
     def get(self, name: str) -> Session | None:
-        with self._lock:
-            return self._sessions.get(name)
+        """The loaded session ``name`` (without a lock: see ``get_or_create``)."""
+        return self._sessions.get(name)
 
     def names(self) -> list[str]:
         with self._lock:

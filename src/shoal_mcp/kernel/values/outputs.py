@@ -37,6 +37,7 @@ import orjson
 from ...protocol.errors import is_disk_full, state_dir_full
 from ..access.namespaces import bind_read_only, mounted_at, unmount
 from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S
+from ..owner.nowait import WouldWait, hold, waits_allowed
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .output_entries import DIR_MODE, EntryMaker
@@ -96,7 +97,9 @@ class SharedOutputs:
         # One lock per (principal, session): syncs of different sessions never wait for
         # each other (one kernel-wide lock was a third of the kernel's time under load).
         self._locks: dict[tuple[str, str], threading.Lock] = {}
-        self._locks_guard = threading.Lock()  # _locks
+        # _locks and _prepared, for a dict operation at a time: finalize (on the owner loop
+        # too) adds to _prepared without waiting for a session's lock, which a copy may hold.
+        self._tables_lock = threading.Lock()
         self.entries = EntryMaker(self.root, cas, self._copies)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
         self.view: Path | None = None  # a root kernel's read-only mount of ``root``
@@ -134,7 +137,7 @@ class SharedOutputs:
         return os.geteuid() == 0 and self.view is None
 
     def _lock_of(self, principal: str, session: str) -> threading.Lock:
-        with self._locks_guard:
+        with self._tables_lock:
             return self._locks.setdefault((principal, session), threading.Lock())
 
     def principal_dir(self, principal: str) -> Path:
@@ -169,13 +172,17 @@ class SharedOutputs:
         background (``schedule``), never on the exec's path."""
         if blobs and self._copies() and not self.entries.clones:
             return functools.partial(self.schedule, principal, session)
-        with self._lock_of(principal, session):
+        with self._tables_lock:
             self._prepared.setdefault((principal, session), {})[n] = blobs
         return functools.partial(self._make_prepared, principal, session)
 
     def _make_prepared(self, principal: str, session: str) -> None:
-        with self._lock_of(principal, session):
-            self._link_prepared(principal, session, self._synced.get((principal, session)))
+        try:
+            with hold(self._lock_of(principal, session)):
+                self._link_prepared(principal, session, self._synced.get((principal, session)))
+        except WouldWait:
+            pass  # on the owner loop, while a sync holds the session: left prepared, the
+            # session's next sync (an exec's start) makes it
 
     def _link_prepared(self, principal: str, session: str, last: int | None) -> int | None:
         """Make the session's prepared entries past ``last`` (the caller holds its lock);
@@ -185,7 +192,8 @@ class SharedOutputs:
         reads the transcript, makes what is missing. A session this kernel has not synced
         yet (``last`` None) is left to its first sync, which reads the transcript."""
         key = (principal, session)
-        prepared = self._prepared.pop(key, {})
+        with self._tables_lock:
+            prepared = self._prepared.pop(key, {})
         if last is None:
             return None
         target = self._own_dir(principal, session)
@@ -225,10 +233,10 @@ class SharedOutputs:
         if not eager and self._copies() and target.exists():
             # The background may be copying a large output under this lock: the exec
             # starts now with what is there (lazy), never behind the copy.
-            if not lock.acquire(timeout=OUTPUTS_START_WAIT_S):
+            if not lock.acquire(timeout=OUTPUTS_START_WAIT_S if waits_allowed() else 0):
                 return shown
             lock.release()
-        with lock:
+        with hold(lock):  # on the owner loop: WouldWait while a background sync holds it
             last = self._link_prepared(principal, session, self._synced.get((principal, session)))
             if last is None:
                 last = self._existing(target)

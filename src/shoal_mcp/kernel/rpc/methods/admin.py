@@ -35,6 +35,7 @@ def kernel_status(call: Call, params: dict) -> dict:
         "tasks_running": kernel.tasks.running_total(),
         "ptys": len(kernel.ptys.list(None)),
         "ptys_reaped": kernel.ptys_reaped(),
+        "execs_on_loop": kernel.execs_on_loop(),
         "connections": kernel.connection_count(),
         "cpu_held_s": {p: round(s, 3) for p, s in call.cpu.held().items()} if call.cpu else {},
         "cpu_debt_s": {p: round(s, 3) for p, s in call.cpu.debt().items()} if call.cpu else {},
