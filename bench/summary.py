@@ -54,3 +54,27 @@ def cpu_seconds(pid: int) -> float:
     if fields is None:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_idle() -> tuple[int, int]:
+    """(idle, all) CPU time of the whole machine so far, in clock ticks (``/proc/stat``):
+    the share of two readings' difference that was idle says whether a row kept the
+    CPUs busy or left them waiting on something."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return values[3] + values[4], sum(values)  # idle + iowait
+
+
+def idle_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return round((after[0] - before[0]) / max(1, after[1] - before[1]), 3)
+
+
+def run_queue_s(pid: int) -> float:
+    """Seconds the live threads of ``pid`` have spent runnable but not running
+    (``/proc/PID/task/*/schedstat``): a server every caller waits on must not queue."""
+    waited = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            waited += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return waited / 1e9

@@ -25,7 +25,14 @@ from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until
 from tests.support.procfs import fd_count, kernel_commands, threads
 
-from .summary import cpu_seconds, load_baseline, register_summary
+from .summary import (
+    cpu_seconds,
+    idle_share,
+    load_baseline,
+    machine_idle,
+    register_summary,
+    run_queue_s,
+)
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
 FACADES = 8 if QUICK else 32
@@ -151,9 +158,14 @@ def _shoal_row(env: dict[str, str] | None, policy: Path) -> dict:
             for c in clients:  # each session's first exec starts its shell: not measured
                 ok(c.call_tool("shoal_exec", {"command": "true"}))
             warm0 = _warm(kernel)
-            cpu0 = cpu_seconds(kernel.pid)
+            cpu0, queued0, idle0 = cpu_seconds(kernel.pid), run_queue_s(kernel.pid), machine_idle()
             facades0 = sum(cpu_seconds(c.pid) for c in clients)
             row = agents.mcp_row(clients, "shoal_exec", {"command": "true"}, AGENT_CALLS, ok)
+            row["idle_share"] = idle_share(idle0, machine_idle())
+            # Runnable but not running: every agent waits while the kernel does.
+            row["server_queued_ms_per_call"] = round(
+                (run_queue_s(kernel.pid) - queued0) / row["calls"] * 1e3, 3
+            )
             warm1 = _warm(kernel)
             # An exec that found no ready shell started cold: the slowest calls.
             row["ready_misses"] = warm1.get("ready_misses", 0) - warm0.get("ready_misses", 0)
@@ -187,8 +199,9 @@ def _fastmcp_row() -> dict:
 
         for c in clients:
             ok(c.call_tool("exec", {"src": "true"}))
-        cpu0 = sum(cpu_seconds(c.pid) for c in clients)
+        cpu0, idle0 = sum(cpu_seconds(c.pid) for c in clients), machine_idle()
         row = agents.mcp_row(clients, "exec", {"src": "true"}, AGENT_CALLS, ok)
+        row["idle_share"] = idle_share(idle0, machine_idle())
         row["server_cpu_ms_per_call"] = round(
             (sum(cpu_seconds(c.pid) for c in clients) - cpu0) / row["calls"] * 1e3, 3
         )
@@ -218,17 +231,20 @@ def test_agents_each_with_a_server(request, tmp_path):
                     "cpus": os.cpu_count(), "quick": QUICK, "rows": rows}, indent=2) + "\n"
     )  # fmt: skip
     lines = [
-        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11} {'cold':>5}"
+        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11} {'cold':>5} {'idle':>5} {'queued':>7}"
     ]
     for name, row in rows.items():
         cpu = row.get("server_cpu_ms_per_call")
         facade = row.get("facade_cpu_ms_per_call")
         cold = row.get("ready_misses")
+        idle, queued = row.get("idle_share"), row.get("server_queued_ms_per_call")
         lines.append(
             f"{name:>14} {row['calls_per_s']:9.1f} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} "
             f"{row['throughput_over_fastmcp']:10.2f} {row['p99_over_fastmcp']:6.2f} "
             f"{'' if cpu is None else f'{cpu:19.3f}'} {'' if facade is None else f'{facade:11.3f}'}"
-            f"{'' if cold is None else f' {cold:5d}'}"
+            f"{' ' * 6 if cold is None else f' {cold:5d}'}"
+            f"{' ' * 6 if idle is None else f' {idle:5.2f}'}"
+            f"{'' if queued is None else f' {queued:7.3f}'}"
         )
     lines.append(f"saved to {AGENTS_RESULTS}")
     print("\n" + "\n".join(lines))
