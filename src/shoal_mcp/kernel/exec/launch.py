@@ -55,8 +55,6 @@ class Launcher:
         env, spec_bytes = prepared.env, prepared.spec_bytes
         cap = self.guard.for_principal(who.principal).max_output_bytes
         ready = self.pool.ready if self.pool is not None else None
-        if not waits_allowed():
-            return self._in_ready_shell(who, src, cwd, env, spec_bytes, cap), env
         warm = self.pool.take(who.principal, spec_bytes) if self.pool is not None else None
         supervisor: Any = warm
         if stdin_fd is not None:
@@ -64,10 +62,15 @@ class Launcher:
             # descriptor 0 through the supervisor's own extra-descriptor mechanism.
             supervisor = StdinSupervisor(warm, spec_bytes, stdin_fd)
         elif warm is not None and ready is not None and _short(src):
-            shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap)
+            # On the owner loop a shell still being made is not waited for (None at once).
+            shell = ready.take(
+                (who.principal, who.session), cwd, env, spec_bytes, cap, wait=waits_allowed()
+            )
             started = shell.start(src) if shell is not None else None
             if started is not None:
                 return started, env
+        if not waits_allowed():
+            raise WouldWait()  # a fork or a cold start: a worker's to wait for
         run = spawn(
             src,
             cwd,
@@ -79,25 +82,6 @@ class Launcher:
             owner=who.principal,
         )
         return run, env  # the env bash got: the state the exec's delta is measured from
-
-    def _in_ready_shell(
-        self, who: Principal, src: str, cwd: str, env: dict[str, str], spec_bytes: bytes, cap: int
-    ) -> RunningCommand:
-        """The command started in its session's ready shell at once, or ``WouldWait``
-        with nothing started (the launch on a thread then counts the miss)."""
-        ready = self.pool.ready if self.pool is not None else None
-        if ready is None or not _short(src):
-            raise WouldWait()
-        shell = ready.take((who.principal, who.session), cwd, env, spec_bytes, cap, wait=False)
-        if shell is None:
-            raise WouldWait()
-        if self.pool is None or self.pool.take(who.principal, spec_bytes) is None:
-            shell.discard()  # its zygote is gone or retired: the thread starts afresh
-            raise WouldWait()
-        started = shell.start(src)
-        if started is None:
-            raise WouldWait()
-        return started
 
 
 def _short(src: str) -> bool:

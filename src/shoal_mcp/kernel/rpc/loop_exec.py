@@ -15,9 +15,9 @@ The loop never waits. The start and the finalize run inside ``no_wait()``
 that is not free at once is ``WouldWait``, raised before anything was done, and the
 work goes to a worker, which may wait: the whole call when its start would wait (as
 when no ready shell is there), the finalize and the reply when the finalize would. So
-does a finalize with a large output (storing it hashes it) and the work after a reply
-(the session's next ready shell is a round trip to its supervisor). While watched
-here, an exec ends its watch the way the thread path does: past its ``timeout_ms`` it
+does a finalize with a large output (storing it hashes it). The work after a reply
+stays here: the session's next ready shell is sent to its supervisor and its answer
+read when it comes (``ShellRefill.refill_soon``). While watched here, an exec ends its watch the way the thread path does: past its ``timeout_ms`` it
 answers with its task handle and goes on as a listed task; when its caller hangs up,
 it goes on unanswered.
 
@@ -25,8 +25,8 @@ When its session's next ready shell is still being made (the refill after the la
 exec's reply, which under load often ends after the next call arrives), the call
 waits for it here, as a callback (``ReadyShells.when_made``), not on a thread.
 
-State here (``_Pending``, ``Watch``, the watches of each connection) is the loop
-thread's alone.
+State here (``_Pending``, and the watches in ``ExecWatches``) is the loop thread's
+alone.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class LoopExecs:
 
     def _finish_there(self, watch: Watch) -> None:
         """On a worker: a finalize that may wait (on the database, the CAS, a large
-        output's hashing), then the reply and the work after it."""
+        output's hashing), then the reply and the work after it (as on the loop)."""
         began = time.thread_time()
         conn = watch.conn
         try:
@@ -226,8 +226,7 @@ class LoopExecs:
             conn.send(reply)
         finally:
             self.server.busy(-1)
-        watch.call.run_deferred()
-        self.server.call_ended(conn)
+        self._after(watch.call, conn)
 
     def _finished(self, watch: Watch) -> dict:
         """Its finalize and its reply; ``WouldWait`` (inside ``no_wait()``) before both."""
@@ -257,9 +256,10 @@ class LoopExecs:
         self._after(watch.call, watch.conn)
 
     def _after(self, call: Call, conn: SocketConnection) -> None:
-        """After the reply, here: the call's own work (its ``$SHOAL_OUT`` entry, the
-        session's next ready shell, sent to its supervisor and awaited as readiness),
-        then the connection's next queued call, which goes to a worker."""
+        """After the reply (on the loop, or on the worker that finalized): the call's own
+        work without waiting (its ``$SHOAL_OUT`` entry; the session's next ready shell,
+        sent to its supervisor, its answer read on the loop), then the connection's next
+        queued call, which goes to a worker."""
         began = time.thread_time()
         try:
             with no_wait():

@@ -248,9 +248,7 @@ class KernelServer:
     def call_ended(self, conn: SocketConnection) -> None:
         """A blocking call that ran off a worker of its own (an exec on the owner loop)
         has answered: the connection's next queued call runs, on a worker."""
-        call, dropped = conn.calls.next_after(conn.closed.is_set())
-        for _, gone in dropped:  # the connection closed: nobody waits for them
-            conn.pop_call(gone.id)
+        call = _next_call(conn)
         if call is not None:
             self.on_worker(self._run_metered, (conn, *call), "call")
 
@@ -333,9 +331,7 @@ class KernelServer:
                 # Charged before the reply is written too: the client's next frame, which
                 # the owner loop may take as soon as the reply is out, must see this debt.
                 self._run(conn, *call, before_reply=metered.settle)
-            call, dropped = conn.calls.next_after(conn.closed.is_set())
-        for _, gone in dropped:  # the connection closed: nobody waits for them
-            conn.pop_call(gone.id)
+            call = _next_call(conn)
 
     def _run(
         self,
@@ -384,6 +380,15 @@ class KernelServer:
             hook(conn)
         with self._lock:
             self.connections.discard(conn)
+
+
+def _next_call(conn: SocketConnection) -> tuple[MethodSpec, Request] | None:
+    """The connection's next queued blocking call, now that one has answered; once the
+    connection has closed, none (the queued ones leave the in-flight table unrun)."""
+    call, dropped = conn.calls.next_after(conn.closed.is_set())
+    for _, gone in dropped:  # nobody waits for them
+        conn.pop_call(gone.id)
+    return call
 
 
 def _close_conn(conn: SocketConnection, close_fd: bool = True) -> None:
