@@ -109,6 +109,9 @@ and their entries appear when it is done (values/outputs.py)."""
 OUTPUTS_START_WAIT_S = 0.05
 """How long an exec's start waits for a background ``$SHOAL_OUT`` sync of its session on
 a root kernel before it goes on without the entries still being made."""
+SPARE_DIRS_STOCK = 64
+"""Empty directories the housekeeper keeps made for ``$SHOAL_OUT`` entries
+(values/spare_dirs.py): a ``mkdir`` costs about 15 renames on ext4."""
 HOUSEKEEPER_IDLE_S = 5.0
 """The store's housekeeping thread (store/housekeeper.py: background ``$SHOAL_OUT`` syncs,
 deferred journal rows, ref numbers reserved ahead) exits after this long idle."""
@@ -214,6 +217,11 @@ fsync per 64 execs of a session (ahead of need), at most 127 numbers skipped aft
 DB_WRITE_WAIT_S = 30.0
 """How long a write to the kernel's database waits for the writer before it, in the
 kernel's write queue and (for another process) SQLite's busy handler."""
+WAL_CHECKPOINT_EVERY = 64
+"""The kernel's database checkpoints its write-ahead log on the housekeeper after this
+many commits (about SQLite's default of 1,000 pages at ~13 pages per exec), not in
+whichever commit crosses SQLite's threshold: that one was an exec's on the owner loop,
+and waited for two fsyncs."""
 EVENTS_WRITE_WAIT_S = 5.0
 """The same for a durable event's insert (a publish is never held up longer)."""
 JOURNAL_ERROR_MAX_CHARS = 500
@@ -249,10 +257,12 @@ WARM_POOL_IDLE_S = 60.0
 """A warm supervisor zygote (one per principal and sandbox spec) unused this long exits."""
 WARM_POOL_MAX_KEYS = 16
 """At most this many warm zygotes at once; the least recently used goes."""
-REPORTS_REMEMBERED = 16
-REPORT_REMEMBERED_MAX = 64 * KiB
+REPORTS_REMEMBERED = 64
+REPORT_REMEMBERED_MAX = 32 * KiB
 """Exec state reports (``export -p``) kept parsed, and the largest one kept: a session's
-report is usually the same exec after exec (exec/exports.py)."""
+report is usually the same exec after exec (exec/exports.py). One per session busy at
+once, as many as ready shells: with 16, 32 agents took turns evicting each other's and
+every report was parsed again. At most about 6 MiB (the raw bytes and their parse)."""
 READY_SHELL_WAIT_S = 0.5
 """How long an exec waits for its session's ready shell that is still starting (past
 it, the exec starts its own bash). A start under way is nearly always sooner done than

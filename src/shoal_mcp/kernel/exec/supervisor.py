@@ -320,13 +320,20 @@ class Job:
         when the fd ``wake`` became readable first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         watched: list[socket.socket | int] = [self.sock] if wake is None else [self.sock, wake]
+        # Told it is readable (timeout 0, the owner loop): read without a select first.
+        flags = socket.MSG_DONTWAIT if timeout == 0 and wake is None else 0
         while b"\n" not in self._buf:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select(watched, [], [], remaining)
-            if self.sock not in ready:
-                return None
+            if not flags:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready, _, _ = select.select(watched, [], [], remaining)
+                if self.sock not in ready:
+                    return None
             try:
-                data = self.sock.recv(4096)
+                data = self.sock.recv(4096, flags)
+            except (BlockingIOError, InterruptedError):
+                if flags:
+                    return None  # no whole line yet
+                raise
             except ConnectionResetError:
                 # The supervisor exited with bytes of ours unread (a lane that ended
                 # because its last job changed it): the same as EOF.

@@ -8,6 +8,8 @@ this process queue on one ``WriteQueue`` (transactions here, durable events in
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import sqlite3
 import threading
@@ -16,9 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ...protocol.errors import state_db_locked, state_dir_full
-from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S
+from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S, WAL_CHECKPOINT_EVERY
 from ..owner.nowait import WouldWait, take_now, waits_allowed
 from .housekeeper import Housekeeper
+
+log = logging.getLogger(__name__)
+
+_CHECKPOINT_KEY = ("database", "checkpoint")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
@@ -159,6 +165,7 @@ class Database:
         self._all_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
         self._closed = False
+        self._commits = itertools.count(1)  # next() is atomic: no lock for a heuristic
         with self._lease() as conn:
             self._check(conn)
             _migrate_before(conn)
@@ -181,11 +188,26 @@ class Database:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the housekeeper's (_committed)
         except sqlite3.Error:
             conn.close()
             raise
         conn.row_factory = sqlite3.Row
         return conn
+
+    def _committed(self) -> None:
+        """Every ``WAL_CHECKPOINT_EVERY`` commits, a checkpoint on the housekeeper: it
+        copies the log into the database file off every caller's path (a PASSIVE one:
+        it never blocks a writer, and leaves for the next what readers still need)."""
+        if next(self._commits) % WAL_CHECKPOINT_EVERY == 0:
+            self.housekeeper.submit(self.checkpoint, _CHECKPOINT_KEY)
+
+    def checkpoint(self) -> None:
+        try:
+            with self._lease() as conn:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (sqlite3.Error, WouldWait) as exc:
+            log.debug("WAL checkpoint not done now: %s", exc)
 
     @contextmanager
     def _lease(self) -> Iterator[sqlite3.Connection]:
@@ -250,6 +272,7 @@ class Database:
                 if _is_full(exc):  # an INSERT in the body hit the full disk
                     raise state_dir_full(str(exc)) from exc
                 raise
+            self._committed()
 
     @contextmanager
     def claim(self) -> Iterator[None]:
