@@ -68,6 +68,28 @@ def idle_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return round((after[0] - before[0]) / max(1, after[1] - before[1]), 3)
 
 
+def machine_cpu_ms_per_call(before: tuple[int, int], after: tuple[int, int], calls: int) -> float:
+    """The whole machine's busy CPU per call between two ``machine_idle`` readings: what
+    a call costs everything that ran for it (server, facades, commands, clients)."""
+    busy = (after[1] - before[1]) - (after[0] - before[0])
+    return round(busy / os.sysconf("SC_CLK_TCK") / max(1, calls) * 1e3, 3)
+
+
+def thread_sched_s(pid: int, comm: str) -> tuple[float, float] | None:
+    """(running, runnable but waiting) seconds of ``pid``'s thread named ``comm``
+    (``/proc/PID/task/TID/schedstat``); None when it has no such thread (a kernel from
+    before its owner loop named its thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != comm:
+                continue
+            run_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    return None
+
+
 def run_queue_s(pid: int) -> float:
     """Seconds the live threads of ``pid`` have spent runnable but not running
     (``/proc/PID/task/*/schedstat``): a server every caller waits on must not queue."""

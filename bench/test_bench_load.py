@@ -29,9 +29,11 @@ from .summary import (
     cpu_seconds,
     idle_share,
     load_baseline,
+    machine_cpu_ms_per_call,
     machine_idle,
     register_summary,
     run_queue_s,
+    thread_sched_s,
 )
 
 QUICK = os.environ.get("SHOAL_BENCH_QUICK", "") not in ("", "0")
@@ -160,8 +162,16 @@ def _shoal_row(env: dict[str, str] | None, policy: Path) -> dict:
             warm0 = _warm(kernel)
             cpu0, queued0, idle0 = cpu_seconds(kernel.pid), run_queue_s(kernel.pid), machine_idle()
             facades0 = sum(cpu_seconds(c.pid) for c in clients)
+            loop0 = thread_sched_s(kernel.pid, "owner")
             row = agents.mcp_row(clients, "shoal_exec", {"command": "true"}, AGENT_CALLS, ok)
-            row["idle_share"] = idle_share(idle0, machine_idle())
+            idle1, loop1 = machine_idle(), thread_sched_s(kernel.pid, "owner")
+            row["idle_share"] = idle_share(idle0, idle1)
+            row["machine_cpu_ms_per_call"] = machine_cpu_ms_per_call(idle0, idle1, row["calls"])
+            if loop0 is not None and loop1 is not None:
+                # The owner loop every agent waits on: its own CPU, and its time runnable
+                # but not running (another process had the CPU), per call.
+                row["loop_cpu_ms_per_call"] = round((loop1[0] - loop0[0]) / row["calls"] * 1e3, 3)
+                row["loop_wait_ms_per_call"] = round((loop1[1] - loop0[1]) / row["calls"] * 1e3, 3)
             # Runnable but not running: every agent waits while the kernel does.
             row["server_queued_ms_per_call"] = round(
                 (run_queue_s(kernel.pid) - queued0) / row["calls"] * 1e3, 3
@@ -191,6 +201,10 @@ def _warm(kernel) -> dict:
         close_client(status)
 
 
+def _column(value: float | None, width: int) -> str:
+    return " " * (width + 1) if value is None else f" {value:{width}.3f}"
+
+
 def _fastmcp_row() -> dict:
     with agents.started([agents.fastmcp_argv()] * AGENTS, dict(os.environ)) as clients:
 
@@ -201,7 +215,9 @@ def _fastmcp_row() -> dict:
             ok(c.call_tool("exec", {"src": "true"}))
         cpu0, idle0 = sum(cpu_seconds(c.pid) for c in clients), machine_idle()
         row = agents.mcp_row(clients, "exec", {"src": "true"}, AGENT_CALLS, ok)
-        row["idle_share"] = idle_share(idle0, machine_idle())
+        idle1 = machine_idle()
+        row["idle_share"] = idle_share(idle0, idle1)
+        row["machine_cpu_ms_per_call"] = machine_cpu_ms_per_call(idle0, idle1, row["calls"])
         row["server_cpu_ms_per_call"] = round(
             (sum(cpu_seconds(c.pid) for c in clients) - cpu0) / row["calls"] * 1e3, 3
         )
@@ -231,7 +247,7 @@ def test_agents_each_with_a_server(request, tmp_path):
                     "cpus": os.cpu_count(), "quick": QUICK, "rows": rows}, indent=2) + "\n"
     )  # fmt: skip
     lines = [
-        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11} {'cold':>5} {'idle':>5} {'queued':>7}"
+        f"{'':>14} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x fastmcp':>10} {'p99 x':>6} {'server CPU ms/call':>19} {'facade CPU':>11} {'cold':>5} {'idle':>5} {'queued':>7} {'machine':>8} {'loop':>6} {'l.wait':>6}"
     ]
     for name, row in rows.items():
         cpu = row.get("server_cpu_ms_per_call")
@@ -244,7 +260,10 @@ def test_agents_each_with_a_server(request, tmp_path):
             f"{'' if cpu is None else f'{cpu:19.3f}'} {'' if facade is None else f'{facade:11.3f}'}"
             f"{' ' * 6 if cold is None else f' {cold:5d}'}"
             f"{' ' * 6 if idle is None else f' {idle:5.2f}'}"
-            f"{'' if queued is None else f' {queued:7.3f}'}"
+            f"{' ' * 8 if queued is None else f' {queued:7.3f}'}"
+            f"{_column(row.get('machine_cpu_ms_per_call'), 8)}"
+            f"{_column(row.get('loop_cpu_ms_per_call'), 6)}"
+            f"{_column(row.get('loop_wait_ms_per_call'), 6)}"
         )
     lines.append(f"saved to {AGENTS_RESULTS}")
     print("\n" + "\n".join(lines))

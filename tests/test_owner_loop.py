@@ -103,3 +103,10 @@ def test_run_on_a_stopped_loop_says_so_instead_of_waiting():
     with pytest.raises(LoopClosed):
         owner.run(lambda: None)  # no timeout: it would wait forever
     assert owner.close(10)
+
+
+def test_the_os_sees_the_loop_threads_name(loop):
+    """``top -H`` and the agents bench find the loop's thread by its name."""
+    tid = loop.run(threading.get_native_id)
+    with open(f"/proc/self/task/{tid}/comm") as comm:
+        assert comm.read().strip() == "test-owner"

@@ -22,6 +22,7 @@ Rules for what runs here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -40,8 +41,15 @@ class OwnerLoop:
     def __init__(self, name: str = "owner") -> None:
         self._loop = asyncio.new_event_loop()
         self._loop.set_exception_handler(_log_callback_error)
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(name,), name=name, daemon=True)
         self._thread.start()
+
+    def _run(self, name: str) -> None:
+        # The OS sees the name too (top -H, /proc/PID/task/TID/comm): the bench reads the
+        # loop's own CPU and run-queue wait from that thread (bench/summary.py).
+        with contextlib.suppress(OSError), open("/proc/thread-self/comm", "w") as comm:
+            comm.write(name[:15])
+        self._loop.run_forever()
 
     # -- from any thread ------------------------------------------------------------------
 
