@@ -109,6 +109,9 @@ and their entries appear when it is done (values/outputs.py)."""
 OUTPUTS_START_WAIT_S = 0.05
 """How long an exec's start waits for a background ``$SHOAL_OUT`` sync of its session on
 a root kernel before it goes on without the entries still being made."""
+SPARE_DIRS_STOCK = 64
+"""Empty directories kept made for ``$SHOAL_OUT`` entries, each asked of the exec
+supervisor that starts a session's next ready shell (values/spare_dirs.py)."""
 HOUSEKEEPER_IDLE_S = 5.0
 """The store's housekeeping thread (store/housekeeper.py: background ``$SHOAL_OUT`` syncs,
 deferred journal rows, ref numbers reserved ahead) exits after this long idle."""

@@ -13,11 +13,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..access.sandbox import SandboxSpec
 from .ready import GO_FD, READY_ARGV, SCRIPT_FD, ReadyShell, file_ids
 from .runner import STATE_FD, _bytes, take_spools
 from .supervisor import Job, Lane, Supervisor, start_timeout
+
+
+class Spares(Protocol):
+    """Where a ready shell's supervisor may be asked to make a spare ``$SHOAL_OUT``
+    directory (values/spare_dirs.py ``SpareDirs``)."""
+
+    def wanted(self) -> bytes | None: ...
+
+    def made(self, path: bytes) -> None: ...
 
 
 def prepare(
@@ -30,20 +40,21 @@ def prepare(
     max_output_bytes: int,
     owner: str = "",
     lane: Lane | None = None,
+    spares: Spares | None = None,
 ) -> ReadyShell:
     """Start a bash under ``supervisor`` that waits for its source, and wait for its
     start (OSError if it did not); on ``lane`` (the session's last exec's supervisor)
     when it can take it, else forked (also when the lane turns out to be gone)."""
     start = send_shell(
         cwd, env, spool_dir, supervisor, sandbox=sandbox, max_output_bytes=max_output_bytes,
-        owner=owner, lane=lane,
+        owner=owner, lane=lane, spares=spares,
     )  # fmt: skip
     try:
         return start.finish(start.job.line(start_timeout(start.on_lane)))
     except LaneGone:
         return prepare(
             cwd, env, spool_dir, supervisor, sandbox=sandbox, max_output_bytes=max_output_bytes,
-            owner=owner,
+            owner=owner, spares=spares,
         )  # fmt: skip
 
 
@@ -57,23 +68,31 @@ def send_shell(
     max_output_bytes: int,
     owner: str = "",
     lane: Lane | None = None,
+    spares: Spares | None = None,
 ) -> ShellStart:
     """``prepare`` without waiting for the start (the owner loop): the bash is sent to
-    ``lane`` or ``supervisor``; its start is answered on ``ShellStart.job``'s socket."""
+    ``lane`` or ``supervisor``; its start is answered on ``ShellStart.job``'s socket.
+    An unconfined supervisor also makes a spare ``$SHOAL_OUT`` directory of ``spares``
+    first (a sandbox's may not write there)."""
     files = _ShellFiles.make(cwd, env, spool_dir, owner)
+    spare = spares.wanted() if spares is not None and sandbox is None else None
     try:
         job, on_lane = supervisor.send(
             *files.job_args(max_output_bytes),
             write=files.writable(sandbox),
             stay=True,  # a bash that runs nothing before its go byte: safe on any lane
             lane=lane,
+            mkdir=spare,
         )
     except BaseException:
         files.abandon()
         raise
     finally:
         files.sent()
-    return ShellStart(files, supervisor, job, on_lane, sandbox, max_output_bytes)
+    start = ShellStart(files, supervisor, job, on_lane, sandbox, max_output_bytes)
+    if spare is not None and spares is not None:
+        start.spare = (spares, spare)
+    return start
 
 
 @dataclass
@@ -167,6 +186,7 @@ class ShellStart:
     on_lane: bool
     sandbox: SandboxSpec | None
     cap: int
+    spare: tuple[Spares, bytes] | None = None  # asked of its supervisor (send_shell)
 
     def finish(self, line: bytes | None) -> ReadyShell:
         """The shell, with its start's answer ``line`` (None: EOF or no answer in time);
@@ -180,4 +200,7 @@ class ShellStart:
             self.job.close()
             self.files.abandon()
             raise LaneGone("the session's lane did not start its next shell")
+        if self.spare is not None:  # made before the start it answered
+            spares, path = self.spare
+            spares.made(path)
         return self.files.shell(started, self.sandbox, self.cap)

@@ -160,4 +160,5 @@ class ShellRefill:
             max_output_bytes=cap,
             owner=who.principal,
             lane=lane,
+            spares=self.values.outputs.entries.spares,
         )

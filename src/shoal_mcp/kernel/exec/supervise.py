@@ -230,6 +230,11 @@ def _run(sock: "_socket.socket", wake_r: int, job: dict, out: int, err: int, ext
     Bytes the kernel sends on the socket are signals for the command's process group
     (a job in a pid namespace: the kernel cannot name its pids itself), or TERMINATE.
     """
+    if job.get("mkdir"):  # a spare $SHOAL_OUT directory for the kernel (values/spare_dirs.py)
+        try:
+            os.mkdir(job["mkdir"], 0o700)
+        except OSError:
+            pass  # the kernel's rename of it fails, and it makes its own
     output = _relay_module().JobOutput(job.get("full_wait") or 0.0)
     try:
         pid = _start(job, output.out_w, output.err_w, extra)

@@ -170,10 +170,13 @@ class Supervisor:
         last: bool = False,
         stay: bool = False,
         lane: Lane | None = None,
+        mkdir: bytes | None = None,
     ) -> tuple[Job, bool]:
         """``run`` up to the start, without waiting for it: the job, and whether it went
         to ``lane`` (True) or to this zygote. Its start is read from its socket next:
-        ``answered(job, line, lane=…)`` (the owner loop reads it when it is readable)."""
+        ``answered(job, line, lane=…)`` (the owner loop reads it when it is readable).
+        ``mkdir``: a directory the supervisor makes before the job starts (a spare for
+        ``$SHOAL_OUT``, values/spare_dirs.py); it is there once the start is answered."""
         owner = self if last else None
         stay = stay and not self.spec_bytes and not last
         frame = _frame(
@@ -187,6 +190,7 @@ class Supervisor:
                 "full_wait": SPOOL_FULL_WAIT_S,
                 "grace": CANCEL_GRACE_S,
                 "stay": stay,
+                "mkdir": mkdir or b"",
             }
         )
         if lane is not None:

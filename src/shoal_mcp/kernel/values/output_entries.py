@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..store.cas import ContentStore
+from .spare_dirs import SpareDirs
 
 COPIES_DIR = ".copies"
 """A root kernel's copies of blobs, linked into entries (never inside a ``$SHOAL_OUT``)."""
@@ -33,6 +34,7 @@ class EntryMaker:
         self.cas = cas
         self._copies = copies  # True: a root kernel without the read-only mount
         self.clones = False  # a reflink worked here: a root kernel's "copies" are free
+        self.spares: SpareDirs | None = None  # directories made ahead (spare_dirs.py)
 
     def make(self, target: Path, n: int, blobs: dict[str, str]) -> None:
         """Entry ``target/<n>`` holding ``blobs`` (``{"out"|"err": hash}``); ``target`` is
@@ -44,12 +46,13 @@ class EntryMaker:
         half of its system calls."""
         where = os.fspath(target)
         part = os.path.join(where, f".{n}.part")  # not a number: never taken for an entry
-        try:
-            os.mkdir(part, 0o700)
-        except FileExistsError:  # cut short by a crash or a full disk
-            os.chmod(part, 0o700)
-            shutil.rmtree(part)
-            os.mkdir(part, 0o700)
+        if self.spares is None or not self.spares.take(part):
+            try:
+                os.mkdir(part, 0o700)
+            except FileExistsError:  # cut short by a crash or a full disk
+                os.chmod(part, 0o700)
+                shutil.rmtree(part)
+                os.mkdir(part, 0o700)
         self._fill(part, blobs)
         os.chmod(part, DIR_MODE)
         entry = os.path.join(where, str(n))

@@ -36,12 +36,13 @@ import orjson
 
 from ...protocol.errors import is_disk_full, state_dir_full
 from ..access.namespaces import bind_read_only, mounted_at, unmount
-from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S
+from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, SPARE_DIRS_STOCK
 from ..owner.nowait import WouldWait, hold, waits_allowed
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .output_entries import DIR_MODE, EntryMaker
 from .resolver import blob_hashes, trusted
+from .spare_dirs import SPARE_DIR, SpareDirs
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class SharedOutputs:
         # too) adds to _prepared without waiting for a session's lock, which a copy may hold.
         self._tables_lock = threading.Lock()
         self.entries = EntryMaker(self.root, cas, self._copies)
+        self.entries.spares = SpareDirs(self.root / SPARE_DIR, SPARE_DIRS_STOCK)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
         self.view: Path | None = None  # a root kernel's read-only mount of ``root``
 
