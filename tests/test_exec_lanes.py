@@ -23,7 +23,7 @@ import pytest
 from shoal_mcp.kernel.access import landlock
 from shoal_mcp.kernel.access.sandbox_build import build_spec
 from shoal_mcp.kernel.exec.ready import ReadyShells
-from shoal_mcp.kernel.exec.ready_start import send_shell
+from shoal_mcp.kernel.exec.ready_start import ShellOrder
 from shoal_mcp.kernel.exec.supervisor import Job, Supervisor
 from tests.support.facade import RawFacade, facade_env
 from tests.support.kernel import close_client
@@ -281,7 +281,7 @@ def test_the_default_agent_never_runs_on_a_lane(kernel):
     assert warm["ready_hits"] - before["ready_hits"] >= 2, (before, warm)  # forked as ever
 
 
-# -- a ready shell sent without waiting (the owner loop's refill: ready_start.send_shell) --
+# -- a ready shell sent without waiting (the owner loop's refill: ready_start.ShellOrder.send) --
 
 READY_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 
@@ -291,7 +291,7 @@ def test_a_shell_sent_to_a_lane_starts_once_its_answer_is_read(zygote, tmp_path)
     lane = _finished(first).take_lane()
     spools = tmp_path / "spools"
     spools.mkdir()
-    start = send_shell("/", READY_ENV, spools, zygote, sandbox=None, max_output_bytes=0, lane=lane)
+    start = ShellOrder("/", READY_ENV, spools, zygote, sandbox=None, max_output_bytes=0).send(lane)
     assert start.on_lane and lane is not None and lane.used
     shells = ReadyShells()
     try:
@@ -314,10 +314,8 @@ def test_a_shell_sent_to_a_stopped_lane_is_given_up_with_its_files(zygote, tmp_p
     job, supervisor = _stopped_lane(zygote, tmp_path)
     (tmp_path / "spools").mkdir()
     try:
-        start = send_shell(
-            "/", READY_ENV, tmp_path / "spools", zygote, sandbox=None, max_output_bytes=0,
-            lane=job.take_lane(),
-        )  # fmt: skip
+        order = ShellOrder("/", READY_ENV, tmp_path / "spools", zygote, None, 0)
+        start = order.send(job.take_lane())
         assert start.on_lane and all(p.exists() for p in start.files.paths)
         assert start.job.line(0) is None and not start.job.eof  # no answer yet
         with pytest.raises(OSError):

@@ -11,7 +11,7 @@ import time
 from shoal_mcp.kernel.config.limits import READY_SHELL_WAIT_S
 from shoal_mcp.kernel.exec.keeper import PoolKeeper
 from shoal_mcp.kernel.exec.ready import ReadyShells
-from shoal_mcp.kernel.exec.ready_start import prepare
+from shoal_mcp.kernel.exec.ready_start import ShellOrder
 from shoal_mcp.kernel.exec.supervisor import Supervisor
 from tests.support.kernel import close_client, running_kernel
 from tests.support.polling import wait_until
@@ -97,17 +97,17 @@ def test_a_shell_is_used_only_for_the_exact_state_it_was_started_with(tmp_path):
     shells = ReadyShells()
     try:
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
-        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        made = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: made)
         wait_until(lambda: len(shells) == 1, timeout=30)
         assert shells.take(("p", "s"), "/tmp", env, b"", 0) is None  # another cwd
         wait_until(lambda: made.job.exit is not None, timeout=30, what="the stale shell to end")
         assert not made.out_path.exists()
-        again = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        again = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: again)
         wait_until(lambda: len(shells) == 1, timeout=30)
         assert shells.take(("p", "s"), "/", {**env, "X": "1"}, b"", 0) is None  # other env
-        third = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        third = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: third)
         wait_until(lambda: len(shells) == 1, timeout=30)
         shell = shells.take(("p", "s"), "/", dict(env), b"", 0)
@@ -140,7 +140,7 @@ def test_a_take_waits_for_a_reserved_shell_and_not_for_a_released_one(tmp_path):
         waiter = threading.Thread(target=take)
         waiter.start()
         time.sleep(0.05)  # the take is under way and finds nothing made yet
-        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        made = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: made, reserved=True)
         waiter.join(10)
         assert taken == [made] and shells.hits == 1
@@ -171,7 +171,7 @@ def test_the_pool_keeper_reaps_a_discarded_shell_and_removes_its_files(tmp_path)
     try:
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
         threads = threading.active_count()
-        made = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        made = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: made)
         assert made.dropper is not None
         assert shells.take(("p", "s"), "/tmp", env, b"", 0) is None  # another cwd: discarded
@@ -182,7 +182,7 @@ def test_the_pool_keeper_reaps_a_discarded_shell_and_removes_its_files(tmp_path)
         )
         assert made.job.exit is not None and not made.err_path.exists()
         assert threading.active_count() == threads
-        last = prepare("/", env, tmp_path, z, sandbox=None, max_output_bytes=0)
+        last = ShellOrder("/", env, tmp_path, z, sandbox=None, max_output_bytes=0).prepare()
         shells.refill(("p", "s"), lambda: last)
         shells.close()  # kills and discards it; the keeper closes right after
         keeper.close()

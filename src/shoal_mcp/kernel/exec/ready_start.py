@@ -2,8 +2,8 @@
 
 A ready shell is a job like any other under the principal's warm zygote (or the
 session's lane): a bash that waits on its go pipe, with reused spools, a memfd for its
-state report and one for its source. ``prepare`` starts one and waits for its
-supervisor's answer (a thread's refill); ``send_shell`` only sends it, and the owner
+state report and one for its source. ``ShellOrder.prepare`` starts one and waits for its
+supervisor's answer (a thread's refill); ``ShellOrder.send`` only sends it, and the owner
 loop reads the answer when the job's socket is readable (``ShellStart.finish``), so
 the loop never waits for a process to be scheduled.
 """
@@ -30,69 +30,56 @@ class Spares(Protocol):
     def made(self, path: bytes) -> None: ...
 
 
-def prepare(
-    cwd: str,
-    env: dict[str, str],
-    spool_dir: Path,
-    supervisor: Supervisor,
-    *,
-    sandbox: SandboxSpec | None,
-    max_output_bytes: int,
-    owner: str = "",
-    lane: Lane | None = None,
-    spares: Spares | None = None,
-) -> ReadyShell:
-    """Start a bash under ``supervisor`` that waits for its source, and wait for its
-    start (OSError if it did not); on ``lane`` (the session's last exec's supervisor)
-    when it can take it, else forked (also when the lane turns out to be gone)."""
-    start = send_shell(
-        cwd, env, spool_dir, supervisor, sandbox=sandbox, max_output_bytes=max_output_bytes,
-        owner=owner, lane=lane, spares=spares,
-    )  # fmt: skip
-    try:
-        return start.finish(start.job.line(start_timeout(start.on_lane)))
-    except LaneGone:
-        return prepare(
-            cwd, env, spool_dir, supervisor, sandbox=sandbox, max_output_bytes=max_output_bytes,
-            owner=owner, spares=spares,
-        )  # fmt: skip
+@dataclass(frozen=True)
+class ShellOrder:
+    """What a session's ready shell is started with: its cwd and environment, its spool
+    directory, the zygote it goes under, its sandbox and output cap, the principal that
+    owns its spools, and where its supervisor may make a spare ``$SHOAL_OUT``
+    directory."""
 
+    cwd: str
+    env: dict[str, str]
+    spool_dir: Path
+    supervisor: Supervisor
+    sandbox: SandboxSpec | None
+    max_output_bytes: int
+    owner: str = ""
+    spares: Spares | None = None
 
-def send_shell(
-    cwd: str,
-    env: dict[str, str],
-    spool_dir: Path,
-    supervisor: Supervisor,
-    *,
-    sandbox: SandboxSpec | None,
-    max_output_bytes: int,
-    owner: str = "",
-    lane: Lane | None = None,
-    spares: Spares | None = None,
-) -> ShellStart:
-    """``prepare`` without waiting for the start (the owner loop): the bash is sent to
-    ``lane`` or ``supervisor``; its start is answered on ``ShellStart.job``'s socket.
-    An unconfined supervisor also makes a spare ``$SHOAL_OUT`` directory of ``spares``
-    first (a sandbox's may not write there)."""
-    files = _ShellFiles.make(cwd, env, spool_dir, owner)
-    spare = spares.wanted() if spares is not None and sandbox is None else None
-    try:
-        job, on_lane = supervisor.send(
-            *files.job_args(max_output_bytes),
-            write=files.writable(sandbox),
-            stay=True,  # a bash that runs nothing before its go byte: safe on any lane
-            lane=lane,
-            mkdir=spare,
-        )
-    except BaseException:
-        files.abandon()
-        raise
-    finally:
-        files.sent()
-    start = ShellStart(files, supervisor, job, on_lane, sandbox, max_output_bytes)
-    if spare is not None and spares is not None:
-        start.spare = (spares, spare)
-    return start
+    def prepare(self, lane: Lane | None = None) -> ReadyShell:
+        """Start the bash and wait for its start (OSError if it did not); on ``lane``
+        (the session's last exec's supervisor) when it can take it, else forked (also
+        when the lane turns out to be gone)."""
+        start = self.send(lane)
+        try:
+            return start.finish(start.job.line(start_timeout(start.on_lane)))
+        except LaneGone:
+            return self.prepare()
+
+    def send(self, lane: Lane | None = None) -> ShellStart:
+        """``prepare`` without waiting for the start (the owner loop): the bash is sent to
+        ``lane`` or the zygote; its start is answered on ``ShellStart.job``'s socket.
+        An unconfined supervisor also makes a spare ``$SHOAL_OUT`` directory of
+        ``spares`` first (a sandbox's may not write there)."""
+        files = _ShellFiles.make(self.cwd, self.env, self.spool_dir, self.owner)
+        spares = self.spares if self.sandbox is None else None
+        path = spares.wanted() if spares is not None else None
+        try:
+            job, on_lane = self.supervisor.send(
+                *files.job_args(self.max_output_bytes),
+                write=files.writable(self.sandbox),
+                stay=True,  # a bash that runs nothing before its go byte: safe on any lane
+                lane=lane,
+                mkdir=path,
+            )
+        except BaseException:
+            files.abandon()
+            raise
+        finally:
+            files.sent()
+        spare = (spares, path) if spares is not None and path is not None else None
+        return ShellStart(files, self.supervisor, job, on_lane, self.sandbox,
+                          self.max_output_bytes, spare)  # fmt: skip
 
 
 @dataclass
@@ -186,7 +173,7 @@ class ShellStart:
     on_lane: bool
     sandbox: SandboxSpec | None
     cap: int
-    spare: tuple[Spares, bytes] | None = None  # asked of its supervisor (send_shell)
+    spare: tuple[Spares, bytes] | None = None  # asked of its supervisor (ShellOrder.send)
 
     def finish(self, line: bytes | None) -> ReadyShell:
         """The shell, with its start's answer ``line`` (None: EOF or no answer in time);

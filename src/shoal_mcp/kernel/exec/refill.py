@@ -21,7 +21,7 @@ from ..values.service import ValueService
 from .pool import WarmPool
 from .prepare import LaunchSetup
 from .ready import ReadyShell
-from .ready_start import ShellStart, prepare, send_shell
+from .ready_start import ShellOrder, ShellStart
 from .supervisor import Lane, start_timeout
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class ShellRefill:
     ) -> None:
         assert self.pool is not None and self.pool.loop is not None
         loop, ready = self.pool.loop, self.pool.ready
-        start: ShellStart | None = self._make(who, lane, send_shell)
+        start: ShellStart | None = self._make(who, lane, wait=False)
         if start is None:
             done(None)
             return
@@ -137,10 +137,10 @@ class ShellRefill:
             start.finish(None)
             done(None)
 
-    def _make(self, who: Principal, lane: Lane | None = None, start: Callable = prepare) -> Any:
-        """The ready shell for ``who``'s session as it is now (``start=send_shell``: its
-        ``ShellStart``); None when its cwd is gone or there is no warm zygote to start
-        it under."""
+    def _make(self, who: Principal, lane: Lane | None = None, *, wait: bool = True) -> Any:
+        """The ready shell for ``who``'s session as it is now (``wait=False``: its
+        ``ShellStart``, sent and not answered yet); None when its cwd is gone or there is
+        no warm zygote to start it under."""
         assert self.pool is not None
         cwd, env = self.sessions.get_or_create(who.session).snapshot(who.principal)
         if not os.path.isdir(cwd):
@@ -150,15 +150,14 @@ class ShellRefill:
         zygote = self.pool.take(who.principal, prepared.spec_bytes)
         if zygote is None:
             return None
-        cap = self.guard.for_principal(who.principal).max_output_bytes
-        return start(
+        order = ShellOrder(
             cwd,
             prepared.env,
             self.spool_dir,
             zygote,
             sandbox=prepared.sandbox,
-            max_output_bytes=cap,
+            max_output_bytes=self.guard.for_principal(who.principal).max_output_bytes,
             owner=who.principal,
-            lane=lane,
             spares=self.values.outputs.entries.spares,
         )
+        return order.prepare(lane) if wait else order.send(lane)
