@@ -207,8 +207,8 @@ class ReadyShells:
         self.dropper = dropper  # given to each shell made here (ReadyShell.dropper)
         self._shells: OrderedDict[ReadyKey, ReadyShell] = OrderedDict()
         self._making: set[ReadyKey] = set()
-        self._lock = threading.Lock()
-        self._made = threading.Condition(self._lock)  # a make ended (its shell or none)
+        # The table's lock, and the condition a make that ended (its shell or none) notifies.
+        self._lock = threading.Condition()
         self._waiters: dict[ReadyKey, list[Callable[[], None]]] = {}  # when_made callbacks
         self._closed = False
         self.hits = 0
@@ -239,7 +239,7 @@ class ReadyShells:
                     return None
             while key in self._making and key not in self._shells:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._made.wait(left):
+                if left <= 0 or not self._lock.wait(left):
                     break
             shell = self._shells.pop(key, None)
             stale = self._expired()
@@ -292,7 +292,7 @@ class ReadyShells:
         """A reservation with no refill after all (the exec's output was not stored)."""
         with self._lock:
             self._making.discard(key)
-            self._made.notify_all()
+            self._lock.notify_all()
         self._ended(key)
 
     def refill(
@@ -333,7 +333,7 @@ class ReadyShells:
             shell.dropper = self.dropper
         with self._lock:
             self._making.discard(key)
-            self._made.notify_all()
+            self._lock.notify_all()
             if shell is None:
                 drop = []
             elif self._closed:

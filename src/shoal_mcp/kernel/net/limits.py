@@ -18,7 +18,9 @@ MAX_CONNECTIONS_PER_PRINCIPAL = 64
 RELAY_CHUNK_BYTES = 1 << 20
 """Bytes spliced at once per direction: the pipe each relayed direction holds."""
 MAX_RELAYS = 256
-"""Connections relayed at once, all principals together (two threads each)."""
+"""Connections relayed at once, all principals together (six descriptors each: two
+sockets, two pipes); one more is refused (HTTP 429 / SOCKS 0x01), as past the
+per-principal bound."""
 HEAD_TIMEOUT_S = 30.0
 """A client that sends no complete request head within this long is closed."""
 CONNECT_TIMEOUT_S = 10.0

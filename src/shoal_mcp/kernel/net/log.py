@@ -10,6 +10,7 @@ refused, why, bytes each way.  Refusals are also kept in memory, a few per princ
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,12 @@ class EgressLog:
         """Remember a refusal (at once, for the exec's reply) and write the row."""
         self.remember(attempt)
         self.write(attempt)
+
+    def write_later(self, attempt: Attempt) -> None:
+        """The row written on the store's housekeeping thread, after the chores already
+        given to it: the proxy's loop never waits for the database (an exiting kernel
+        writes what was given before it closes the database)."""
+        self.db.housekeeper.submit(functools.partial(self.write, attempt))
 
     def write(self, attempt: Attempt) -> None:
         attempt.ts = attempt.ts or time.time()

@@ -24,7 +24,6 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +93,6 @@ class EgressProxy:
         self._live: set[tuple[socket.socket, socket.socket]] = set()
         self._open: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="egress-journal")
-        self._relays = ThreadPoolExecutor(MAX_RELAYS, thread_name_prefix="egress-relay")
         # The kernel's owner loop runs the proxy's tasks; without one (a test), its own.
         self._own_loop = loop is None
         self._owner = loop if loop is not None else OwnerLoop("egress-proxy")
@@ -218,17 +215,18 @@ class EgressProxy:
             await self._refuse(writer, dest, e)
             return
         try:
-            client = await self._detach(reader, writer, dest, upstream)
-            attempt.bytes_up = len(dest.head) + len(dest.rest)
+            client, early = _detach(reader, writer)
+            to_upstream = dest.head + dest.rest + early
+            attempt.bytes_up = len(to_upstream)
             pair = (client, upstream)
             self._live.add(pair)
             try:
-                up, down = await self._loop.run_in_executor(self._relays, relay, *pair)
+                up, down = await relay(client, upstream, to_upstream, _answer(dest))
             finally:
                 self._live.discard(pair)
             attempt.bytes_up += up
             attempt.bytes_down = down
-        except (OSError, RuntimeError):  # RuntimeError: the kernel is closing
+        except OSError:
             upstream.close()
         finally:
             self._release(ch.principal)
@@ -277,23 +275,23 @@ class EgressProxy:
             await writer.drain()
 
     def _journal(self, attempt: Attempt) -> None:
-        """The attempt's row, written off the loop (a closing kernel drops it)."""
-        with contextlib.suppress(RuntimeError):
-            self._writer.submit(self.log.write, attempt)
+        """The attempt's row, written off the loop (a closed kernel drops it)."""
+        self.log.write_later(attempt)
 
     def _take_slot(self, principal: str) -> bool:
-        with self._lock:
-            n = self._open.get(principal, 0)
-            if n >= MAX_CONNECTIONS_PER_PRINCIPAL:
-                raise Refused(
-                    429, f"{MAX_CONNECTIONS_PER_PRINCIPAL} connections already open for {principal}"
-                )
-            self._open[principal] = n + 1
+        """On the loop (as ``_open`` is): a connection counted, or ``Refused``."""
+        n = self._open.get(principal, 0)
+        if n >= MAX_CONNECTIONS_PER_PRINCIPAL:
+            raise Refused(
+                429, f"{MAX_CONNECTIONS_PER_PRINCIPAL} connections already open for {principal}"
+            )
+        if sum(self._open.values()) >= MAX_RELAYS:
+            raise Refused(429, f"{MAX_RELAYS} connections already open for all principals")
+        self._open[principal] = n + 1
         return True
 
     def _release(self, principal: str) -> None:
-        with self._lock:
-            self._open[principal] = self._open.get(principal, 1) - 1
+        self._open[principal] = self._open.get(principal, 1) - 1
 
     async def _open_upstream(
         self, ch: Channel, dest: wire.Destination, attempt: Attempt
@@ -350,30 +348,6 @@ class EgressProxy:
             await writer.drain()
         await _close(writer)
 
-    async def _detach(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        dest: wire.Destination,
-        upstream: socket.socket,
-    ) -> socket.socket:
-        """The client's socket taken from its stream (a blocking duplicate, for the
-        relay), after the answer the client waits for and the bytes it sent early have
-        been passed on; the stream closed."""
-        writer.transport.pause_reading()  # type: ignore[attr-defined]
-        early = bytes(reader._buffer)  # type: ignore[attr-defined]  # past the head: no API
-        raw = writer.get_extra_info("socket")
-        client = socket.socket(fileno=os.dup(raw.fileno()))
-        writer.transport.abort()  # closes its descriptor only: the duplicate keeps the socket
-        client.setblocking(True)
-        upstream.setblocking(True)
-        if dest.kind == "connect":
-            client.sendall(wire.http_reply(200))
-        elif dest.kind == "socks":
-            client.sendall(wire.socks_reply(wire.SOCKS_OK))
-        upstream.sendall(dest.head + dest.rest + early)
-        return client
-
     # -- the kernel's end ---------------------------------------------------------------
 
     async def _cancel_all(self) -> None:
@@ -385,7 +359,7 @@ class EgressProxy:
 
     def close(self) -> None:
         """Kernel exit: channels closed, open relays ended (their sockets shut down, so
-        no relay thread outlives the kernel), pending connections dropped."""
+        their relays see their end), pending connections and relays cancelled."""
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
         for pair in list(self._live):
@@ -400,8 +374,6 @@ class EgressProxy:
             ch.sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(ch.path)
-        self._writer.shutdown(wait=True)
-        self._relays.shutdown(wait=False, cancel_futures=True)
 
 
 def _stop_listening(loop: asyncio.AbstractEventLoop, ch: Channel) -> None:
@@ -419,3 +391,25 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(Exception):
         writer.close()
         await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+def _detach(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> tuple[socket.socket, bytes]:
+    """The client's socket taken from its stream (a duplicate, for the relay) and the
+    bytes it sent past its request head; the stream closed."""
+    writer.transport.pause_reading()  # type: ignore[attr-defined]
+    early = bytes(reader._buffer)  # type: ignore[attr-defined]  # past the head: no API
+    raw = writer.get_extra_info("socket")
+    client = socket.socket(fileno=os.dup(raw.fileno()))
+    writer.transport.abort()  # closes its descriptor only: the duplicate keeps the socket
+    return client, early
+
+
+def _answer(dest: wire.Destination) -> bytes:
+    """What the client waits for before its bytes are relayed (none for a plain request)."""
+    if dest.kind == "connect":
+        return wire.http_reply(200)
+    if dest.kind == "socks":
+        return wire.socks_reply(wire.SOCKS_OK)
+    return b""

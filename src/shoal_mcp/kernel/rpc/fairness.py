@@ -43,10 +43,10 @@ RateOf = Callable[[str], int]
 class CpuBucket:
     """Credit in CPU seconds for one principal: refills at ``rate``, holds at most
     ``rate * CPU_BURST_S``; charged after the work, so it can go negative (debt), down to
-    ``rate * CPU_DEBT_CAP_S`` at most."""
+    ``rate * CPU_DEBT_CAP_S`` at most. A plain value: ``CpuBudgets`` holds its one lock
+    around every use."""
 
     def __init__(self, ms_per_s: int) -> None:
-        self._cond = threading.Condition()
         self.rate = 0.0
         self.tokens = 0.0
         self.stamp = time.monotonic()
@@ -59,57 +59,60 @@ class CpuBucket:
         return self.rate * CPU_BURST_S
 
     def set_rate(self, ms_per_s: int) -> None:
-        with self._cond:
-            self._refill()
-            self.rate = ms_per_s / 1000.0
-            self.tokens = min(self.tokens, self.depth)
-            self._cond.notify_all()
+        self._refill()
+        self.rate = ms_per_s / 1000.0
+        self.tokens = min(self.tokens, self.depth)
 
-    def _refill(self) -> None:  # under _cond
+    def _refill(self) -> None:
         now = time.monotonic()
         self.tokens = min(self.depth, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
 
-    def note_held(self, seconds: float) -> None:
-        """A wait the owner loop timed itself (its connection paused), for ``held_s``."""
-        with self._cond:
-            self.held_s += seconds
-
     def charge(self, seconds: float) -> None:
-        with self._cond:
-            self._refill()
-            self.tokens = max(self.tokens - seconds, -self.rate * CPU_DEBT_CAP_S)
+        self._refill()
+        self.tokens = max(self.tokens - seconds, -self.rate * CPU_DEBT_CAP_S)
 
     def wait_s(self) -> float:
         """Seconds until back in credit (0 when in credit)."""
-        with self._cond:
-            self._refill()
-            return -self.tokens / self.rate if self.tokens < 0 and self.rate > 0 else 0.0
+        self._refill()
+        return -self.tokens / self.rate if self.tokens < 0 and self.rate > 0 else 0.0
 
 
 class CpuBudgets:
-    """One ``CpuBucket`` per principal that has a limit; the server's only entry point."""
+    """One ``CpuBucket`` per principal that has a limit; the server's only entry point.
+    Its lock is taken from the owner loop (reading, foreground execs) and from workers
+    (quick and blocking calls), for a few arithmetic operations each time."""
 
     def __init__(self, rate_of: RateOf) -> None:
         self._rate_of = rate_of
         self._lock = threading.Lock()
         self._buckets: dict[str, CpuBucket] = {}
 
-    def bucket(self, principal: str) -> CpuBucket | None:
+    def _bucket(self, principal: str) -> CpuBucket | None:  # under _lock
         """The principal's bucket, or None when its work is not limited."""
         rate = self._rate_of(principal)
+        bucket = self._buckets.get(principal)
+        if rate <= 0:
+            self._buckets.pop(principal, None)  # the limit was lifted (policy reload)
+            return None
+        if bucket is None:
+            bucket = self._buckets[principal] = CpuBucket(rate)
+        elif bucket.rate != rate / 1000.0:
+            bucket.set_rate(rate)
+        return bucket
+
+    def wait_s(self, principal: str) -> float:
+        """Seconds ``principal`` must wait before its next frame (0: go on, or no limit)."""
+        with self._lock:
+            bucket = self._bucket(principal)
+            return bucket.wait_s() if bucket is not None else 0.0
+
+    def note_held(self, principal: str, seconds: float) -> None:
+        """A wait the owner loop timed itself (its connection paused), for ``held_s``."""
         with self._lock:
             bucket = self._buckets.get(principal)
-            if rate <= 0:
-                if bucket is not None:  # the limit was lifted (policy reload)
-                    self._buckets.pop(principal, None)
-                    bucket.set_rate(0)
-                return None
-            if bucket is None:
-                bucket = self._buckets[principal] = CpuBucket(rate)
-            elif bucket.rate != rate / 1000.0:
-                bucket.set_rate(rate)
-            return bucket
+            if bucket is not None:
+                bucket.held_s += seconds
 
     def held(self) -> dict[str, float]:
         """Seconds each limited principal's frames have waited so far, for those that did
@@ -121,15 +124,18 @@ class CpuBudgets:
         """Seconds each limited principal in debt must wait before its next frame
         (``kernel.status`` ``cpu_debt_s``: throttled now, not stalled)."""
         with self._lock:
-            buckets = list(self._buckets.items())
-        waits = ((p, b.wait_s()) for p, b in buckets)
+            waits = [(p, b.wait_s()) for p, b in self._buckets.items()]
         return {p: w for p, w in waits if w > 0}
 
     def charge_later(self, principal: str, seconds: float) -> None:
         """Charge work done outside a call (a reaped PTY's program), also to a limited
         principal none of whose frames were admitted yet (its bucket is made first)."""
-        self.bucket(principal)
-        self.charge(principal, seconds)
+        if seconds <= 0:
+            return
+        with self._lock:
+            bucket = self._bucket(principal)
+            if bucket is not None:
+                bucket.charge(seconds)
 
     def charge(self, principal: str, seconds: float) -> None:
         """After a principal's work: the thread CPU seconds it used."""
@@ -137,8 +143,8 @@ class CpuBudgets:
             return
         with self._lock:
             bucket = self._buckets.get(principal)
-        if bucket is not None:
-            bucket.charge(seconds)
+            if bucket is not None:
+                bucket.charge(seconds)
 
 
 class Metered:

@@ -41,7 +41,7 @@ from ...protocol.limits import READ_CHUNK
 from ..config.limits import CPU_WAIT_SLICE_S, MAX_DRAIN_BACKLOG, MAX_DRAIN_BACKLOG_BYTES
 from ..owner.loop import LoopClosed, OwnerLoop
 from .connection import CLOSED, NEED_DATA, Event, Oversized, Received
-from .fairness import CpuBucket, CpuBudgets, is_unmetered
+from .fairness import CpuBudgets, is_unmetered
 from .routing import route
 
 if TYPE_CHECKING:
@@ -175,19 +175,18 @@ class LoopReading:
     def _over_rate(self, state: _Reading, principal: str) -> bool:
         """True when the principal is over its CPU rate: reading pauses, a ``throttled``
         notice goes out, and the loop looks again in a slice (or once in credit)."""
-        bucket = self.server.cpu.bucket(principal)
-        wait_s = bucket.wait_s() if bucket is not None else 0.0
-        if bucket is None or wait_s <= 0:
+        wait_s = self.server.cpu.wait_s(principal)
+        if wait_s <= 0:
             return False
         state.throttled = True
         self._stop_reading(state)
         self._send(state, _throttled(wait_s))
         nap = min(wait_s, CPU_WAIT_SLICE_S)
-        self.loop.call_later(nap, self._unthrottle, state, bucket, nap)
+        self.loop.call_later(nap, self._unthrottle, state, principal, nap)
         return True
 
-    def _unthrottle(self, state: _Reading, bucket: CpuBucket, waited_s: float) -> None:
-        bucket.note_held(waited_s)
+    def _unthrottle(self, state: _Reading, principal: str, waited_s: float) -> None:
+        self.server.cpu.note_held(principal, waited_s)
         state.throttled = False
         self._go_on(state)
 

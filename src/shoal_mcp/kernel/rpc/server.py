@@ -71,9 +71,8 @@ class KernelServer:
         self.kernel = kernel
         self.listener = listener
         self.connections: set[SocketConnection] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # also notified when the last worker ended
         self._workers = 0  # connection and blocking-call threads still running
-        self._workers_done = threading.Condition(self._lock)
         self.stopping = threading.Event()
         trim = tune_malloc()  # before the connection threads: see malloc.py
         self._threads = kernel.workers  # reused threads: no thread start per blocking call
@@ -173,7 +172,7 @@ class KernelServer:
     def drain(self, timeout: float) -> bool:
         """After stop(): wait until every connection and call thread has finished."""
         with self._lock:
-            return self._workers_done.wait_for(lambda: self._workers == 0, timeout)
+            return self._lock.wait_for(lambda: self._workers == 0, timeout)
 
     def request_stop(self) -> None:
         """From a signal handler (on the thread in ``serve_forever``): the accept loop
@@ -258,7 +257,7 @@ class KernelServer:
         with self._lock:
             self._workers += delta
             if delta < 0:
-                self._workers_done.notify_all()
+                self._lock.notify_all()
 
     def run_quick(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         """A quick method, answered on this thread; its CPU is its principal's."""
