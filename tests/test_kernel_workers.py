@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from shoal_mcp.kernel.owner.tables import TABLES
 from shoal_mcp.kernel.owner.workers import Workers
 from tests.support.polling import wait_until
 
@@ -23,7 +24,7 @@ def _run_and_wait(workers: Workers, name: str) -> threading.Thread:
 
 
 def _idle_count(workers: Workers) -> int:
-    with workers._lock:
+    with TABLES:
         return workers._idle
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -160,7 +159,6 @@ class Kernel(CrossServiceChecks):
             pool=self.warm,
         )
         self._subscriptions: dict[str, set[str]] = {}  # principal -> live subscription ids
-        self._subscriptions_lock = threading.Lock()
         self.connection_count: Callable[[], int] = lambda: 0  # the socket server installs its own
         lost = recover_lost(self.db, self.journal, self.cas, self.transcript)
         if lost:

@@ -29,7 +29,6 @@ import os
 import shutil
 import stat
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING
 from ...protocol.errors import ErrorCode, RpcError
 from ..config.limits import SANDBOX_MAX_PROCS, SANDBOX_SPEC_TTL_S
 from ..net.limits import BRIDGE_PORT
+from ..owner.tables import TABLES
 from . import namespaces, sandbox_probe
 from .policy import PrincipalPolicy
 from .sandbox import SandboxError, SandboxSpec
@@ -91,7 +91,6 @@ class Confinement:
         self.egress: EgressProxy | None = None  # the kernel installs its proxy (app.py)
         self._tmpdirs: dict[str, str] = {}
         self._specs: dict[tuple, tuple[float, SandboxSpec]] = {}
-        self._lock = threading.Lock()
 
     def enforced(self, policy: PrincipalPolicy | None = None) -> dict[str, object] | bool:
         """``caps.enforced``: what the OS enforces here for ``policy``'s principal (False
@@ -155,7 +154,7 @@ class Confinement:
             net_extra,
         )
         now = time.monotonic()
-        with self._lock:
+        with TABLES:
             cached = self._specs.get(key)
         if cached is not None and cached[0] > now and os.path.isdir(cached[1].tmpdir):
             return cached[1]
@@ -166,7 +165,7 @@ class Confinement:
             spec = self._fit_network(spec)
         if not all(os.path.exists(p) for p in also_read):
             return spec  # made later (a session's $SHOAL_OUT): not kept without it
-        with self._lock:
+        with TABLES:
             for stale in [k for k, (until, _) in self._specs.items() if until <= now]:
                 del self._specs[stale]  # bounded: PTY specs differ by terminal
             self._specs[key] = (now + SANDBOX_SPEC_TTL_S, spec)
@@ -229,7 +228,7 @@ class Confinement:
         return SandboxSpec.from_dict(data)
 
     def _tmpdir(self, principal: str) -> str:
-        with self._lock:
+        with TABLES:
             path = self._tmpdirs.get(principal)
             if path is None or not os.path.isdir(path):
                 path = tempfile.mkdtemp(prefix=TMPDIR_PREFIX, dir=self._tmp_root)  # 0700
@@ -238,7 +237,7 @@ class Confinement:
 
     def close(self) -> None:
         """Remove the private temp dirs (kernel exit)."""
-        with self._lock:
+        with TABLES:
             paths, self._tmpdirs = list(self._tmpdirs.values()), {}
             self._specs.clear()
         for path in paths:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...tokens import TokenStore
+from ..owner.tables import TABLES
 from .budgets import PRINCIPAL_BUDGETS
 from .confine import Confinement
 from .policy import Policy, PrincipalPolicy, Verdict
@@ -33,7 +34,6 @@ class Guard:
         self.local_principal = local_principal
         self.require_token = require_token
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._quota_guard = threading.Lock()
 
     def for_principal(self, principal: str, project: tuple[str, ...] = ()) -> PrincipalPolicy:
         """``principal``'s rules; ``project``: its session's project roots, which its
@@ -122,5 +122,5 @@ class Guard:
     def quota_lock(self, principal: str, what: str) -> threading.Lock:
         """Serialises one principal's check-then-create for quota ``what``, so parallel
         calls cannot overshoot it."""
-        with self._quota_guard:
+        with TABLES:
             return self._quota_locks.setdefault((principal, what), threading.Lock())

@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ...protocol.display import escape_controls
 from ...protocol.errors import ErrorCode, RpcError, invalid_params
 from ...protocol.wiretext import to_wire
 from ..config.limits import APPROVAL_EVENT_SRC_CHARS, PLAN_REF_HEX
+from ..owner.tables import TABLES
 from .budgets import over_budget
 
 PENDING, REQUESTED, APPROVED, DENIED, APPLIED = (
@@ -167,7 +167,6 @@ class PlanStore:
         self._by_owner: dict[tuple[str, str], dict[str, Plan]] = {}
         self._denied: OrderedDict[str, tuple[str, str]] = OrderedDict()  # ref -> owner
         self._held: dict[str, list[int]] = {}  # principal -> [plans, source bytes]
-        self._lock = threading.Lock()
         # Request states (cap.ask / cap.answer): HMAC-tagged with this kernel process's own
         # key, so a state outlives neither the kernel nor its single use (the nonce below).
         self._state_key = os.urandom(32)
@@ -184,7 +183,7 @@ class PlanStore:
         expires = (now or time.time()) + REQUEST_STATE_TTL_S
         nonce = secrets.token_hex(12)
         body = orjson.dumps([plan.ref, plan.session, plan.principal, nonce, round(expires, 3)])
-        with self._lock:
+        with TABLES:
             self._states[nonce] = expires
             while len(self._states) > REQUEST_STATES_KEPT:
                 self._states.popitem(last=False)
@@ -204,7 +203,7 @@ class PlanStore:
             raise _bad_state("not a request state this kernel gave out") from None
         if (s_session, s_principal) != (session, principal):
             raise _bad_state("minted for another session or principal")
-        with self._lock:
+        with TABLES:
             known = self._states.pop(nonce, None)
         if known is None:
             raise _bad_state("already answered (a request state is single-use) or forgotten")
@@ -222,7 +221,7 @@ class PlanStore:
         A plan whose verdict is ``deny`` is not stored (its ref is remembered). With a
         ``budget``, older plans of the principal give way first; -32031 when none can.
         """
-        with self._lock:
+        with TABLES:
             store = self._by_owner.setdefault((plan.session, plan.principal), {})
             existing = store.get(plan.ref)
             while existing is not None and existing.state == APPLIED:
@@ -284,7 +283,7 @@ class PlanStore:
 
     def held(self, principal: str) -> tuple[int, int]:
         """(plans, source bytes) ``principal`` has stored."""
-        with self._lock:
+        with TABLES:
             count, size = self._held.get(principal, [0, 0])
         return count, size
 
@@ -307,7 +306,7 @@ class PlanStore:
 
     def get_own(self, ref: str, session: str, principal: str) -> Plan:
         ref = _norm(ref)
-        with self._lock:
+        with TABLES:
             plan = self._by_owner.get((session, principal), {}).get(ref)
             denied = self._denied.get(ref) == (session, principal)
         if plan is None:
@@ -319,7 +318,7 @@ class PlanStore:
     def find(self, ref: str) -> Plan:
         """Any owner's plan (for approvers)."""
         ref = _norm(ref)
-        with self._lock:
+        with TABLES:
             for store in self._by_owner.values():
                 if ref in store:
                     return store[ref]
@@ -331,7 +330,7 @@ class PlanStore:
     def list(
         self, session: str | None, principal: str | None, state: str | None = None
     ) -> list[Plan]:
-        with self._lock:
+        with TABLES:
             plans = [
                 p
                 for (s, pr), store in self._by_owner.items()
@@ -346,7 +345,7 @@ class PlanStore:
     def claim(self, plan: Plan) -> str:
         """Mark ``plan`` applied, atomically, so concurrent applies run it once; returns
         the state it had. Denied and applied plans raise -32010."""
-        with self._lock:
+        with TABLES:
             if plan.state == DENIED:
                 raise RpcError(ErrorCode.DENIED, f"{plan.ref} was denied", {"plan_ref": plan.ref})
             if plan.state == APPLIED:
@@ -358,7 +357,7 @@ class PlanStore:
 
     def unclaim(self, plan: Plan, previous: str) -> None:
         """Undo ``claim`` when nothing was started (e.g. the task quota refused it)."""
-        with self._lock:
+        with TABLES:
             if plan.state == APPLIED:
                 plan.state = previous
 

@@ -8,13 +8,13 @@ RPC methods call them on it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...protocol import uri
 from ...protocol.errors import ErrorCode, RpcError
 from ..config.limits import DURABLE_CHANNELS
+from ..owner.tables import TABLES
 from ..store.db import Database
 from .budgets import over_budget
 from .guard import Guard
@@ -46,17 +46,16 @@ class CrossServiceChecks:
     tasks: TaskLookup
     ptys: PtyListing
     connections_of: Callable[[str], int]
-    _subscriptions: dict[str, set[str]]  # principal -> live subscription ids
-    _subscriptions_lock: threading.Lock
+    _subscriptions: dict[str, set[str]]  # principal -> live subscription ids (TABLES)
 
     def check_subscription_quota(self, who: Principal, current: int) -> None:
         """max_subscriptions counts the principal's subscriptions on every connection."""
-        with self._subscriptions_lock:
+        with TABLES:
             total = len(self._subscriptions.get(who.principal, ()))
         self.guard.check_quota(who.principal, "max_subscriptions", max(current, total))
 
     def track_subscription(self, principal: str, sub_id: str, live: bool) -> None:
-        with self._subscriptions_lock:
+        with TABLES:
             ids = self._subscriptions.setdefault(principal, set())
             if live:
                 ids.add(sub_id)

@@ -72,6 +72,7 @@ from ..config.limits import (
     LIST_REPLY_BYTES,
     SUBSCRIBER_QUEUE,
 )
+from ..owner.tables import TABLES
 from .channels import (
     CLIENT_PUBLISH_REFUSED,
     MAX_CHANNEL_LEN,
@@ -162,8 +163,7 @@ class EventBus:
         self._ring_bytes = ring_bytes
         self._read_max_bytes = read_max_bytes
         self._total_bytes = total_bytes
-        self._held_bytes = 0  # every ring's bytes together, under _bytes_lock (a leaf lock)
-        self._bytes_lock = threading.Lock()
+        self._held_bytes = 0  # every ring's bytes together, under TABLES (a leaf lock)
         self._owned: dict[str, set[str]] = {}  # principal -> user.* channels it created
         self._lock = threading.Lock()
         self._channels: OrderedDict[str, Channel] = OrderedDict()
@@ -260,7 +260,7 @@ class EventBus:
             del self._channels[name]
             if ch.owner is not None:
                 self._owned.get(ch.owner, set()).discard(name)
-            with self._bytes_lock:
+            with TABLES:
                 self._held_bytes -= ch.bytes
             self._tombstones[name] = ch.next_seq
             self._tombstones.move_to_end(name)
@@ -346,7 +346,7 @@ class EventBus:
     def account(self, ch: Channel, grown: int) -> None:
         """Count a ring's growth (``deliver_locked``), outside its lock: over the kernel's
         ``max_event_bytes`` the least recently used rings go."""
-        with self._bytes_lock:
+        with TABLES:
             self._held_bytes += grown
             held = self._held_bytes
         if held > self._total_bytes:
@@ -354,7 +354,7 @@ class EventBus:
 
     def held_bytes(self) -> int:
         """Encoded bytes every ring holds together (``[kernel] max_event_bytes`` count)."""
-        with self._bytes_lock:
+        with TABLES:
             return self._held_bytes
 
     def _shrink_to_total(self, keep: Channel) -> None:

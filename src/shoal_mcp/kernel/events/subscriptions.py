@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ...protocol.limits import EVENT_RING
+from ..owner.tables import TABLES
 from .store import Event, EventStore
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Subscription:
         self._sink = sink
         self._queue_size = queue_size
         self._on_close = on_close
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(TABLES)  # its queue and counters are kernel tables
         self._queue: deque[Event] = deque()
         self._dropped = 0
         self._dropped_seq = -1

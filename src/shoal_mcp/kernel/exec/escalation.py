@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from ..access.plans import Plan, PlanStore, plan_ref
 from ..access.widen import Widening
 from ..config.limits import STDERR_DENIALS_BYTES
 from ..effects import analyzer
+from ..owner.tables import TABLES
 
 if TYPE_CHECKING:
     from ..access.guard import Guard
@@ -46,16 +46,15 @@ class Escalation:
         self.plans = plans
         # (session, principal) -> what approvals granted it for the session
         self._granted: dict[tuple[str, str], Widening] = {}
-        self._lock = threading.Lock()
 
     # -- session grants -----------------------------------------------------------------
 
     def session_grants(self, who: Principal) -> Widening:
-        with self._lock:
+        with TABLES:
             return self._granted.get((who.session, who.principal), Widening())
 
     def grant_for_session(self, who: Principal, extra: Widening) -> None:
-        with self._lock:
+        with TABLES:
             had = self._granted.get((who.session, who.principal), Widening())
             self._granted[(who.session, who.principal)] = Widening(
                 tuple(sorted({*had.write, *extra.write})),
@@ -64,7 +63,7 @@ class Escalation:
             )
 
     def listed(self) -> list[dict]:
-        with self._lock:
+        with TABLES:
             return [
                 {
                     "session": s,
@@ -80,7 +79,7 @@ class Escalation:
     def revoke(self, session: str, principal: str, target: str | None) -> int:
         """Take back ``principal``'s session grants (one ``target`` path, or all); how
         many paths went."""
-        with self._lock:
+        with TABLES:
             had = self._granted.get((session, principal))
             if had is None:
                 return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 
 from ..config.limits import WARM_POOL_IDLE_S, WARM_POOL_MAX_KEYS, ZYGOTE_EXIT_WAIT_S
 from ..owner.loop import OwnerLoop
+from ..owner.tables import TABLES
 from .keeper import PoolKeeper, PoolKey
 from .ready import ReadyShells
 from .supervisor import Supervisor
@@ -66,7 +66,6 @@ class WarmPool:
         self.idle_s = idle_s
         self.max_keys = max_keys
         self._keys: OrderedDict[PoolKey, _Entry] = OrderedDict()  # least recent first
-        self._lock = threading.Lock()
         self._closed = False
         self.hits = 0
         self.misses = 0
@@ -94,7 +93,7 @@ class WarmPool:
         if not self.enabled or self.allowance(principal) <= 0:
             return None
         key = (principal, spec_bytes)
-        with self._lock:
+        with TABLES:
             if self._closed:
                 return None
             entry = self._entry(key)
@@ -115,7 +114,7 @@ class WarmPool:
         if not self.enabled or self.allowance(principal) <= 0:
             return
         key = (principal, spec_bytes)
-        with self._lock:
+        with TABLES:
             if self._closed:
                 return
             entry = self._entry(key)
@@ -126,7 +125,7 @@ class WarmPool:
             self._keeper.start_zygote(key)
 
     def _entry(self, key: PoolKey) -> _Entry:
-        """The key's entry, made most recent (caller holds the lock)."""
+        """The key's entry, made most recent (caller holds ``TABLES``)."""
         entry = self._keys.get(key)
         if entry is None:
             entry = self._keys[key] = _Entry()
@@ -144,7 +143,7 @@ class WarmPool:
         except OSError as exc:
             log.warning("warm shell could not start: %s", exc)
             zygote = None
-        with self._lock:
+        with TABLES:
             entry = self._keys.get(key)
             if entry is not None:
                 entry.starting = False
@@ -165,7 +164,7 @@ class WarmPool:
     def _expire(self) -> float | None:
         """The keeper's timer: retire the zygotes of keys idle for ``idle_s``; the seconds
         until the next key is due, or None while there is none."""
-        with self._lock:
+        with TABLES:
             now = time.monotonic()
             while self._keys and not self._closed:
                 key, entry = next(iter(self._keys.items()))  # the least recently used
@@ -178,7 +177,7 @@ class WarmPool:
             return None
 
     def zygotes(self) -> int:
-        with self._lock:
+        with TABLES:
             return sum(1 for e in self._keys.values() if e.zygote is not None)
 
     def close(self) -> None:
@@ -186,7 +185,7 @@ class WarmPool:
         manager's to kill.)"""
         if self.ready is not None:
             self.ready.close()  # their jobs end now: the zygotes need not wait for them
-        with self._lock:
+        with TABLES:
             self._closed = True
             zygotes = [e.zygote for e in self._keys.values() if e.zygote is not None]
             self._keys.clear()

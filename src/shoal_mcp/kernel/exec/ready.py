@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.limits import READY_SHELL_WAIT_S, READY_SHELLS_MAX, WARM_POOL_IDLE_S
+from ..owner.tables import TABLES
 from .runner import (
     BASH,
     BASH_ARGV,
@@ -207,8 +208,8 @@ class ReadyShells:
         self.dropper = dropper  # given to each shell made here (ReadyShell.dropper)
         self._shells: OrderedDict[ReadyKey, ReadyShell] = OrderedDict()
         self._making: set[ReadyKey] = set()
-        # The table's lock, and the condition a make that ended (its shell or none) notifies.
-        self._lock = threading.Condition()
+        # Notified when a make ended (its shell or none); the table itself is TABLES'.
+        self._made = threading.Condition(TABLES)
         self._waiters: dict[ReadyKey, list[Callable[[], None]]] = {}  # when_made callbacks
         self._closed = False
         self.hits = 0
@@ -232,14 +233,14 @@ class ReadyShells:
         ``wait=False`` (the owner loop): None at once, with nothing counted or discarded,
         unless the shell is there and fits (the take on a thread then decides)."""
         deadline = time.monotonic() + READY_SHELL_WAIT_S
-        with self._lock:
+        with TABLES:
             if not wait:
                 there = self._shells.get(key)
                 if there is None or not there.matches(cwd, env, spec_bytes, cap):
                     return None
             while key in self._making and key not in self._shells:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._lock.wait(left):
+                if left <= 0 or not self._made.wait(left):
                     break
             shell = self._shells.pop(key, None)
             stale = self._expired()
@@ -260,7 +261,7 @@ class ReadyShells:
         is being made, and ``then()`` is called once that make has ended (with its shell
         or none, on the thread that made it); False when no make is under way (then
         ``then`` is never called)."""
-        with self._lock:
+        with TABLES:
             if self._closed or key not in self._making or key in self._shells:
                 return False
             self._waiters.setdefault(key, []).append(then)
@@ -269,7 +270,7 @@ class ReadyShells:
     def _ended(self, key: ReadyKey) -> None:
         """A make (or a reservation) of ``key`` ended: its waiters are told, outside the
         lock (caller does not hold it)."""
-        with self._lock:
+        with TABLES:
             waiters = self._waiters.pop(key, [])
         for then in waiters:
             try:
@@ -282,7 +283,7 @@ class ReadyShells:
         exec's reply): from now on a take waits for it, as for one being made. Before
         the reply, so the caller's next exec cannot arrive first and start cold. True:
         reserved, and the caller must refill or ``release``."""
-        with self._lock:
+        with TABLES:
             if self._closed or key in self._making or key in self._shells:
                 return False
             self._making.add(key)
@@ -290,9 +291,9 @@ class ReadyShells:
 
     def release(self, key: ReadyKey) -> None:
         """A reservation with no refill after all (the exec's output was not stored)."""
-        with self._lock:
+        with TABLES:
             self._making.discard(key)
-            self._lock.notify_all()
+            self._made.notify_all()
         self._ended(key)
 
     def refill(
@@ -303,7 +304,7 @@ class ReadyShells:
         this thread (the exec service calls it once its reply is written, so no thread
         is started for it). ``later`` (the owner loop): ``make(done)`` starts it and
         calls ``done(shell or None)`` once, when its start is answered."""
-        with self._lock:
+        with TABLES:
             stale = self._expired()
             if reserved:
                 busy = self._closed
@@ -331,9 +332,9 @@ class ReadyShells:
         """A make of ``key`` ended, with its shell or none."""
         if shell is not None:
             shell.dropper = self.dropper
-        with self._lock:
+        with TABLES:
             self._making.discard(key)
-            self._lock.notify_all()
+            self._made.notify_all()
             if shell is None:
                 drop = []
             elif self._closed:
@@ -348,14 +349,14 @@ class ReadyShells:
         self._ended(key)
 
     def _expired(self) -> list[ReadyShell]:
-        """Shells unused for ``idle_s`` (caller holds the lock): taken out."""
+        """Shells unused for ``idle_s`` (caller holds ``TABLES``): taken out."""
         now = time.monotonic()
         old = [k for k, s in self._shells.items() if now - s.made > self.idle_s]
         return [self._shells.pop(k) for k in old]
 
     def close(self) -> None:
         """Kernel exit: every ready shell is discarded; none is made any more."""
-        with self._lock:
+        with TABLES:
             self._closed = True
             shells = list(self._shells.values())
             self._shells.clear()
@@ -366,5 +367,5 @@ class ReadyShells:
             shell.discard()  # killed now: the zygotes close next and wait for their jobs
 
     def __len__(self) -> int:
-        with self._lock:
+        with TABLES:
             return len(self._shells)

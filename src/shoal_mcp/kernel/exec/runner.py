@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import write_all
 from ..access.sandbox import SandboxSpec
 from ..config.limits import SPOOLS_KEPT
+from ..owner.tables import TABLES
 from .exports import parse_report
 from .supervisor import Job, Supervisor
 
@@ -168,13 +168,12 @@ class SpoolBin:
 
     def __init__(self, spool_dir: Path) -> None:
         self.spool_dir = spool_dir
-        self._free: list[Path] = []
-        self._lock = threading.Lock()
+        self._free: list[Path] = []  # a kernel table (TABLES)
 
     def take(self, suffix: str) -> tuple[int, Path]:
         """An open (write) descriptor on an empty spool, and its path."""
         while True:
-            with self._lock:
+            with TABLES:
                 path = self._free.pop() if self._free else None
             if path is None:
                 fd, name = tempfile.mkstemp(prefix="run-", suffix=suffix, dir=self.spool_dir)
@@ -187,7 +186,7 @@ class SpoolBin:
     def give_back(self, path: Path) -> None:
         """Keep ``path`` (already ingested) for reuse, or delete it; it is emptied when
         taken, not here (off the path of the exec that gives it back)."""
-        with self._lock:
+        with TABLES:
             if len(self._free) < SPOOLS_KEPT:
                 self._free.append(path)
                 return
@@ -218,15 +217,14 @@ def take_spools(spool_dir: Path, fds: list[int], paths: list[Path], owner: str) 
         paths.append(path)
 
 
-_BINS: dict[tuple[Path, str], SpoolBin] = {}
-_BINS_LOCK = threading.Lock()
+_BINS: dict[tuple[Path, str], SpoolBin] = {}  # a kernel table (TABLES)
 
 
 def spool_bin(spool_dir: Path, owner: str) -> SpoolBin:
     """``owner``'s bin of ``spool_dir`` (spawn takes, finalize gives back).  One per
     principal: a spool is never reused for another principal's output, so whatever one
     principal could still do to a file it once wrote never reaches another's."""
-    with _BINS_LOCK:
+    with TABLES:
         found = _BINS.get((spool_dir, owner))
         if found is None:
             found = _BINS[(spool_dir, owner)] = SpoolBin(spool_dir)

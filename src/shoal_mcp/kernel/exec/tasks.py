@@ -28,6 +28,7 @@ from ...protocol.errors import ErrorCode, RpcError
 from ..config.limits import TASK_OUTPUT_EVENT_INTERVAL_S
 from ..events.bus import EventBus
 from ..owner.loop import OwnerLoop
+from ..owner.tables import TABLES
 from .lifecycle import CancelResult, Move, TaskLifecycle, TaskState
 from .runner import RunningCommand
 from .watcher import BackgroundWatcher
@@ -61,7 +62,6 @@ class Task:
     result: dict | None = None  # what exec returns, once finished
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
     journal_id: int | None = None  # its ``running`` journal row (finalize completes it)
     start_state: tuple[str, dict[str, str]] | None = None  # session (cwd, env) at spawn
     # The watcher's throttle for ``output`` events: last sizes sent and when the next may go.
@@ -132,7 +132,6 @@ class TaskManager:
         self.finalize = finalize
         self._tasks: dict[int, Task] = {}
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
         self._closing = False  # set by shutdown(): no task may start behind its back
         self.watcher = BackgroundWatcher(self._finish, self.publish_output, loop, elsewhere)
 
@@ -159,7 +158,7 @@ class TaskManager:
             journal_id=journal_id,
             start_state=start_state,
         )
-        with self._lock:
+        with TABLES:
             closing = self._closing
             if not closing:
                 self._tasks[task.id] = task
@@ -228,20 +227,20 @@ class TaskManager:
     def _finish(self, task: Task, *, entry_now: bool = True) -> None:
         """Finalize ``task`` and publish its end. ``entry_now``: make its ``$SHOAL_OUT``
         entry here too (else its foreground caller does, once the reply is written)."""
-        with task.lock:
+        with TABLES:
             task.lifecycle.exited()
         try:
             result = self.finalize(task)
-            with task.lock:
+            with TABLES:
                 task.result = result
                 task.lifecycle.finished(bool(result.get("ok")))
         except RpcError as exc:
-            with task.lock:
+            with TABLES:
                 task.error = exc.to_error()
                 task.lifecycle.finished(ok=False)
         except Exception as exc:  # noqa: BLE001 - a task must always finish
             log.exception("finalizing task %s failed", task.id)
-            with task.lock:
+            with TABLES:
                 task.error = {"code": int(ErrorCode.INTERNAL), "message": f"finalize failed: {exc}"}
                 task.lifecycle.crashed()
         if entry_now:
@@ -257,7 +256,7 @@ class TaskManager:
 
     def get(self, task_id: int | str, session: str, principal: str, see_all: bool = False) -> Task:
         num = parse_task_id(task_id)
-        with self._lock:
+        with TABLES:
             task = self._tasks.get(num)
         if task is None or task.session != session or (task.principal != principal and not see_all):
             raise RpcError(
@@ -266,7 +265,7 @@ class TaskManager:
         return task
 
     def list(self, session: str, principal: str, see_all: bool = False) -> list[Task]:
-        with self._lock:
+        with TABLES:
             tasks = list(self._tasks.values())
         return [
             t
@@ -276,7 +275,7 @@ class TaskManager:
 
     def running_of(self, session: str, principal: str) -> builtins.list[Task]:
         """The principal's running tasks in a session, listed or not (foreground execs)."""
-        with self._lock:
+        with TABLES:
             tasks = list(self._tasks.values())
         return [
             t
@@ -285,13 +284,13 @@ class TaskManager:
         ]
 
     def running_total(self) -> int:
-        with self._lock:
+        with TABLES:
             return sum(1 for t in self._tasks.values() if not t.done.is_set())
 
     def running_count(self, principal: str) -> int:
         """Unfinished tasks of ``principal``, foreground execs included: the
         ``max_tasks`` quota (docs/decisions.md, Exec processes)."""
-        with self._lock:
+        with TABLES:
             return sum(
                 1 for t in self._tasks.values() if t.principal == principal and not t.done.is_set()
             )
@@ -300,15 +299,15 @@ class TaskManager:
 
     def forget(self, task: Task) -> None:
         """Drop a finished, unlisted (foreground) task: nothing can look it up any more."""
-        with task.lock:
+        with TABLES:
             if not task.done.is_set() or task.listed:
                 return
-        with self._lock:
+        with TABLES:
             self._tasks.pop(task.id, None)
 
     def detach(self, task: Task) -> None:
         """A foreground exec ran past its wait budget: it becomes a listed task."""
-        with task.lock:
+        with TABLES:
             task.listed = True
 
     def cancel(self, task: Task, *, at_once: bool = False) -> CancelResult:
@@ -316,7 +315,7 @@ class TaskManager:
         ``at_once``: SIGKILL now, for a cancel that overtook the spawn (nothing has seen
         the command, and bash can hold a SIGTERM that lands while it forks). A task whose
         command has exited and is being finalized is left alone (TOO_LATE)."""
-        with task.lock:
+        with TABLES:
             result = task.lifecycle.cancel()
             if result is CancelResult.ALREADY_DONE:
                 raise RpcError(
@@ -338,7 +337,8 @@ class TaskManager:
         self._signal(task, signal.SIGCONT, Move.RESUME, TaskState.SUSPENDED)
 
     def _signal(self, task: Task, sig: int, move: Move, need: TaskState) -> None:
-        with task.lock:
+        lifecycle = task.lifecycle
+        with TABLES:
             # Judged on the state shown: a finalizing task shows the state it left, and
             # its group, which has exited, is then gone (the table refuses the move).
             if task.state is not need:
@@ -347,11 +347,18 @@ class TaskManager:
                     f"{task.ref} is {task.state}; {signal.Signals(sig).name} needs {need}",
                     {"state": task.state.value},
                 )
-            lifecycle = task.lifecycle
-            if not lifecycle.allows(move) or not task.run.signal_group(sig):
-                raise RpcError(ErrorCode.TASK_CONTROL, f"{task.ref}: process group is gone")
-            lifecycle.fire(move)
-        self.events.publish(task.channel, {"kind": task.state.value, "task": task.ref})
+            allowed = lifecycle.allows(move)
+        # The signal goes outside TABLES (it is a write to the supervisor, under the job's
+        # own lock); a task that exits meanwhile is finalizing once this is back, and the
+        # move is then not made, as if the signal had come just before the exit.
+        if not allowed or not task.run.signal_group(sig):
+            raise RpcError(ErrorCode.TASK_CONTROL, f"{task.ref}: process group is gone")
+        with TABLES:
+            moved = lifecycle.allows(move)
+            if moved:
+                lifecycle.fire(move)
+        if moved:
+            self.events.publish(task.channel, {"kind": task.state.value, "task": task.ref})
 
     def shutdown(self, drain_s: float) -> bool:
         """Kernel exit: terminate every running task's process group, then wait (up to
@@ -359,7 +366,7 @@ class TaskManager:
 
         False if some task is still finalizing when the time is up.
         """
-        with self._lock:
+        with TABLES:
             self._closing = True
             running = [t for t in self._tasks.values() if not t.done.is_set()]
         for task in running:

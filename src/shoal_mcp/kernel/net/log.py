@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..owner.tables import TABLES
 from .limits import REFUSALS_KEPT
 
 SCHEMA = """
@@ -76,7 +76,6 @@ class EgressLog:
                     conn.execute(statement)
         self._refused: dict[int, collections.deque[Attempt]] = {}
         self._order: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()
 
     def record(self, attempt: Attempt) -> None:
         """Remember a refusal (at once, for the exec's reply) and write the row."""
@@ -104,7 +103,7 @@ class EgressLog:
         """A refusal attributed to an exec, kept for its ``sandbox_denied``."""
         if attempt.allowed or attempt.exec_id is None:
             return
-        with self._lock:
+        with TABLES:
             kept = self._refused.get(attempt.exec_id)
             if kept is None:
                 kept = self._refused[attempt.exec_id] = collections.deque(maxlen=REFUSALS_KEPT)
@@ -117,7 +116,7 @@ class EgressLog:
         """The refusals attributed to this exec (most recent last)."""
         if exec_id is None:
             return []
-        with self._lock:
+        with TABLES:
             return list(self._refused.get(exec_id, ()))
 
     def query(

@@ -22,12 +22,12 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from ..owner.loop import OwnerLoop
+from ..owner.tables import TABLES
 from . import wire
 from .limits import (
     CLOSE_WAIT_S,
@@ -92,7 +92,6 @@ class EgressProxy:
         self._made = 0
         self._live: set[tuple[socket.socket, socket.socket]] = set()
         self._open: dict[str, int] = {}
-        self._lock = threading.Lock()
         # The kernel's owner loop runs the proxy's tasks; without one (a test), its own.
         self._own_loop = loop is None
         self._owner = loop if loop is not None else OwnerLoop("egress-proxy")
@@ -123,7 +122,7 @@ class EgressProxy:
         """The socket path of this principal's session under these rules (made once).
         ``fixed``: names this channel alone resolves to given addresses (the doctor's)."""
         key = (principal, session, allow, deny, fixed)
-        with self._lock:
+        with TABLES:
             found = self._channels.get(key)
             if found is not None:
                 return found.path
@@ -143,7 +142,7 @@ class EgressProxy:
 
     def close_channel(self, path: str) -> None:
         """Stop serving one channel (the doctor's, after its check)."""
-        with self._lock:
+        with TABLES:
             found = [(k, c) for k, c in self._channels.items() if c.path == path]
             for key, _ in found:
                 del self._channels[key]
@@ -360,7 +359,7 @@ class EgressProxy:
     def close(self) -> None:
         """Kernel exit: channels closed, open relays ended (their sockets shut down, so
         their relays see their end), pending connections and relays cancelled."""
-        with self._lock:
+        with TABLES:
             channels, self._channels = list(self._channels.values()), {}
         for pair in list(self._live):
             for sock in pair:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from ..config.limits import KERNEL_IDLE_WORKERS, KERNEL_WORKER_IDLE_S
+from .tables import TABLES
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +29,14 @@ class Workers:
         self.max_idle = max_idle
         self.idle_s = idle_s
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
         self._idle = 0  # threads waiting in _jobs.get; each queued job has one reserved
         self._closed = False
 
     def run(self, job: Callable[[], None], name: str) -> None:
         """Run ``job`` on an idle worker, or on a new thread when none is idle."""
-        with self._lock:
+        with TABLES:
             if self._idle > 0 and not self._closed:
-                # Reserved and queued under the lock: a worker timing out sees the job.
+                # Reserved and queued under TABLES: a worker timing out sees the job.
                 self._idle -= 1
                 self._jobs.put((job, name))
                 return
@@ -44,7 +44,7 @@ class Workers:
 
     def close(self) -> None:
         """Let idle workers exit now (jobs already running finish normally)."""
-        with self._lock:
+        with TABLES:
             self._closed = True
             idle, self._idle = self._idle, 0
         for _ in range(idle):
@@ -62,7 +62,7 @@ class Workers:
             job = self._next()
 
     def _next(self) -> Job | None:
-        with self._lock:
+        with TABLES:
             if self._closed or self._idle >= self.max_idle:
                 return None
             self._idle += 1
@@ -70,7 +70,7 @@ class Workers:
         try:
             return self._jobs.get(timeout=self.idle_s)
         except queue.Empty:
-            with self._lock:
+            with TABLES:
                 try:
                     return self._jobs.get_nowait()  # reserved just as the wait ran out
                 except queue.Empty:

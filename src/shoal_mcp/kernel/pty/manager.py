@@ -74,6 +74,7 @@ from ..config.limits import (
     PTY_TERM,
     PTY_WINDOW_MIN_ROWS,
 )
+from ..owner.tables import TABLES
 from .keys import KEY_NAMES, encode_input
 from .screen import _cursor, _fill, _Screen
 from .screen_io import ScreenPump
@@ -115,7 +116,6 @@ class PtyManager:
 
     def __init__(self, on_screen_change: Callable[[str, dict], None] | None = None) -> None:
         self._io = ScreenPump(on_screen_change)  # reader threads, input, events
-        self._lock = threading.Lock()
         self._ptys: dict[str, OpenPty] = {}
         self._next = 1
 
@@ -155,7 +155,7 @@ class PtyManager:
             raise invalid_params("cwd", "must be a directory path")
         started = spawn(cmd, args, cols, rows, env, cwd, sandbox=sandbox)
 
-        with self._lock:
+        with TABLES:
             num = self._next
             self._next += 1
             p = OpenPty(num, owner, started, cmd, cols, rows)
@@ -172,7 +172,7 @@ class PtyManager:
         """The PTY ``pty_id`` of ``owner`` (None: of anyone, for an approver)."""
         if not isinstance(pty_id, str):
             raise invalid_params("pty_id", "must be a string like 'pty:1'")
-        with self._lock:
+        with TABLES:
             p = self._ptys.get(pty_id)
         if p is None or (owner is not None and p.owner != owner):
             raise RpcError(
@@ -265,7 +265,7 @@ class PtyManager:
     # ---------------------------------------------------------------- list / count
 
     def list(self, owner: str | None) -> list[dict[str, Any]]:
-        with self._lock:
+        with TABLES:
             ptys = [p for p in self._ptys.values() if owner is None or p.owner == owner]
         out = []
         for p in ptys:
@@ -288,14 +288,14 @@ class PtyManager:
 
     def count(self, owner: str) -> int:
         """Open PTYs of `owner` (exited but not yet closed ones included)."""
-        with self._lock:
+        with TABLES:
             return sum(1 for p in self._ptys.values() if p.owner == owner)
 
     # ---------------------------------------------------------------- close
 
     def close(self, pty_id: str, owner: str | None) -> dict[str, Any]:
         p = self._get(pty_id, owner)
-        with self._lock:
+        with TABLES:
             if self._ptys.get(p.id) is not p:  # a concurrent close won
                 raise RpcError(ErrorCode.UNKNOWN_PTY, f"unknown pty: {p.id}", {"pty_id": p.id})
             del self._ptys[p.id]
@@ -307,7 +307,7 @@ class PtyManager:
     def reap(self, pty_ids: builtins.list[str]) -> builtins.list[str]:
         """Close these PTYs whoever owns them (the orphan reaper, ``orphans.py``); the ids
         that were still open."""
-        with self._lock:
+        with TABLES:
             ptys = [self._ptys.pop(i) for i in pty_ids if i in self._ptys]
         if ptys:
             self._shutdown(ptys)
@@ -315,7 +315,7 @@ class PtyManager:
 
     def close_all(self) -> None:
         """Kernel shutdown: every PTY at once, one shared grace period."""
-        with self._lock:
+        with TABLES:
             ptys = list(self._ptys.values())
             self._ptys.clear()
         if ptys:

@@ -10,25 +10,24 @@ reader never waits here, so a ``task.cancel`` of a queued call is still read.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from typing import Any
 
 from ..config.limits import MAX_BLOCKING_CALLS, MAX_QUEUED_BLOCKING_BYTES, MAX_QUEUED_BLOCKING_CALLS
+from ..owner.tables import TABLES
 
 RUN, QUEUED, REFUSED = "run", "queued", "refused"
 
 
 class BlockingCalls:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._running = 0
         self._queued: deque[tuple[Any, int]] = deque()  # (call, frame bytes)
         self._queued_bytes = 0
 
     def admit(self, call: Any, size: int) -> str:
         """RUN (the caller runs it now), QUEUED (a running call's thread will) or REFUSED."""
-        with self._lock:
+        with TABLES:
             if self._running < MAX_BLOCKING_CALLS:
                 self._running += 1
                 return RUN
@@ -44,7 +43,7 @@ class BlockingCalls:
     def next_after(self, closed: bool) -> tuple[Any, list[Any]]:
         """After a call ended on this thread: the next queued call to run here, or None
         and, when the connection ``closed``, the calls dropped from the queue."""
-        with self._lock:
+        with TABLES:
             if self._queued and not closed:
                 call, size = self._queued.popleft()
                 self._queued_bytes -= size

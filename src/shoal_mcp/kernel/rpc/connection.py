@@ -19,7 +19,6 @@ writes or waits. The object holds what the connection knows between frames:
 from __future__ import annotations
 
 import itertools
-import threading
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -40,6 +39,7 @@ from ...protocol.limits import MAX_FRAME
 from ..access.identity import Principal
 from ..config.limits import FRAME_BEFORE_ATTACH, MAX_OVERSIZE_PER_CONNECTION
 from ..exec.lifecycle import TaskLifecycle
+from ..owner.tables import TABLES
 
 _conn_ids = itertools.count(1)
 
@@ -88,7 +88,6 @@ class InflightCall:
         self.task: Any = None
         self.started = False  # its handler has begun (else it waits in the queue)
         self.lifecycle = TaskLifecycle()
-        self._lock = threading.Lock()
 
     @property
     def cancel_requested(self) -> bool:
@@ -96,13 +95,13 @@ class InflightCall:
 
     def attach(self, task: Any) -> bool:
         """Record the spawned task; True when a cancel already arrived for it."""
-        with self._lock:
+        with TABLES:
             self.task = task
             return self.lifecycle.spawned()
 
     def request_cancel(self) -> Any:
         """The task to cancel now, or None when not spawned yet (then cancelled on spawn)."""
-        with self._lock:
+        with TABLES:
             if self.task is None:
                 self.lifecycle.cancel()
             return self.task

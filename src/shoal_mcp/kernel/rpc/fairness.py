@@ -27,11 +27,11 @@ default).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
 from ..config.limits import CPU_BURST_S, CPU_DEBT_CAP_S, CPU_UNMETERED_METHODS
+from ..owner.tables import TABLES
 
 UNMETERED_FRAME_MAX = 512
 """Frames longer than this are never taken for an unmetered call (theirs are ~100 bytes)."""
@@ -43,7 +43,7 @@ RateOf = Callable[[str], int]
 class CpuBucket:
     """Credit in CPU seconds for one principal: refills at ``rate``, holds at most
     ``rate * CPU_BURST_S``; charged after the work, so it can go negative (debt), down to
-    ``rate * CPU_DEBT_CAP_S`` at most. A plain value: ``CpuBudgets`` holds its one lock
+    ``rate * CPU_DEBT_CAP_S`` at most. A plain value: ``CpuBudgets`` holds ``TABLES``
     around every use."""
 
     def __init__(self, ms_per_s: int) -> None:
@@ -80,17 +80,16 @@ class CpuBucket:
 
 class CpuBudgets:
     """One ``CpuBucket`` per principal that has a limit; the server's only entry point.
-    Its lock is taken from the owner loop (reading, foreground execs) and from workers
-    (quick and blocking calls), for a few arithmetic operations each time."""
+    The buckets are a kernel table (``TABLES``): used from the owner loop (reading,
+    foreground execs) and from workers (quick and blocking calls), for a few arithmetic
+    operations each time."""
 
     def __init__(self, rate_of: RateOf) -> None:
         self._rate_of = rate_of
-        self._lock = threading.Lock()
         self._buckets: dict[str, CpuBucket] = {}
 
-    def _bucket(self, principal: str) -> CpuBucket | None:  # under _lock
-        """The principal's bucket, or None when its work is not limited."""
-        rate = self._rate_of(principal)
+    def _bucket(self, principal: str, rate: int) -> CpuBucket | None:  # under TABLES
+        """The principal's bucket at ``rate``, or None when its work is not limited."""
         bucket = self._buckets.get(principal)
         if rate <= 0:
             self._buckets.pop(principal, None)  # the limit was lifted (policy reload)
@@ -103,13 +102,14 @@ class CpuBudgets:
 
     def wait_s(self, principal: str) -> float:
         """Seconds ``principal`` must wait before its next frame (0: go on, or no limit)."""
-        with self._lock:
-            bucket = self._bucket(principal)
+        rate = self._rate_of(principal)  # the policy's, outside the lock
+        with TABLES:
+            bucket = self._bucket(principal, rate)
             return bucket.wait_s() if bucket is not None else 0.0
 
     def note_held(self, principal: str, seconds: float) -> None:
         """A wait the owner loop timed itself (its connection paused), for ``held_s``."""
-        with self._lock:
+        with TABLES:
             bucket = self._buckets.get(principal)
             if bucket is not None:
                 bucket.held_s += seconds
@@ -117,13 +117,13 @@ class CpuBudgets:
     def held(self) -> dict[str, float]:
         """Seconds each limited principal's frames have waited so far, for those that did
         (``kernel.status`` ``cpu_held_s``; a wait under way counts up to its last slice)."""
-        with self._lock:
+        with TABLES:
             return {p: b.held_s for p, b in self._buckets.items() if b.held_s > 0}
 
     def debt(self) -> dict[str, float]:
         """Seconds each limited principal in debt must wait before its next frame
         (``kernel.status`` ``cpu_debt_s``: throttled now, not stalled)."""
-        with self._lock:
+        with TABLES:
             waits = [(p, b.wait_s()) for p, b in self._buckets.items()]
         return {p: w for p, w in waits if w > 0}
 
@@ -132,8 +132,9 @@ class CpuBudgets:
         principal none of whose frames were admitted yet (its bucket is made first)."""
         if seconds <= 0:
             return
-        with self._lock:
-            bucket = self._bucket(principal)
+        rate = self._rate_of(principal)  # the policy's, outside the lock
+        with TABLES:
+            bucket = self._bucket(principal, rate)
             if bucket is not None:
                 bucket.charge(seconds)
 
@@ -141,7 +142,7 @@ class CpuBudgets:
         """After a principal's work: the thread CPU seconds it used."""
         if seconds <= 0:
             return
-        with self._lock:
+        with TABLES:
             bucket = self._buckets.get(principal)
             if bucket is not None:
                 bucket.charge(seconds)

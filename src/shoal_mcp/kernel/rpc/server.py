@@ -46,6 +46,7 @@ from ..config.limits import (
     MAX_BLOCKING_CALLS,
     MAX_QUEUED_BLOCKING_CALLS,
 )
+from ..owner.tables import TABLES
 from ..pty.orphans import OrphanReaper
 from .answers import answer_of, with_ignored
 from .call import Call
@@ -71,7 +72,7 @@ class KernelServer:
         self.kernel = kernel
         self.listener = listener
         self.connections: set[SocketConnection] = set()
-        self._lock = threading.Condition()  # also notified when the last worker ended
+        self._workers_done = threading.Condition(TABLES)  # the count below fell to 0
         self._workers = 0  # connection and blocking-call threads still running
         self.stopping = threading.Event()
         trim = tune_malloc()  # before the connection threads: see malloc.py
@@ -111,12 +112,12 @@ class KernelServer:
         self._threads.run(sweep, "pty-reaper")
 
     def _attached(self) -> list[Principal]:
-        with self._lock:
+        with TABLES:
             return [c.who for c in self.connections if c.who is not None]
 
     def connections_of(self, principal: str) -> int:
         """Attached connections of ``principal`` (its ``max_connections`` count)."""
-        with self._lock:
+        with TABLES:
             return sum(1 for c in self.connections if c.who and c.who.principal == principal)
 
     def serve_forever(self) -> None:
@@ -146,14 +147,14 @@ class KernelServer:
                     continue
                 sock.settimeout(None)
                 cap = self.kernel.guard.policy.kernel["max_connections"]
-                with self._lock:
+                with TABLES:
                     full = len(self.connections) >= cap
                 if full:  # refused here, on the accept thread: no thread per refused peer
                     log.warning("refusing connection from pid %s: %d connections open", pid, cap)
                     _refuse(sock, over_budget("kernel.max_connections", cap, "connections open"))
                     continue
                 conn = SocketConnection(sock, peer_pid=pid)
-                with self._lock:
+                with TABLES:
                     self.connections.add(conn)
                 self.on_worker(self._serve, (conn,), f"conn-{conn.id}")
 
@@ -171,8 +172,8 @@ class KernelServer:
 
     def drain(self, timeout: float) -> bool:
         """After stop(): wait until every connection and call thread has finished."""
-        with self._lock:
-            return self._lock.wait_for(lambda: self._workers == 0, timeout)
+        with TABLES:
+            return self._workers_done.wait_for(lambda: self._workers == 0, timeout)
 
     def request_stop(self) -> None:
         """From a signal handler (on the thread in ``serve_forever``): the accept loop
@@ -195,7 +196,7 @@ class KernelServer:
             self.listener.close()
         except OSError:
             pass
-        with self._lock:
+        with TABLES:
             conns = list(self.connections)
         for conn in conns:
             # Shut down only: its reader (a worker before attach, the owner loop after)
@@ -254,10 +255,10 @@ class KernelServer:
     def busy(self, delta: int) -> None:
         """Count work that ``drain`` waits for: a worker's job, a connection the owner
         loop reads (+1 when it begins or is handed over, -1 once it has ended)."""
-        with self._lock:
+        with TABLES:
             self._workers += delta
             if delta < 0:
-                self._lock.notify_all()
+                self._workers_done.notify_all()
 
     def run_quick(self, conn: SocketConnection, spec: MethodSpec, msg: Request) -> None:
         """A quick method, answered on this thread; its CPU is its principal's."""
@@ -377,7 +378,7 @@ class KernelServer:
         hook = getattr(self.kernel, "on_disconnect", None)
         if hook:
             hook(conn)
-        with self._lock:
+        with TABLES:
             self.connections.discard(conn)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from ...protocol.errors import state_db_locked, state_dir_full
 from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S, WAL_CHECKPOINT_EVERY
 from ..owner.nowait import WouldWait, take_now, waits_allowed
+from ..owner.tables import TABLES
 from .housekeeper import Housekeeper
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,6 @@ class Database:
         self._local = threading.local()
         self._idle: list[sqlite3.Connection] = []
         self._leased: set[sqlite3.Connection] = set()
-        self._all_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
         self._closed = False
         self._commits = itertools.count(1)  # next() is atomic: no lock for a heuristic
@@ -218,21 +218,21 @@ class Database:
         if not self._slots.acquire(blocking=waits_allowed()):
             raise WouldWait()
         try:
-            with self._all_lock:
+            with TABLES:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 conn = _translate(self._connect)
         except BaseException:
             self._slots.release()
             raise
-        with self._all_lock:
+        with TABLES:
             self._leased.add(conn)
         self._local.conn = conn
         try:
             yield conn
         finally:
             self._local.conn = None
-            with self._all_lock:
+            with TABLES:
                 self._leased.discard(conn)
                 keep = not self._closed and not conn.in_transaction
                 if keep:
@@ -322,7 +322,7 @@ class Database:
         closed from here — ``_lease`` sees ``_closed`` and closes them on return.
         """
         self.housekeeper.close(HOUSEKEEPER_EXIT_WAIT_S)
-        with self._all_lock:
+        with TABLES:
             self._closed = True
             conns = list(self._idle)
             self._idle.clear()

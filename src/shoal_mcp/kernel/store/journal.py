@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ import orjson
 from ...protocol.errors import RpcError, is_db_locked
 from ...protocol.wiretext import text_or_bytes, to_wire
 from ..config.limits import JOURNAL_ERROR_MAX_CHARS, SRC_INLINE_CHARS
+from ..owner.tables import TABLES
 from .db import Database
 
 TEXTS_SCHEMA = """CREATE TABLE IF NOT EXISTS journal_texts (
@@ -120,7 +120,6 @@ class Journal:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._deferred: list[JournalEntry] = []  # rows that met a locked database
-        self._deferred_lock = threading.Lock()
         with db.transaction() as conn:
             conn.execute(TEXTS_SCHEMA)
 
@@ -200,7 +199,7 @@ class Journal:
 
     def _defer(self, entry: JournalEntry, error: str) -> None:
         failed = replace(entry, state=FAILED, ok=False, error=error)
-        with self._deferred_lock:
+        with TABLES:
             if len(self._deferred) >= DEFERRED_ROWS_MAX:
                 log.error(
                     "journal: %d rows already wait for the lock; dropped one", len(self._deferred)
@@ -213,7 +212,7 @@ class Journal:
         """Write the rows that met a locked database, oldest first, once it is free (a
         housekeeping chore: still locked, it hands itself back and the others run)."""
         while True:
-            with self._deferred_lock:
+            with TABLES:
                 if not self._deferred:
                     return
                 entry = self._deferred[0]
@@ -227,7 +226,7 @@ class Journal:
                 log.error("journal: a deferred row could not be written: %s", exc.message)
             except Exception:  # noqa: BLE001 - housekeeping: logged, the next row goes on
                 log.exception("journal: a deferred row could not be written")
-            with self._deferred_lock:
+            with TABLES:
                 self._deferred.pop(0)
 
     def finish_in(self, conn: sqlite3.Connection, row_id: int | None, entry: JournalEntry) -> int:

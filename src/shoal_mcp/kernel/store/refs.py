@@ -23,6 +23,7 @@ import orjson
 
 from ...protocol.framing import write_all
 from ..config.limits import REF_RESERVE_BLOCK
+from ..owner.tables import TABLES
 from .db import Database
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ class RefCounter:
         self.path = Path(path)
         self.db = db
         self.block = block
-        self._lock = threading.Lock()  # the maps below
-        self._io_lock = threading.Lock()  # one writer of the file at a time; taken first
+        self._io_lock = threading.Lock()  # one writer of the file at a time; before TABLES
+        # The maps below are kernel tables (TABLES).
         self._next: dict[str, int] = {}
         self._durable: dict[str, int] = self._load()  # what the file on disk says
         self._wanted: dict[str, int] = dict(self._durable)  # what the next write says
@@ -54,10 +55,15 @@ class RefCounter:
 
     def allocate(self, session: str) -> int:
         """The next ``out:N`` of ``session``; durable before it is returned."""
-        with self._lock:
+        with TABLES:
+            known = session in self._next
+        # A session's first number looks at the transcript, outside the lock (a query);
+        # two first allocations at once both look, and the second uses the first's.
+        stored = 0 if known else self._max_stored(session)
+        with TABLES:
             n = self._next.get(session)
             if n is None:
-                n = max(self._max_stored(session), self._durable.get(session, 0)) + 1
+                n = max(stored, self._durable.get(session, 0)) + 1
             self._next[session] = n + 1
             if n > self._wanted.get(session, 0):
                 self._wanted[session] = n + self.block - 1
@@ -74,7 +80,7 @@ class RefCounter:
 
     def last_allocated(self, session: str) -> int | None:
         """The last ``out:N`` this kernel handed out for ``session`` (None: none yet)."""
-        with self._lock:
+        with TABLES:
             n = self._next.get(session)
         return None if n is None else n - 1
 
@@ -90,30 +96,30 @@ class RefCounter:
         except OSError:
             log.exception("reserving ref numbers ahead")  # the next allocate writes itself
         finally:
-            with self._lock:
+            with TABLES:
                 self._ahead = False
 
     def _flush(self) -> None:
-        """Write what is wanted now; afterwards it is durable. Lock order: io, then maps."""
+        """Write what is wanted now; afterwards it is durable. Lock order: io, then TABLES."""
         with self._io_lock:
-            with self._lock:
+            with TABLES:
                 snapshot = dict(self._wanted)
             if snapshot == self._durable:
                 return
             self._write(snapshot)
-            with self._lock:
+            with TABLES:
                 self._durable = snapshot
 
     def close(self) -> None:
         """Clean exit: reservations shrink to the numbers used (no gap after a restart)."""
         with self._io_lock:
-            with self._lock:
+            with TABLES:
                 for session, nxt in self._next.items():
                     self._wanted[session] = nxt - 1
                 snapshot = dict(self._wanted)
             if self._next:
                 self._write(snapshot)
-                with self._lock:
+                with TABLES:
                     self._durable = snapshot
 
     def _write(self, reserved: dict[str, int]) -> None:

@@ -38,6 +38,7 @@ from ...protocol.errors import is_disk_full, state_dir_full
 from ..access.namespaces import bind_read_only, mounted_at, unmount
 from ..config.limits import OUTPUTS_EAGER_COPY_MAX, OUTPUTS_START_WAIT_S, SPARE_DIRS_STOCK
 from ..owner.nowait import WouldWait, hold, waits_allowed
+from ..owner.tables import TABLES
 from ..store.cas import ContentStore
 from ..store.db import Database
 from .output_entries import DIR_MODE, EntryMaker
@@ -98,9 +99,8 @@ class SharedOutputs:
         # One lock per (principal, session): syncs of different sessions never wait for
         # each other (one kernel-wide lock was a third of the kernel's time under load).
         self._locks: dict[tuple[str, str], threading.Lock] = {}
-        # _locks and _prepared, for a dict operation at a time: finalize (on the owner loop
-        # too) adds to _prepared without waiting for a session's lock, which a copy may hold.
-        self._tables_lock = threading.Lock()
+        # _locks and _prepared are kernel tables (TABLES): finalize (on the owner loop too)
+        # adds to _prepared without waiting for a session's lock, which a copy may hold.
         self.entries = EntryMaker(self.root, cas, self._copies)
         self.entries.spares = SpareDirs(self.root / SPARE_DIR, SPARE_DIRS_STOCK)
         self.room: Callable[[], bool] = lambda: True  # the kernel's state budget (app.py)
@@ -139,7 +139,7 @@ class SharedOutputs:
         return os.geteuid() == 0 and self.view is None
 
     def _lock_of(self, principal: str, session: str) -> threading.Lock:
-        with self._tables_lock:
+        with TABLES:
             return self._locks.setdefault((principal, session), threading.Lock())
 
     def principal_dir(self, principal: str) -> Path:
@@ -174,7 +174,7 @@ class SharedOutputs:
         background (``schedule``), never on the exec's path."""
         if blobs and self._copies() and not self.entries.clones:
             return functools.partial(self.schedule, principal, session)
-        with self._tables_lock:
+        with TABLES:
             self._prepared.setdefault((principal, session), {})[n] = blobs
         return functools.partial(self._make_prepared, principal, session)
 
@@ -194,7 +194,7 @@ class SharedOutputs:
         reads the transcript, makes what is missing. A session this kernel has not synced
         yet (``last`` None) is left to its first sync, which reads the transcript."""
         key = (principal, session)
-        with self._tables_lock:
+        with TABLES:
             prepared = self._prepared.pop(key, {})
         if last is None:
             return None
