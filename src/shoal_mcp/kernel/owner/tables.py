@@ -4,7 +4,7 @@ Most of the kernel's state is tables: tasks, PTYs, plans, session grants, sandbo
 specs, warm zygotes, spool bins, CPU buckets, a connection's queue of blocking calls,
 idle database connections, egress channels. The owner loop and the workers (quick
 calls, blocking calls, finalizes) both read and change them, so each had a lock of its
-own: twenty of them, each held for a few dict operations. They are one lock now,
+own: twenty-three of them, each held for a few dict operations. They are one lock now,
 ``TABLES``, which makes who owns a table visible in one place and leaves nothing to
 order between them. The end state is the owner loop alone touching them
 (docs/plan-one-owner.md); this is the step before.
