@@ -26,6 +26,7 @@ CURSES_BOX = Path(__file__).resolve().parent / "support" / "curses_box.py"
 PY = sys.executable
 OWNER = "default\x00uid:1000"
 OTHER = "default\x00agent:other"
+OWNER_PRINCIPAL, OTHER_PRINCIPAL = "uid:1000", "agent:other"
 DEADLINE_S = 60.0  # a waiting budget, not a speed check: 1000x1000 screens on a loaded machine
 
 
@@ -235,7 +236,7 @@ def test_close_all(mgr: PtyManager) -> None:
     t0 = time.monotonic()
     mgr.close_all()
     assert time.monotonic() - t0 < 2 and all(proc_gone(p) for p in pids)
-    assert mgr.list(None) == [] and mgr.count(OWNER) == 0
+    assert mgr.list(None) == [] and mgr.count_of(OWNER_PRINCIPAL) == 0
 
 
 def test_huge_screen_read_stays_under_cap(mgr: PtyManager) -> None:
@@ -411,7 +412,7 @@ def test_spawn_failures(mgr: PtyManager, tmp_path: Path) -> None:
                 owner=OWNER,
             )
         assert rpc_code(ei) == ErrorCode.PTY_SPAWN and "reason" in ei.value.data
-    assert len(os.listdir("/proc/self/fd")) == fds_before and mgr.count(OWNER) == 0
+    assert len(os.listdir("/proc/self/fd")) == fds_before and mgr.count_of(OWNER_PRINCIPAL) == 0
     # relative commands resolve against cwd and the given PATH
     noexec.chmod(0o755)
     r = mgr.open(
@@ -434,7 +435,7 @@ def test_spawn_failures(mgr: PtyManager, tmp_path: Path) -> None:
                 owner=OWNER,
             )
         assert ei.value.data["field"] == field
-    assert mgr.count(OWNER) == 1
+    assert mgr.count_of(OWNER_PRINCIPAL) == 1
 
 
 def test_other_owner_sees_nothing(mgr: PtyManager) -> None:
@@ -454,8 +455,8 @@ def test_other_owner_sees_nothing(mgr: PtyManager) -> None:
         assert other.value.code == unknown.value.code == ErrorCode.UNKNOWN_PTY
         assert other.value.message == f"unknown pty: {pid}"
         assert other.value.data == {"pty_id": pid}
-    assert mgr.list(OTHER) == [] and mgr.count(OTHER) == 0
-    assert mgr.count(OWNER) == 1
+    assert mgr.list(OTHER) == [] and mgr.count_of(OTHER_PRINCIPAL) == 0
+    assert mgr.count_of(OWNER_PRINCIPAL) == 1
     assert [i["pty_id"] for i in mgr.list(OWNER)] == [pid]
     assert set(mgr.list(OWNER)[0]) == {"pty_id", "pid", "cmd", "cols", "rows", "alive"}
     (everything,) = mgr.list(None)

@@ -64,13 +64,26 @@ max_tasks = 2
 max_ptys = 1
 max_subscriptions = 2
 
+[principal."agent:r"]
+proc_spawn = ["cat"]
+max_ptys = 1
+max_subscriptions = 2
+
 [principal."agent:watcher"]
 proc_spawn = ["true"]
 journal_read = "all"
 tasks_read = "all"
 """
 
-PRINCIPALS = ("agent:a", "agent:b", "agent:c", "agent:q", "agent:watcher", "agent:ghost")
+PRINCIPALS = (
+    "agent:a",
+    "agent:b",
+    "agent:c",
+    "agent:q",
+    "agent:r",  # the quota races' own: no other test holds its PTYs or subscriptions
+    "agent:watcher",
+    "agent:ghost",
+)
 
 
 class Env:
@@ -530,6 +543,48 @@ def test_concurrent_background_execs_respect_the_task_quota(env: Env) -> None:
             assert (
                 q.call("task.await", {"task": t, "timeout_ms": 20000}, timeout=30)["done"] is True
             )
+
+
+def test_concurrent_pty_opens_respect_the_pty_quota(env: Env) -> None:
+    """Hole: parallel pty.open calls racing past max_ptys (1), now that no lock is held
+    across the spawn (access/guard.py ``reserved``)."""
+    q = env.agent("r", "pty-race")
+    calls = [q.start_call("pty.open", {"cmd": "cat"}) for _ in range(6)]
+    opened, refused = [], 0
+    for _, fut in calls:
+        try:
+            opened.append(fut.result(30)["pty_id"])
+        except RpcError as exc:
+            assert exc.code == QUOTA and exc.data["quota"] == "max_ptys", exc
+            refused += 1
+    try:
+        assert len(opened) == 1 and refused == 5
+    finally:
+        for pty_id in opened:
+            q.call("pty.close", {"pty_id": pty_id}, timeout=30)
+    # The slots were all given back: one more opens.
+    again = q.call("pty.open", {"cmd": "cat"}, timeout=30)["pty_id"]
+    q.call("pty.close", {"pty_id": again}, timeout=30)
+
+
+def test_concurrent_subscribes_respect_the_subscription_quota(env: Env) -> None:
+    """Hole: parallel events.subscribe calls on several connections racing past
+    max_subscriptions (2 per principal, all connections together)."""
+    clients = [env.agent("r", f"sub-race-{i}") for i in range(3)]
+    calls = [
+        c.start_call("events.subscribe", {"channel": f"user.race{i}.{j}"})
+        for i, c in enumerate(clients)
+        for j in range(2)
+    ]
+    made, refused = 0, 0
+    for _, fut in calls:
+        try:
+            fut.result(30)
+            made += 1
+        except RpcError as exc:
+            assert exc.code == QUOTA, exc
+            refused += 1
+    assert (made, refused) == (2, 4)
 
 
 def test_env_values_only_per_env_read(env: Env) -> None:

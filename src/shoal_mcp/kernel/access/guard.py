@@ -6,7 +6,8 @@ loaded policy. Plans themselves live in ``plans.py``.
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ...protocol.errors import ErrorCode, RpcError
@@ -33,7 +34,9 @@ class Guard:
         self.policy = Policy.load(str(policy_path) if policy_path else None)
         self.local_principal = local_principal
         self.require_token = require_token
-        self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
+        # (principal, quota) -> slots held by calls between their check and the moment
+        # what they make is counted (a kernel table: TABLES).
+        self._pending: dict[tuple[str, str], int] = {}
 
     def for_principal(self, principal: str, project: tuple[str, ...] = ()) -> PrincipalPolicy:
         """``principal``'s rules; ``project``: its session's project roots, which its
@@ -113,14 +116,36 @@ class Guard:
     def check_quota(self, principal: str, what: str, current: int) -> None:
         limit = getattr(self.for_principal(principal), what)
         if current >= limit:
-            raise RpcError(
-                ErrorCode.QUOTA,
-                f"quota exceeded: {what} = {limit}",
-                {"quota": what, "limit": limit},
-            )
+            raise _quota_exceeded(what, limit)
 
-    def quota_lock(self, principal: str, what: str) -> threading.Lock:
-        """Serialises one principal's check-then-create for quota ``what``, so parallel
-        calls cannot overshoot it."""
+    @contextmanager
+    def reserved(self, principal: str, what: str, counted: Callable[[], int]) -> Iterator[None]:
+        """One slot of quota ``what`` (``max_tasks``, ``max_ptys``, …) held for the block.
+
+        Refused (-32031) when what ``counted()`` says now, plus the slots other calls
+        hold, is at the limit. The slot is given back when the block ends, by when what
+        the block made (a task, a PTY, a subscription) is counted. So parallel calls
+        cannot overshoot, and none waits for another's spawn: no lock is held across
+        it. ``counted`` runs under ``TABLES`` and must be a leaf (a table's count)."""
+        limit = getattr(self.for_principal(principal), what)  # the policy's, outside TABLES
+        key = (principal, what)
         with TABLES:
-            return self._quota_locks.setdefault((principal, what), threading.Lock())
+            held = self._pending.get(key, 0)
+            if counted() + held >= limit:
+                raise _quota_exceeded(what, limit)
+            self._pending[key] = held + 1
+        try:
+            yield
+        finally:
+            with TABLES:
+                left = self._pending[key] - 1
+                if left:
+                    self._pending[key] = left
+                else:
+                    del self._pending[key]
+
+
+def _quota_exceeded(what: str, limit: int) -> RpcError:
+    return RpcError(
+        ErrorCode.QUOTA, f"quota exceeded: {what} = {limit}", {"quota": what, "limit": limit}
+    )

@@ -36,6 +36,10 @@ class PtyListing(Protocol):
         """The PTYs of ``owner`` (None: all)."""
         ...
 
+    def count_of(self, principal: str) -> int:
+        """Open PTYs of ``principal`` in all its sessions."""
+        ...
+
 
 class CrossServiceChecks:
     """The kernel's checks that combine the guard with its other services; the kernel
@@ -48,11 +52,10 @@ class CrossServiceChecks:
     connections_of: Callable[[str], int]
     _subscriptions: dict[str, set[str]]  # principal -> live subscription ids (TABLES)
 
-    def check_subscription_quota(self, who: Principal, current: int) -> None:
-        """max_subscriptions counts the principal's subscriptions on every connection."""
+    def subscriptions_of(self, principal: str) -> int:
+        """The principal's live subscriptions on every connection (max_subscriptions)."""
         with TABLES:
-            total = len(self._subscriptions.get(who.principal, ()))
-        self.guard.check_quota(who.principal, "max_subscriptions", max(current, total))
+            return len(self._subscriptions.get(principal, ()))
 
     def track_subscription(self, principal: str, sub_id: str, live: bool) -> None:
         with TABLES:
@@ -72,9 +75,7 @@ class CrossServiceChecks:
 
     def pty_count(self, principal: str) -> int:
         """Open PTYs of ``principal`` across all its sessions (max_ptys is per principal)."""
-        return sum(
-            1 for p in self.ptys.list(None) if p.get("owner", "").split("\x00", 1)[-1] == principal
-        )
+        return self.ptys.count_of(principal)
 
     def can_see_all_tasks(self, principal: str) -> bool:
         return self.guard.for_principal(principal).tasks_read == "all"

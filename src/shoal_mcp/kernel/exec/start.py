@@ -54,7 +54,6 @@ class TaskStarter:
         self.finalizer = finalizer
         self.launcher = launcher
         self.spool_dir = spool_dir
-        self._starting: dict[str, int] = {}  # principal -> spawns past the quota check
 
     def start(
         self,
@@ -77,13 +76,12 @@ class TaskStarter:
         # $SHOAL_OUT/<n>/out|err: the caller's earlier outputs, read-only (values/outputs.py);
         # readable inside the sandbox too.
         outputs = str(self.values.outputs.sync(who.principal, who.session))
-        # The check takes a slot under the principal's lock, so parallel calls cannot
-        # overshoot; the spawn itself runs outside it, so they do not queue behind it.
-        lock = self.guard.quota_lock(who.principal, "max_tasks")
-        with lock:
-            self._check_task_quota(who)
-            self._starting[who.principal] = self._starting.get(who.principal, 0) + 1
-        try:
+        # A slot of the principal's max_tasks is held from the check until the task is
+        # in the table (guard.reserved): parallel calls cannot overshoot, and the spawn
+        # runs outside any lock, so they do not queue behind it.
+        with self.guard.reserved(
+            who.principal, "max_tasks", lambda: self.tasks.running_count(who.principal)
+        ):
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # removed under us?
             if caller.cancelled():
                 raise CancelledBeforeStart()
@@ -109,11 +107,6 @@ class TaskStarter:
                 journal_id=journal_id,
                 start_state=(cwd, start_env),
             )
-        finally:
-            with lock:
-                left = self._starting.pop(who.principal) - 1
-                if left:
-                    self._starting[who.principal] = left
 
     def _usable_state(self, session: Session, principal: str) -> tuple[str, dict[str, str]]:
         """The session's (cwd, env) as ``principal`` sees it; a cwd that vanished falls
@@ -133,8 +126,3 @@ class TaskStarter:
             principal=own,
         )
         return session.snapshot(principal)
-
-    def _check_task_quota(self, who: Principal) -> None:
-        """Caller holds the principal's max_tasks lock: running tasks plus spawns under way."""
-        current = self.tasks.running_count(who.principal) + self._starting.get(who.principal, 0)
-        self.guard.check_quota(who.principal, "max_tasks", current)

@@ -32,6 +32,7 @@ from ..config.limits import (
     SPOOL_FULL_WAIT_S,
     SUPERVISOR_START_TIMEOUT_S,
 )
+from ..owner.tables import TABLES
 from .supervise import TERMINATE
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
@@ -315,8 +316,9 @@ class Job:
         self.exit: Exit | None = None
         self.reported = False  # the supervisor itself reported the end (tree reaped)
         self.eof = False
-        self.lock = threading.Lock()
-        self._reading = threading.Lock()
+        self._reading = threading.Lock()  # one reader of the report at a time (may wait)
+        # Its state fields are a kernel table (TABLES); what is done under it never waits:
+        # the bytes to the supervisor go with MSG_DONTWAIT.
         self._buf = b""
 
     def line(self, timeout: float | None, wake: int | None = None) -> bytes | None:
@@ -351,7 +353,7 @@ class Job:
 
     def finish(self, line: bytes, *, reported: bool = True) -> None:
         _, status, capped, *losses = line.split()
-        with self.lock:
+        with TABLES:
             self.exit = Exit(int(status), capped == b"1", _losses(losses))
             self.reported = reported
             lane = reported and self.stays and self.keep_lane
@@ -367,7 +369,7 @@ class Job:
     def take_lane(self) -> Lane | None:
         """Once the job ended: its supervisor, waiting for the session's next job (the
         caller runs one on it or closes it); None when it is not waiting."""
-        with self.lock:
+        with TABLES:
             kept = self.reported and self.stays and self.keep_lane and self.zygote is not None
             self.keep_lane = False
         if not kept or self.exit is None:
@@ -378,7 +380,7 @@ class Job:
     def drop_lane(self) -> None:
         """Nobody will take the lane: the supervisor exits once the job ended (now, when
         it already has)."""
-        with self.lock:
+        with TABLES:
             kept = self.exit is not None and self.reported and self.stays and self.keep_lane
             self.keep_lane = False
         if kept:
@@ -408,7 +410,7 @@ class Job:
     def _lost(self) -> None:
         """The supervisor died without its report (only SIGKILL does that): the command's
         group goes too; descendants that left it may survive (docs/decisions.md)."""
-        with self.lock:
+        with TABLES:
             if self.pid is not None and not self.own_pids:
                 try:
                     os.killpg(self.pid, 9)
@@ -420,7 +422,7 @@ class Job:
 
     def kill(self) -> None:
         """Kill the whole tree now (EOF on the job's socket), unless it already ended."""
-        with self.lock:
+        with TABLES:
             if self.exit is None:
                 self.stays = False  # its supervisor exits after the tree: no lane
                 try:
@@ -431,28 +433,28 @@ class Job:
     def terminate(self) -> bool:
         """SIGTERM the group now and let the supervisor kill the tree when the job's
         grace is over (``supervise.TERMINATE``); False if the job is not running."""
-        with self.lock:
+        with TABLES:
             if self.exit is not None or self.pid is None:
                 return False
             try:
-                self.sock.send(bytes((TERMINATE,)))
-            except OSError:  # the job's socket is closed: it is ending
+                self.sock.send(bytes((TERMINATE,)), socket.MSG_DONTWAIT)
+            except OSError:  # closed (the job is ending), or its buffer full (wedged)
                 return False
             return True
 
     def signal_group(self, sig: int) -> bool:
         """Signal the command's process group while the job runs."""
-        with self.lock:
+        with TABLES:
             if self.exit is not None or self.pid is None:
                 return False
             try:
                 if self.own_pids:
-                    self.sock.send(bytes((sig,)))  # supervise.py signals the group
+                    self.sock.send(bytes((sig,)), socket.MSG_DONTWAIT)  # supervise.py signals it
                 else:
                     os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 return False
-            except OSError:  # the job's socket is closed: it is ending
+            except OSError:  # closed (the job is ending), or its buffer full (wedged)
                 return False
             return True
 

@@ -286,10 +286,11 @@ class PtyManager:
         out.sort(key=lambda i: uri.ref_number(i["pty_id"], uri.PTY))
         return out
 
-    def count(self, owner: str) -> int:
-        """Open PTYs of `owner` (exited but not yet closed ones included)."""
+    def count_of(self, principal: str) -> int:
+        """Open PTYs of ``principal`` in all its sessions, exited but not yet closed ones
+        included (``max_ptys``); a leaf, for ``Guard.reserved``."""
         with TABLES:
-            return sum(1 for p in self._ptys.values() if p.owner == owner)
+            return sum(1 for p in self._ptys.values() if p.owner.split("\x00", 1)[-1] == principal)
 
     # ---------------------------------------------------------------- close
 

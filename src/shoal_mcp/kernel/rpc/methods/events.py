@@ -76,9 +76,12 @@ def events_subscribe(call: Call, params: dict) -> dict:
         subs.pop(s.id, None)
         kernel.track_subscription(principal, s.id, live=False)
 
-    # max_subscriptions is per principal (all its connections); check and subscribe as one step.
-    with kernel.guard.quota_lock(principal, "max_subscriptions"):
-        kernel.check_subscription_quota(call.who, len(subs))
+    # max_subscriptions is per principal (all its connections); a slot is held from the
+    # check until the subscription is tracked.
+    def counted() -> int:
+        return max(len(subs), kernel.subscriptions_of(principal))
+
+    with kernel.guard.reserved(principal, "max_subscriptions", counted):
         sub = kernel.events.subscribe(
             channel, params.get("since"), call.conn.notify_event, on_close=closed
         )

@@ -48,8 +48,8 @@ def pty_open(call: Call, params: dict) -> dict:
     assignments = [f"{k}={shlex.quote(v)}" for k, v in variables.items()]
     kernel.exec.gate(who, " ".join([*assignments, shlex.join(argv)]))
     owner = owner_key(who)
-    with kernel.guard.quota_lock(who.principal, "max_ptys"):  # check and open as one step
-        kernel.guard.check_quota(who.principal, "max_ptys", kernel.pty_count(who.principal))
+    # A slot of max_ptys is held from the check until the PTY is in the table.
+    with kernel.guard.reserved(who.principal, "max_ptys", lambda: kernel.pty_count(who.principal)):
         session = kernel.sessions.get_or_create(who.session)
         cwd, env = session.snapshot(call.who.principal)
         env.update(variables)

@@ -13,6 +13,7 @@ from ...access.identity import Principal
 from ...config.limits import DEFAULT_SESSION
 from ...effects import analyzer
 from ...exec.reef import reef
+from ...owner.tables import TABLES
 from ...values.elision import ElideOptions
 from ..registry import method
 
@@ -66,8 +67,9 @@ def attach(call: Call, params: dict) -> dict:
     roots = project_roots(params)
     if roots:
         session.project = roots
-    # Counted and taken as one step, so parallel attaches cannot overshoot the budget.
-    with kernel.guard.quota_lock(principal, "max_connections"):
+    # Counted and taken as one step, so parallel attaches cannot overshoot the budget (a
+    # leaf: the policy's budget and the server's connection table).
+    with TABLES:
         was = call.conn.who
         kernel.check_connection_budget(principal, was is not None and was.principal == principal)
         call.conn.who = Principal(name, principal)
