@@ -166,6 +166,7 @@ class Kernel(CrossServiceChecks):
         self.connections_of: Callable[[str], int] = lambda principal: 0  # likewise
         self.ptys_reaped: Callable[[], int] = lambda: 0  # likewise (its PTY orphan reaper)
         self.execs_on_loop: Callable[[], dict] = dict  # likewise (rpc/loop_exec.py)
+        self.quick_on_loop: Callable[[], int] = lambda: 0  # likewise (rpc/server.py)
         self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # connections, by session.attach
         self._clean_spool()
 

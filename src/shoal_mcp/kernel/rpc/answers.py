@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...protocol.errors import ErrorCode, RpcError
-from ...protocol.jsonrpc import error_response, response
+from ...protocol.jsonrpc import Request, error_response, response
+from ...protocol.schema import split_unknown, validate
+
+if TYPE_CHECKING:
+    from .call import Call
+    from .registry import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +42,18 @@ def with_ignored(result: Any, ignored: list[str] | None) -> Any:
     if ignored and isinstance(result, dict):
         return {**result, "ignored_params": ignored}
     return result
+
+
+def answer(call: Call, spec: MethodSpec, msg: Request) -> dict:
+    """The reply to ``msg``: its params checked against ``spec``'s schema, then the
+    handler's result (naming the params it ignored) or its failure."""
+
+    def produce() -> Any:
+        params = msg.params if isinstance(msg.params, dict) else None
+        if params is None:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
+        checked, ignored = split_unknown(params, spec.schema)
+        validate(checked, spec.schema)
+        return with_ignored(spec.func(call, checked), ignored)
+
+    return answer_of(spec.name, msg.id, produce)

@@ -11,7 +11,10 @@ Nothing on the loop waits for a client or for a method:
 - **quick** methods run on a worker too, one at a time per connection and in frame
   order (a *drain*): they may wait on disk or on a lock, which the loop must not. A
   blocking call that follows quick ones is admitted only once they have answered, so a
-  client that sets something and then runs a command sees it set;
+  client that sets something and then runs a command sees it set. The few that answer
+  from the kernel's tables alone (``on_loop`` in the registry: ``ping``, ``task.get``,
+  ``task.list``, ``grants.list``) are answered by the loop itself when nothing of the
+  connection is draining or waiting;
 - a principal over its CPU rate (``fairness.py``) is *paused*: its socket is taken off
   the loop until it is back in credit (the kernel's buffer fills and the client's
   writes block, as when its reader thread slept), with ``throttled`` notices meanwhile;
@@ -40,12 +43,15 @@ from ...protocol.jsonrpc import error_response
 from ...protocol.limits import READ_CHUNK
 from ..config.limits import CPU_WAIT_SLICE_S, MAX_DRAIN_BACKLOG, MAX_DRAIN_BACKLOG_BYTES
 from ..owner.loop import LoopClosed, OwnerLoop
+from .answers import answer
+from .call import Call
 from .connection import CLOSED, NEED_DATA, Event, Oversized, Received
 from .fairness import CpuBudgets, is_unmetered
 from .routing import route
 
 if TYPE_CHECKING:
     from ..access.identity import Principal
+    from ..app import Kernel
     from .registry import MethodSpec
     from .socket_connection import SocketConnection
 
@@ -56,6 +62,7 @@ class Server(Protocol):
     """What the loop needs of ``KernelServer``: routing, running and cleaning up."""
 
     cpu: CpuBudgets
+    kernel: Kernel
 
     def admit_blocking(
         self, conn: SocketConnection, spec: MethodSpec, msg: Any, size: int
@@ -95,6 +102,7 @@ class LoopReading:
     def __init__(self, loop: OwnerLoop, server: Server) -> None:
         self.loop = loop
         self.server = server
+        self.answered_here = 0  # quick calls the loop answered itself (kernel.status)
 
     def adopt(self, conn: SocketConnection) -> bool:
         """From the attaching thread: the loop reads ``conn`` from now on (the frames it
@@ -195,6 +203,11 @@ class LoopReading:
         kind, what = route(conn, event)
         if kind == "reply":
             self._send(state, what)
+        elif kind == "quick" and what[0].on_loop and not (state.draining or state.backlog):
+            # Answered here, from the tables: the quick calls before it have answered
+            # (nothing is draining or waiting), so frame order holds.
+            spec, msg = what
+            self._answer_here(state, spec, msg)
         elif kind == "quick" or (kind == "blocking" and (state.draining or state.backlog)):
             spec, msg = what
             state.backlog.append((spec, msg, len(event.frame)))
@@ -203,6 +216,16 @@ class LoopReading:
         elif kind == "blocking":
             spec, msg = what
             self._begin_blocking(state, spec, msg, len(event.frame))
+
+    def _answer_here(self, state: _Reading, spec: MethodSpec, msg: Any) -> None:
+        """A quick call that answers from the kernel's tables (``on_loop``), answered by
+        the loop itself; its CPU is charged with its frame's reading (``_pump``)."""
+        call = Call(self.server.kernel, state.conn, msg.id, None, self.server.cpu)
+        reply = answer(call, spec, msg)
+        if call.deferred:  # a handler broke its on_loop promise: its work still runs
+            self.server.on_worker(call.run_deferred, (), f"conn-{state.conn.id}-deferred")
+        self.answered_here += 1
+        self._send(state, reply)
 
     def _begin_blocking(self, state: _Reading, spec: Any, msg: Any, size: int) -> None:
         refusal = self.server.admit_blocking(state.conn, spec, msg, size)

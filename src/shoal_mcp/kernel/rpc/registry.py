@@ -28,17 +28,27 @@ class MethodSpec:
     schema: dict
     attach: bool
     blocking: bool  # may wait (exec, await): runs on its own thread
+    # Answers from the kernel's tables alone (TABLES: no disk but a stat, no database,
+    # no other lock, no wait): run by the owner loop as it reads the frame.
+    on_loop: bool = False
 
 
 REGISTRY: dict[str, MethodSpec] = {}
 
 
-def method(name: str, schema: dict | None = None, *, blocking: bool = False):
+def method(name: str, schema: dict | None = None, *, blocking: bool = False, on_loop: bool = False):
     def register(func: Callable[[Call, dict], Any]) -> Callable[[Call, dict], Any]:
         if name in REGISTRY:
             raise RuntimeError(f"method {name} registered twice")
+        if blocking and on_loop:
+            raise RuntimeError(f"method {name}: a blocking method cannot run on the loop")
         REGISTRY[name] = MethodSpec(
-            name, func, NONE if schema is None else schema, name not in UNATTACHED_METHODS, blocking
+            name,
+            func,
+            NONE if schema is None else schema,
+            name not in UNATTACHED_METHODS,
+            blocking,
+            on_loop,
         )
         return func
 

@@ -31,13 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from ...protocol.errors import ErrorCode, RpcError
 from ...protocol.framing import encode_frame
 from ...protocol.jsonrpc import NO_ID, Request, error_response
 from ...protocol.limits import READ_CHUNK
-from ...protocol.schema import split_unknown, validate
 from ..access.budgets import over_budget
 from ..access.identity import Principal
 from ..app import Kernel
@@ -48,7 +46,7 @@ from ..config.limits import (
 )
 from ..owner.tables import TABLES
 from ..pty.orphans import OrphanReaper
-from .answers import answer_of, with_ignored
+from .answers import answer
 from .call import Call
 from .callqueue import REFUSED, RUN
 from .connection import NEED_DATA, Connection, Oversized, Received
@@ -83,6 +81,7 @@ class KernelServer:
         self.reading = LoopReading(kernel.owner, self)  # attached connections, on the loop
         self.loop_execs = LoopExecs(kernel.owner, kernel, self)  # their common execs too
         kernel.execs_on_loop = self.loop_execs.counts
+        kernel.quick_on_loop = lambda: self.reading.answered_here
         kernel.connection_count = lambda: len(self.connections)
         kernel.connections_of = self.connections_of
         grace_s = lambda: kernel.guard.policy.kernel["pty_orphan_grace_ms"] / 1000  # noqa: E731
@@ -342,16 +341,7 @@ class KernelServer:
     ) -> None:
         slot = conn.begin_call(msg.id) if spec.blocking else None
         call = Call(self.kernel, conn, msg.id, slot, self.cpu)
-        params = msg.params if isinstance(msg.params, dict) else None
-
-        def produce() -> Any:
-            if params is None:
-                raise RpcError(ErrorCode.INVALID_PARAMS, "invalid params: params must be an object")
-            checked, ignored = split_unknown(params, spec.schema)
-            validate(checked, spec.schema)
-            return with_ignored(spec.func(call, checked), ignored)
-
-        reply = answer_of(spec.name, msg.id, produce)
+        reply = answer(call, spec, msg)
         if spec.blocking:
             conn.pop_call(msg.id)
         if before_reply is not None:

@@ -36,6 +36,7 @@ def kernel_status(call: Call, params: dict) -> dict:
         "ptys": len(kernel.ptys.list(None)),
         "ptys_reaped": kernel.ptys_reaped(),
         "execs_on_loop": kernel.execs_on_loop(),
+        "quick_on_loop": kernel.quick_on_loop(),  # quick calls the owner loop answered
         "connections": kernel.connection_count(),
         "cpu_held_s": {p: round(s, 3) for p, s in call.cpu.held().items()} if call.cpu else {},
         "cpu_debt_s": {p: round(s, 3) for p, s in call.cpu.debt().items()} if call.cpu else {},

@@ -169,7 +169,7 @@ def _visible_plan(call: Call, ref: str):
         raise
 
 
-@method("grants.list", NONE)
+@method("grants.list", NONE, on_loop=True)
 def grants_list(call: Call, params: dict) -> dict:
     """Targets approved for a whole session (``shoal grants``); approvers only."""
     _require_approver(call, "grants.list")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..call import Call
 
 
-@method("ping")
+@method("ping", on_loop=True)
 def ping(call: Call, params: dict) -> dict:
     reply: dict = {"pong": True, "kernel": call.kernel.info()}
     who = call.conn.who

@@ -37,7 +37,7 @@ def _steerable(call: Call, params: dict):
     return task
 
 
-@method("task.list", TASK_LIST)
+@method("task.list", TASK_LIST, on_loop=True)
 def task_list(call: Call, params: dict) -> dict:
     tasks = call.kernel.tasks.list(
         call.who.session,
@@ -55,7 +55,7 @@ def task_list(call: Call, params: dict) -> dict:
     return bounded_page(tasks, lambda t: t.record(), lambda t: str(t.id)).reply("tasks")
 
 
-@method("task.get", TASK_GET)
+@method("task.get", TASK_GET, on_loop=True)
 def task_get(call: Call, params: dict) -> dict:
     if "task" in params:
         return _task(call, params).record()
