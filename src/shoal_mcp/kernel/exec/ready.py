@@ -269,7 +269,7 @@ class ReadyShells:
 
     def _ended(self, key: ReadyKey) -> None:
         """A make (or a reservation) of ``key`` ended: its waiters are told, outside the
-        lock (caller does not hold it)."""
+        table lock (caller does not hold it)."""
         with TABLES:
             waiters = self._waiters.pop(key, [])
         for then in waiters:

@@ -295,7 +295,7 @@ def _identities(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
 
 class Job:
     """One command under its own forked supervisor: its pid, and its end once the tree
-    is gone.  ``lock`` orders ``exit`` against kill/signal calls."""
+    is gone.  ``TABLES`` orders ``exit`` against kill/signal calls."""
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ watched by the thread serving its call, which then writes the reply itself (no h
 to another thread on the lean path); a background task, or a foreground one whose caller
 stopped waiting, is handed to the one thread that watches all such tasks on their
 supervisors' sockets (``watcher.py``). Only one thread watches a task at a time. A task's state moves only through its
-``TaskLifecycle`` (``lifecycle.py``), under the task's lock.
+``TaskLifecycle`` (``lifecycle.py``), under the kernel's table lock (``TABLES``).
 """
 
 from __future__ import annotations
@@ -299,11 +299,9 @@ class TaskManager:
 
     def forget(self, task: Task) -> None:
         """Drop a finished, unlisted (foreground) task: nothing can look it up any more."""
-        with TABLES:
-            if not task.done.is_set() or task.listed:
-                return
-        with TABLES:
-            self._tasks.pop(task.id, None)
+        with TABLES:  # one step: a detach cannot come between the check and the pop
+            if task.done.is_set() and not task.listed:
+                self._tasks.pop(task.id, None)
 
     def detach(self, task: Task) -> None:
         """A foreground exec ran past its wait budget: it becomes a listed task."""
