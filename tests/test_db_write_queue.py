@@ -16,15 +16,25 @@ import pytest
 
 from shoal_mcp.kernel.events.store import EventStore
 from shoal_mcp.kernel.store.db import Database, WriteQueue
+from tests.support.polling import wait_until
 
 WAIT_S = 10.0
 
 
 def test_a_durable_event_waits_its_turn_outside_sqlite(tmp_path: Path) -> None:
     db = Database(tmp_path / "journal.sqlite3")
-    store = EventStore(str(tmp_path / "journal.sqlite3"), writers=db.writers)
+    store = EventStore(db)
     statements: list[str] = []
-    store._conn.set_trace_callback(statements.append)
+    opened: list[sqlite3.Connection] = []
+    connect = db._connect
+
+    def traced() -> sqlite3.Connection:  # the pool's connections opened from here on
+        conn = connect()
+        conn.set_trace_callback(statements.append)
+        opened.append(conn)
+        return conn
+
+    db._connect = traced  # type: ignore[method-assign]
     inserted = threading.Event()
 
     def publish() -> None:
@@ -36,10 +46,12 @@ def test_a_durable_event_waits_its_turn_outside_sqlite(tmp_path: Path) -> None:
             conn.execute("INSERT INTO sessions(name, cwd, env) VALUES ('s', '/', '')")
             writer = threading.Thread(target=publish)
             writer.start()
-            # The event's writer is queued: it has not reached SQLite (where it would
-            # poll the write lock with sleeps of up to 100 ms).
+            # The writer leased a connection (this transaction holds the pool's other)...
+            wait_until(lambda: len(opened) == 1, WAIT_S, what="the writer's connection")
+            # ... and is queued: it has not reached SQLite (where it would poll the write
+            # lock with sleeps of up to 100 ms).
             assert not inserted.wait(0.3)
-            assert not any("INSERT INTO events" in s for s in statements)
+            assert not any(s.startswith(("BEGIN", "INSERT")) for s in statements)
         assert inserted.wait(WAIT_S)  # its turn came when the transaction committed
         writer.join(WAIT_S)
         assert [e["payload"] for e in store.since("journal", None, None)] == [{"n": 1}]
@@ -51,7 +63,7 @@ def test_a_durable_event_waits_its_turn_outside_sqlite(tmp_path: Path) -> None:
 
 def test_transactions_of_many_threads_all_land(tmp_path: Path) -> None:
     db = Database(tmp_path / "journal.sqlite3")
-    store = EventStore(str(tmp_path / "journal.sqlite3"), writers=db.writers)
+    store = EventStore(db)
     errors: list[BaseException] = []
 
     def work(t: int) -> None:

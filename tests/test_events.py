@@ -17,6 +17,7 @@ from shoal_mcp.kernel.events.bus import (
     require_client_publishable,
     validate_channel,
 )
+from shoal_mcp.kernel.store.db import Database
 from shoal_mcp.protocol.errors import ErrorCode, RpcError
 from shoal_mcp.protocol.limits import EVENT_RING
 from tests.support.polling import wait_until
@@ -62,9 +63,11 @@ class Collector:
 
 @pytest.fixture
 def store(tmp_path):
-    s = EventStore(str(tmp_path / "journal.sqlite3"))
+    db = Database(tmp_path / "journal.sqlite3")
+    s = EventStore(db)
     yield s
     s.close()
+    db.close()
 
 
 @pytest.fixture
@@ -157,8 +160,9 @@ def test_durable_replay_beyond_the_ring(store):
 
 
 def test_seq_continues_across_restart(tmp_path):
-    db = str(tmp_path / "journal.sqlite3")
-    store1 = EventStore(db)
+    path = tmp_path / "journal.sqlite3"
+    db1 = Database(path)
+    store1 = EventStore(db1)
     bus1 = EventBus(store1)
     for i in range(5):
         bus1.publish("journal", {"gen": 1, "i": i})
@@ -167,8 +171,10 @@ def test_seq_continues_across_restart(tmp_path):
     bus1.publish("user.x", {"gen": 1})
     bus1.close()
     store1.close()
+    db1.close()
 
-    store2 = EventStore(db)
+    db2 = Database(path)  # a restarted kernel: a new Database on the same file
+    store2 = EventStore(db2)
     bus2 = EventBus(store2)
     try:
         assert bus2.read("journal")["latest_seq"] == 4
@@ -191,14 +197,16 @@ def test_seq_continues_across_restart(tmp_path):
     finally:
         bus2.close()
         store2.close()
+        db2.close()
 
 
 def test_store_api_and_table(tmp_path):
-    db = str(tmp_path / "state.sqlite3")
-    other = sqlite3.connect(db)  # another component's table in the same file
-    other.execute("CREATE TABLE journal (id INTEGER PRIMARY KEY, src TEXT)")
-    other.execute("INSERT INTO journal (src) VALUES ('ls')")
+    path = tmp_path / "state.sqlite3"
+    other = sqlite3.connect(path)  # another component's table in the same file
+    other.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, src TEXT)")
+    other.execute("INSERT INTO notes (src) VALUES ('ls')")
     other.commit()
+    db = Database(path)
     store = EventStore(db)
     try:
         assert store.last_seq("journal") == -1
@@ -217,14 +225,15 @@ def test_store_api_and_table(tmp_path):
             "ts": 5.0,
             "payload": {"i": 4},
         }
-        fresh = sqlite3.connect(db)
+        fresh = sqlite3.connect(path)
         assert fresh.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         fresh.close()
-        assert other.execute("SELECT src FROM journal").fetchall() == [("ls",)]
+        assert other.execute("SELECT src FROM notes").fetchall() == [("ls",)]
         cols = [r[1] for r in other.execute("PRAGMA table_info(events)")]
         assert cols == ["channel", "seq", "ts", "payload"]
     finally:
         store.close()
+        db.close()
         other.close()
 
 

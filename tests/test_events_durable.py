@@ -18,12 +18,22 @@ from shoal_mcp.kernel.store.db import Database
 @pytest.fixture()
 def world(tmp_path: Path):
     db = Database(tmp_path / "db.sqlite3")
-    store = EventStore(str(tmp_path / "db.sqlite3"), writers=db.writers)
+    store = EventStore(db)
     bus = EventBus(store)
     yield db, store, bus
     bus.close()
     store.close()
     db.close()
+
+
+def _read_elsewhere(store: EventStore, channel: str) -> list[dict]:
+    """The store read by another thread (this one's reads share its transaction's connection)."""
+    seen: list[dict] = []
+    reader = threading.Thread(target=lambda: seen.extend(store.since(channel, None, None)))
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive()
+    return seen
 
 
 def test_staged_events_are_stored_with_the_transaction_and_then_delivered(world):
@@ -34,7 +44,7 @@ def test_staged_events_are_stored_with_the_transaction_and_then_delivered(world)
             batch.stage(conn, "journal", {"id": 1})
             batch.stage(conn, "session.transcript", {"ref": "out:1"})
             batch.stage(conn, "journal", {"id": 2})  # one channel twice: one lock, two seqs
-            assert store.since("journal", None, None) == []  # not committed: not seen
+            assert _read_elsewhere(store, "journal") == []  # not committed: not seen
         published = batch.publish()
     finally:
         batch.release()
@@ -88,6 +98,18 @@ def test_a_publisher_waits_for_a_staged_batch_and_follows_it(world):
         "batch",
         "publisher",
     ]
+
+
+def test_a_publish_inside_this_threads_transaction_commits_with_it(world):
+    """The thread's connection is in a transaction already (Database leases one per
+    thread): the event's row goes into it, with no second BEGIN, and commits with it."""
+    db, store, bus = world
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO sessions(name, cwd, env) VALUES ('s', '/', '')")
+        assert bus.publish("journal", {"id": 1})["seq"] == 0
+        assert _read_elsewhere(store, "journal") == []  # not committed yet
+    assert [e["payload"] for e in _read_elsewhere(store, "journal")] == [{"id": 1}]
+    assert db.query("SELECT name FROM sessions")[0]["name"] == "s"
 
 
 def test_only_durable_channels_are_staged(world):

@@ -332,6 +332,36 @@ def test_sessions_start_in_home_when_the_cwd_is_missing(services: Services) -> N
     assert not VOLATILE_ENV & set(session.env)
 
 
+def test_a_session_created_by_many_threads_at_once_is_one_session(
+    services: Services, tmp_path: Path
+) -> None:
+    """No lock is held across the database while a session loads: racing creators meet
+    in the write transaction, and every caller gets the one session the table keeps,
+    with the cwd the row on disk has."""
+    sessions = services.kernel.sessions
+    dirs = []
+    for i in range(8):
+        (tmp_path / f"d{i}").mkdir()
+        dirs.append(str(tmp_path / f"d{i}"))
+    go = threading.Barrier(len(dirs))
+    got: list[object] = []
+
+    def create(cwd: str) -> None:
+        go.wait()
+        got.append(sessions.get_or_create("s-race", cwd))
+
+    threads = [threading.Thread(target=create, args=(d,)) for d in dirs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == len(dirs) and all(s is got[0] for s in got)
+    rows = services.kernel.db.query("SELECT cwd FROM sessions WHERE name = 's-race'")
+    assert len(rows) == 1
+    assert bytes(rows[0]["cwd"]).decode() == got[0].cwd  # type: ignore[attr-defined]
+    assert services.reopen().sessions.get_or_create("s-race").cwd == got[0].cwd  # type: ignore[attr-defined]
+
+
 # -- events ------------------------------------------------------------------------------
 
 

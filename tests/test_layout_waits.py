@@ -50,6 +50,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a relay's cgroup is removed once its last process is reaped, a few tries apart;"
         " the next kernel removes a leftover"
     ),
+    ("kernel/pty/terminal.py", "time.sleep("): (
+        "closing a PTY where os.pidfd_open is missing or refused: its supervisor's exit is"
+        " looked for every so often (as Popen.wait does), with no lock held"
+    ),
     ("kernel/exec/runner.py", ".wait(0"): (
         "check_exit: a read of what a readable report socket already holds, timeout 0: never a wait"
     ),

@@ -119,7 +119,7 @@ def test_no_free_connection_is_wouldwait(db) -> None:
     def lease() -> None:
         done = threading.Event()
         leased.append(done)
-        with db._lease():
+        with db.lease():
             ready.wait(WAIT_S)
             done.wait(WAIT_S)
 

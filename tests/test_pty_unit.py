@@ -239,6 +239,31 @@ def test_close_all(mgr: PtyManager) -> None:
     assert mgr.list(None) == [] and mgr.count_of(OWNER_PRINCIPAL) == 0
 
 
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "looking"])
+def test_waiting_for_the_program_holds_no_lock(mgr: PtyManager, monkeypatch, pidfds: bool) -> None:
+    """``OpenPty.wait`` holds no lock while it waits (``TABLES`` only for each look): a
+    signal sent meanwhile goes at once, and the waiter sees the exit on the supervisor's
+    pidfd or, without pidfds (not Linux), by looking."""
+    import shoal_mcp.kernel.pty.terminal as terminal
+
+    if not pidfds:
+        monkeypatch.setattr(terminal, "_open_pidfd", lambda pid: None)
+    r = open_pty(mgr, "sleep", "1000")
+    p = mgr._get(r["pty_id"], OWNER)
+    assert p.wait(0.2) is False  # still running
+    outcome: list[bool] = []
+    waiter = threading.Thread(target=lambda: outcome.append(p.wait(DEADLINE_S)))
+    waiter.start()
+    time.sleep(0.2)  # let it wait
+    t0 = time.monotonic()
+    p.signal(signal.SIGKILL)
+    assert time.monotonic() - t0 < 1  # not held back by the waiter
+    waiter.join(DEADLINE_S)
+    assert outcome == [True] and time.monotonic() - t0 < 5
+    assert p.proc.returncode is not None
+    assert wait_exit(mgr, r["pty_id"])["exit"] == {"signal": signal.SIGKILL}
+
+
 def test_huge_screen_read_stays_under_cap(mgr: PtyManager) -> None:
     r = open_pty(mgr, PY, "-c", "print(('x'*999+'\\n')*1000, end='')", cols=1000, rows=1000)
     out = wait_exit(mgr, r["pty_id"])

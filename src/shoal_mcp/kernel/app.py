@@ -97,7 +97,7 @@ class Kernel(CrossServiceChecks):
         self.refs = RefCounter(state / "refs.json", self.db)
         self.transcript = TranscriptStore(self.db, self.refs)
         self.journal = Journal(self.db)
-        self.event_store = EventStore(str(db_path), writers=self.db.writers)
+        self.event_store = EventStore(self.db)
         self.local_principal = local_principal()
         self.confinement = Confinement(
             config.sandbox,

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import orjson
 
-from ...protocol.errors import invalid_params
+from ...protocol.errors import RpcError, invalid_params
 from ..config.limits import EVENTS_WRITE_WAIT_S
-from ..store.db import WriteQueue
+from ..store.db import Database
 
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
-
-STORE_BUSY_TIMEOUT_MS = int(EVENTS_WRITE_WAIT_S * 1000)
-"""SQLite busy_timeout: the db file is shared with the journal's connections."""
 
 
 def dumps_payload(payload: Any) -> str:
@@ -36,30 +32,17 @@ class EventStore:
     """Durable events for DURABLE_CHANNELS in SQLite (WAL).
 
     Table ``events(channel TEXT, seq INTEGER, ts REAL, payload TEXT, PRIMARY KEY(channel,
-    seq)) WITHOUT ROWID``; ``payload`` is compact JSON. The db file is shared with the
-    kernel's other tables through other connections: this class creates and touches only
-    ``events``. One connection (``check_same_thread=False``) guarded by a lock, autocommit,
-    ``busy_timeout`` = ``STORE_BUSY_TIMEOUT_MS``, ``synchronous=NORMAL``.
+    seq)) WITHOUT ROWID``; ``payload`` is compact JSON, in the kernel's database file.
+    Every read and write goes through a connection its thread leases from that
+    ``Database`` (store/db.py), so this class needs no connection or lock of its own; it
+    creates and touches only ``events``. The ``Database``'s errors (``RpcError`` for a
+    full disk or a held lock) come out of a write as ``sqlite3.Error``, which its
+    callers handle: the event is kept in memory only.
     """
 
-    def __init__(self, db_path: str, writers: WriteQueue | None = None) -> None:
-        self._lock = threading.Lock()
-        # The kernel's database writers, when the file is shared (store/db.py WriteQueue).
-        self._writers = writers if writers is not None else WriteQueue()
-        self._closed = False
-        self._conn = sqlite3.connect(
-            db_path,
-            check_same_thread=False,
-            isolation_level=None,
-            timeout=STORE_BUSY_TIMEOUT_MS / 1000,
-        )
-        with self._lock:
-            conn = self._conn
-            conn.execute(f"PRAGMA busy_timeout = {STORE_BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if not mode or str(mode[0]).lower() != "wal":
-                log.warning("events: %s is not in WAL mode (%r)", db_path, mode)
-            conn.execute("PRAGMA synchronous = NORMAL")
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        with db.transaction() as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS events ("
                 " channel TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL,"
@@ -71,24 +54,41 @@ class EventStore:
         self.insert(event["channel"], event["seq"], event["ts"], dumps_payload(event["payload"]))
 
     def insert(self, channel: str, seq: int, ts: float, payload_json: str) -> None:
-        """One event in its own transaction (the write turn is re-entrant: a caller may
-        hold it already, as ``EventBus.publish`` does)."""
-        with self.turn(), self._lock:  # the turn first, as everywhere (owner/nowait.py)
-            insert_event_in(self._conn, channel, seq, ts, payload_json)
+        """One event in its own transaction; sqlite3.Error when it was not stored.
+
+        The write turn is re-entrant: a caller may hold it already, as ``EventBus.publish``
+        does. A caller inside a transaction of its own on this thread shares its
+        connection (``Database`` leases one per thread), where a second BEGIN would fail:
+        the row goes into that transaction and commits with it."""
+        try:
+            # A connection before the turn, in the order Database.transaction takes them.
+            with self._db.lease() as held, self.turn():
+                if held.in_transaction:
+                    insert_event_in(held, channel, seq, ts, payload_json)
+                    return
+                with self._db.transaction() as conn:
+                    insert_event_in(conn, channel, seq, ts, payload_json)
+        except RpcError as exc:  # the Database's words for a full disk or a held lock
+            raise sqlite3.OperationalError(exc.message) from exc
 
     def turn(self) -> AbstractContextManager[None]:
         """The kernel's database write turn (store/db.py ``WriteQueue``), shared with the
-        journal's connections: durable events are written only while holding it."""
-        return self._writers.turn(EVENTS_WRITE_WAIT_S)
+        journal's transactions: durable events are written only while holding it."""
+        return self._db.writers.turn(EVENTS_WRITE_WAIT_S)
 
     @contextmanager
     def write_turn(self) -> Iterator[bool]:
         """The write turn (True), or False and a log line when SQLite stays busy past its
-        wait: the caller then keeps its event in memory only, as after a failed insert."""
+        wait: the caller then keeps its event in memory only, as after a failed insert.
+
+        The turn is taken with this thread's connection leased first, as a transaction
+        takes them: a writer holding the turn never waits for a connection that writers
+        queued for the turn hold (``Database.MAX_OPEN``)."""
         with ExitStack() as stack:
             try:
+                stack.enter_context(self._db.lease())
                 stack.enter_context(self.turn())
-            except sqlite3.Error:
+            except (sqlite3.Error, RpcError):
                 log.exception("events: no write turn; an event is kept in memory only")
                 yield False
                 return
@@ -109,14 +109,14 @@ class EventStore:
         else:
             sql += " ORDER BY seq DESC LIMIT ?"
             args.append(limit)
-        rows = self._query(sql, args)
+        rows = self._db.query(sql, args)
         if limit is not None:
             rows.reverse()
         return [_row_event(channel, row) for row in rows]
 
     def page(self, channel: str, after: int, until: int, limit: int) -> list[Event]:
         """The oldest ``limit`` events with ``after < seq <= until``, ascending (forward paging)."""
-        rows = self._query(
+        rows = self._db.query(
             "SELECT seq, ts, payload FROM events WHERE channel = ? AND seq > ? AND seq <= ?"
             " ORDER BY seq ASC LIMIT ?",
             [channel, after, until, limit],
@@ -125,19 +125,12 @@ class EventStore:
 
     def last_seq(self, channel: str) -> int:
         """Highest stored seq of ``channel``; -1 when none."""
-        rows = self._query("SELECT MAX(seq) FROM events WHERE channel = ?", [channel])
+        rows = self._db.query("SELECT MAX(seq) FROM events WHERE channel = ?", [channel])
         value = rows[0][0] if rows else None
         return -1 if value is None else int(value)
 
-    def _query(self, sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._conn.execute(sql, args).fetchall()
-
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._conn.close()
+        """Nothing to close: the connections are the Database's (closed by its owner)."""
 
 
 def insert_event_in(
@@ -151,6 +144,6 @@ def insert_event_in(
     )
 
 
-def _row_event(channel: str, row: tuple[Any, ...]) -> Event:
+def _row_event(channel: str, row: sqlite3.Row) -> Event:
     seq, ts, payload = row
     return {"channel": channel, "seq": seq, "ts": ts, "payload": orjson.loads(payload)}

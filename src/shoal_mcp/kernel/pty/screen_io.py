@@ -24,17 +24,6 @@ from .terminal import OpenPty
 log = logging.getLogger(__name__)
 
 
-def _open_pidfd(pid: int) -> int | None:
-    """A pidfd of ``pid`` (readable once it exits), or None where there are none. An
-    ``ESRCH`` (already gone and reaped) also gives None: the reader then looks."""
-    if not hasattr(os, "pidfd_open"):
-        return None
-    try:
-        return os.pidfd_open(pid)
-    except OSError:
-        return None
-
-
 class ScreenPump:
     """Moves bytes between PTYs and their screens; reports what changed."""
 
@@ -77,8 +66,9 @@ class ScreenPump:
         poller.register(p.wake_r, select.POLLIN)
         # The program's supervisor as a pidfd, readable once it exited: a program that
         # ended while something else (a background job) holds the tty is seen then,
-        # not by looking every so often. Without pidfds (not Linux), looking it is.
-        pidfd = _open_pidfd(p.proc.pid)
+        # not by looking every so often. Without one (not Linux, or already reaped by
+        # close()), looking it is.
+        pidfd = p.open_pidfd()
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
         exited = False  # the pidfd said so; recorded once the master is drained

@@ -156,17 +156,20 @@ class Database:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.writers = WriteQueue()  # shared with the EventStore on the same file
+        self.writers = WriteQueue()  # the one write turn: transactions, events, refs.json
         self.housekeeper = Housekeeper()  # the store's chores no caller waits for
         # Created 0600 before SQLite opens it; its -wal/-shm files copy the mode.
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         self._local = threading.local()
         self._idle: list[sqlite3.Connection] = []
         self._leased: set[sqlite3.Connection] = set()
-        self._slots = threading.BoundedSemaphore(self.MAX_OPEN)
+        # Connections leased or being opened (at most MAX_OPEN), a kernel table (TABLES);
+        # a lease waits on ``_slot_free`` for one to come back.
+        self._open = 0
+        self._slot_free = threading.Condition(TABLES)
         self._closed = False
         self._commits = itertools.count(1)  # next() is atomic: no lock for a heuristic
-        with self._lease() as conn:
+        with self.lease() as conn:
             self._check(conn)
             _migrate_before(conn)
             conn.executescript(SCHEMA)  # executescript manages its own transaction
@@ -204,26 +207,31 @@ class Database:
 
     def checkpoint(self) -> None:
         try:
-            with self._lease() as conn:
+            with self.lease() as conn:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except (sqlite3.Error, WouldWait) as exc:
             log.debug("WAL checkpoint not done now: %s", exc)
 
     @contextmanager
-    def _lease(self) -> Iterator[sqlite3.Connection]:
+    def lease(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection for the block: its current one when it has one (the
+        block joins what it is doing, a transaction included), else one from the pool."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:  # nested use on the same thread shares the lease
             yield conn
             return
-        if not self._slots.acquire(blocking=waits_allowed()):
-            raise WouldWait()
+        with TABLES:
+            while self._open >= self.MAX_OPEN:
+                if not waits_allowed():
+                    raise WouldWait()
+                self._slot_free.wait()
+            self._open += 1
+            conn = self._idle.pop() if self._idle else None
         try:
-            with TABLES:
-                conn = self._idle.pop() if self._idle else None
             if conn is None:
                 conn = _translate(self._connect)
         except BaseException:
-            self._slots.release()
+            self._give_back_slot()
             raise
         with TABLES:
             self._leased.add(conn)
@@ -238,8 +246,13 @@ class Database:
                 if keep:
                     self._idle.append(conn)
             if not keep:
-                conn.close()
-            self._slots.release()
+                conn.close()  # before its slot is free: MAX_OPEN bounds the open files
+            self._give_back_slot()
+
+    def _give_back_slot(self) -> None:
+        with TABLES:
+            self._open -= 1
+            self._slot_free.notify()
 
     def conn(self) -> sqlite3.Connection:
         """The connection this thread currently leases (only inside an operation)."""
@@ -255,7 +268,7 @@ class Database:
         A failed COMMIT (e.g. the disk is full) rolls back, so the connection goes back
         to the pool without a write lock; SQLITE_FULL becomes a clean -32603.
         """
-        with self._lease() as conn, _locked_translated(), self.writers.turn(DB_WRITE_WAIT_S):
+        with self.lease() as conn, _locked_translated(), self.writers.turn(DB_WRITE_WAIT_S):
             if getattr(self._local, "claimed", None) is conn:
                 self._local.claimed = None  # its BEGIN is the claim's
             else:
@@ -282,7 +295,7 @@ class Database:
         if waits_allowed():
             yield
             return
-        with self._lease() as conn, self.writers.turn(DB_WRITE_WAIT_S):
+        with self.lease() as conn, self.writers.turn(DB_WRITE_WAIT_S):
             self._begin(conn)
             self._local.claimed = conn
             try:
@@ -309,7 +322,7 @@ class Database:
             conn.execute(f"PRAGMA busy_timeout = {int(DB_WRITE_WAIT_S * 1000)}")
 
     def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
-        with self._lease() as conn:
+        with self.lease() as conn:
             return _translate(lambda: conn.execute(sql, params).fetchall())
 
     def close(self) -> None:
@@ -319,7 +332,7 @@ class Database:
 
         Closing a connection another thread is executing on crashes the interpreter
         (the sqlite3 module does not guard it), so leased connections are never
-        closed from here — ``_lease`` sees ``_closed`` and closes them on return.
+        closed from here — ``lease`` sees ``_closed`` and closes them on return.
         """
         self.housekeeper.close(HOUSEKEEPER_EXIT_WAIT_S)
         with TABLES:

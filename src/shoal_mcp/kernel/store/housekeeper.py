@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Hashable
 
 from ..config.limits import HOUSEKEEPER_IDLE_S
+from ..owner.tables import TABLES
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class Housekeeper:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Hashable] | None] = (
             queue.SimpleQueue()
         )
-        self._lock = threading.Lock()  # who starts the thread, the keys waiting, the close
+        # Who starts the thread, the keys waiting and the close are a kernel table (TABLES).
         self._waiting: set[Hashable] = set()  # keys of jobs queued and not yet started
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -40,30 +41,38 @@ class Housekeeper:
         """Run ``job`` on the housekeeping thread, after the jobs already given, unless a
         job with the same ``key`` (not None) is queued and has not started; after
         ``close`` it is dropped (the kernel is exiting)."""
-        with self._lock:
+        with TABLES:
             if self._closed or (key is not None and key in self._waiting):
                 return
             if key is not None:
                 self._waiting.add(key)
             self._jobs.put((job, key))
+            thread = None
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="store-chores", daemon=True)
-                self._thread.start()
+                thread = self._thread = threading.Thread(
+                    target=self._run, name="store-chores", daemon=True
+                )
+        if thread is not None:
+            # Started outside the table: ``start`` waits for the new thread to run. Until
+            # then ``_thread`` is already set, so no other submit starts a second one.
+            thread.start()
 
     def waiting(self, key: Hashable) -> bool:
         """Whether a job with ``key`` is queued and has not started."""
-        with self._lock:
+        with TABLES:
             return key in self._waiting
 
     def close(self, timeout: float) -> None:
         """The jobs given so far run (for up to ``timeout`` seconds), then the thread ends."""
-        with self._lock:
+        with TABLES:
             if self._closed:
                 return
             self._closed = True
             thread = self._thread
             self._jobs.put(None)
-        if thread is not None:
+        # A thread a submit has made and not started yet (``ident`` None) cannot be joined;
+        # started, it runs the jobs and the None above like any other.
+        if thread is not None and thread.ident is not None:
             thread.join(timeout)
             if thread.is_alive():
                 log.warning("store chores still running at exit")
@@ -73,7 +82,7 @@ class Housekeeper:
             try:
                 job = self._jobs.get(timeout=self.idle_s)
             except queue.Empty:
-                with self._lock:  # a submit from now on starts a new thread
+                with TABLES:  # a submit from now on starts a new thread
                     if self._jobs.empty():
                         self._thread = None
                         return
@@ -82,7 +91,7 @@ class Housekeeper:
                 return
             chore, key = job
             if key is not None:
-                with self._lock:
+                with TABLES:
                     self._waiting.discard(key)  # from now on the same key queues again
             try:
                 chore()

@@ -333,7 +333,7 @@ class Journal:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(max(1, min(limit, JOURNAL_QUERY_MAX)))
-        with self.db._lease() as conn:
+        with self.db.lease() as conn:
             for r in conn.execute(sql, args):
                 yield _row(r)
 

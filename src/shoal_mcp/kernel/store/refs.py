@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import orjson
 
 from ...protocol.framing import write_all
-from ..config.limits import REF_RESERVE_BLOCK
+from ..config.limits import DB_WRITE_WAIT_S, REF_RESERVE_BLOCK
 from ..owner.tables import TABLES
 from .db import Database
 
@@ -34,7 +34,6 @@ class RefCounter:
         self.path = Path(path)
         self.db = db
         self.block = block
-        self._io_lock = threading.Lock()  # one writer of the file at a time; before TABLES
         # The maps below are kernel tables (TABLES).
         self._next: dict[str, int] = {}
         self._durable: dict[str, int] = self._load()  # what the file on disk says
@@ -99,9 +98,16 @@ class RefCounter:
             with TABLES:
                 self._ahead = False
 
+    def _file_turn(self) -> AbstractContextManager[None]:
+        """One writer of the file at a time: the database's write turn, since the file is
+        part of the store's durable state (taken before TABLES, as everywhere). It is
+        held across two fsyncs about once per ``REF_RESERVE_BLOCK`` execs of a session,
+        mostly on the housekeeper, ahead of need."""
+        return self.db.writers.turn(DB_WRITE_WAIT_S)
+
     def _flush(self) -> None:
-        """Write what is wanted now; afterwards it is durable. Lock order: io, then TABLES."""
-        with self._io_lock:
+        """Write what is wanted now; afterwards it is durable."""
+        with self._file_turn():
             with TABLES:
                 snapshot = dict(self._wanted)
             if snapshot == self._durable:
@@ -112,7 +118,7 @@ class RefCounter:
 
     def close(self) -> None:
         """Clean exit: reservations shrink to the numbers used (no gap after a restart)."""
-        with self._io_lock:
+        with self._file_turn():
             with TABLES:
                 for session, nxt in self._next.items():
                     self._wanted[session] = nxt - 1

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ...protocol.wiretext import from_bytes, to_bytes
-from ..owner.nowait import hold
+from ..owner.tables import TABLES
 from .db import Database
 from .envlimits import repaired_env
 
@@ -197,54 +197,61 @@ def decode_cwd(raw: bytes | str) -> str:
 class SessionTable:
     def __init__(self, db: Database, base_env: dict[str, str] | None = None) -> None:
         self.db = db
-        self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}  # a kernel table (TABLES)
         self._base_env = {
             k: v for k, v in (base_env or dict(os.environ)).items() if k not in VOLATILE_ENV
         }
 
     def get_or_create(self, name: str, cwd: str | None = None) -> Session:
-        # A loaded session is never dropped, so finding one needs no lock: the lock is
-        # held while a session is loaded or created, which reads or writes the database.
-        session = self._sessions.get(name)
+        # A loaded session is never dropped, so finding one is one table read. Loading
+        # takes no lock across the database: two threads that load the same session at
+        # once both read it and the table keeps the first copy; two that create it meet
+        # in the write transaction, where the second finds the first's row and loads it.
+        with TABLES:
+            session = self._sessions.get(name)
         if session is not None:
             return session
-        with hold(self._lock):  # on the owner loop: WouldWait rather than wait for it
-            session = self._sessions.get(name)
-            if session is not None:
-                return session
-            rows = self.db.query("SELECT cwd, env FROM sessions WHERE name = ?", (name,))
-            if rows:
-                # A session stored before exports were bounded may hold an env no program
-                # can start with: repaired here, said in its next outcome (envlimits.py).
-                env, repaired = repaired_env(decode_env(rows[0]["env"]))
-                session = Session(name, decode_cwd(rows[0]["cwd"]), env, warnings=repaired)
-                for row in self.db.query(
-                    "SELECT principal, cwd, sets, unsets FROM session_overlays WHERE session = ?",
-                    (name,),
-                ):
-                    session.overlays[row["principal"]] = StateDelta.from_row(
-                        row["cwd"], row["sets"], row["unsets"]
-                    )
-            else:
-                start = cwd if cwd and os.path.isdir(cwd) else os.path.expanduser("~")
-                session = Session(name, start, dict(self._base_env))
-                with self.db.transaction() as conn:
+        query = "SELECT cwd, env FROM sessions WHERE name = ?"
+        rows = self.db.query(query, (name,))
+        if not rows:
+            with self.db.transaction() as conn:
+                rows = conn.execute(query, (name,)).fetchall()
+                if not rows:
+                    start = cwd if cwd and os.path.isdir(cwd) else os.path.expanduser("~")
+                    session = Session(name, start, dict(self._base_env))
                     self.save_in(conn, name, session.cwd, session.env)
-            self._sessions[name] = session
-            return session
+        if session is None:
+            session = self._load(name, rows[0])
+        with TABLES:
+            return self._sessions.setdefault(name, session)
+
+    def _load(self, name: str, row: sqlite3.Row) -> Session:
+        """The stored session ``name`` from its ``sessions`` row and its overlays."""
+        # A session stored before exports were bounded may hold an env no program can
+        # start with: repaired here, said in its next outcome (envlimits.py).
+        env, repaired = repaired_env(decode_env(row["env"]))
+        session = Session(name, decode_cwd(row["cwd"]), env, warnings=repaired)
+        for overlay in self.db.query(
+            "SELECT principal, cwd, sets, unsets FROM session_overlays WHERE session = ?",
+            (name,),
+        ):
+            session.overlays[overlay["principal"]] = StateDelta.from_row(
+                overlay["cwd"], overlay["sets"], overlay["unsets"]
+            )
+        return session
 
     def get(self, name: str) -> Session | None:
-        """The loaded session ``name`` (without a lock: see ``get_or_create``)."""
-        return self._sessions.get(name)
+        """The loaded session ``name``, if it is."""
+        with TABLES:
+            return self._sessions.get(name)
 
     def names(self) -> list[str]:
-        with self._lock:
+        with TABLES:
             return sorted(self._sessions)
 
     def overlays(self) -> dict[str, list[dict[str, object]]]:
         """Each loaded session's overlays (``Session.overlay_summary``), where it has any."""
-        with self._lock:
+        with TABLES:
             sessions = list(self._sessions.values())
         return {s.name: o for s in sessions if (o := s.overlay_summary())}
 

@@ -29,6 +29,7 @@ from ..config.limits import (
     JSON_SELECTOR_MAX,
     JSON_WHOLE_PARSE_MAX,
 )
+from ..owner.tables import TABLES
 from ..store.cas import (
     BlobInfo,
     BlobSource,
@@ -255,7 +256,29 @@ def split_lines(text: str) -> list[str]:
     return parts[:-1] if text.endswith("\n") else parts
 
 
-_JSON_SLOTS = threading.BoundedSemaphore(JSON_PARSE_SLOTS)
+class _ParseSlots:
+    """The `.json` parses running now, at most ``JSON_PARSE_SLOTS``: a kernel table
+    (TABLES), with a condition of it to wait for a parse to end."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self._slot_free = threading.Condition(TABLES)
+
+    def take(self, wait_s: float) -> bool:
+        """One slot (True), or False when none came free within ``wait_s`` (0: now)."""
+        with TABLES:
+            if not self._slot_free.wait_for(lambda: self.running < JSON_PARSE_SLOTS, wait_s):
+                return False
+            self.running += 1
+            return True
+
+    def give_back(self) -> None:
+        with TABLES:
+            self.running -= 1
+            self._slot_free.notify()
+
+
+_JSON_SLOTS = _ParseSlots()
 _JSON_PARSER = ThreadPoolExecutor(JSON_PARSE_SLOTS, thread_name_prefix="json-parse")
 """Parses run on these threads only: the parsed objects come from their malloc arenas,
 which the next parse reuses, instead of one arena per connection thread."""
@@ -268,7 +291,7 @@ def json_slot(wait: bool) -> Iterator[bool]:
     Bounds the memory of parses across all connections: each holds its input and the
     parsed objects. A waiting selection gives up after JSON_PARSE_WAIT_S with -32031.
     """
-    got = _JSON_SLOTS.acquire(timeout=JSON_PARSE_WAIT_S) if wait else _JSON_SLOTS.acquire(False)
+    got = _JSON_SLOTS.take(JSON_PARSE_WAIT_S if wait else 0)
     if wait and not got:
         raise RpcError(
             ErrorCode.QUOTA,
@@ -280,7 +303,7 @@ def json_slot(wait: bool) -> Iterator[bool]:
     finally:
         if got:
             _return_freed_memory()  # before the next parse starts: peaks never overlap
-            _JSON_SLOTS.release()
+            _JSON_SLOTS.give_back()
 
 
 def _return_freed_memory() -> None:
