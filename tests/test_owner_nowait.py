@@ -20,6 +20,7 @@ import pytest
 
 from shoal_mcp.kernel.owner.nowait import WouldWait, hold, no_wait, waits_allowed
 from shoal_mcp.kernel.store.db import Database
+from tests.support.polling import wait_until
 
 WAIT_S = 10.0
 
@@ -136,6 +137,37 @@ def test_no_free_connection_is_wouldwait(db) -> None:
         for t in threads:
             t.join(WAIT_S)
     assert db.query("SELECT 1 AS one")[0]["one"] == 1
+
+
+def test_leases_past_the_pool_wait_and_each_is_woken_by_a_lease_given_back(db) -> None:
+    """Off the loop a lease waits for a free connection (a condition of TABLES), and two
+    leases given back in a row wake two waiters: none is left waiting beside a free one."""
+    release = threading.Event()
+    ready = threading.Barrier(Database.MAX_OPEN + 1)
+    answers: list[int] = []
+
+    def hold() -> None:
+        with db.lease():
+            ready.wait(WAIT_S)
+            release.wait(WAIT_S)
+
+    def ask() -> None:
+        answers.append(db.query("SELECT 7")[0][0])
+
+    holders = [threading.Thread(target=hold) for _ in range(Database.MAX_OPEN)]
+    for t in holders:
+        t.start()
+    ready.wait(WAIT_S)  # the pool is empty: every connection is leased
+    askers = [threading.Thread(target=ask) for _ in range(3)]
+    for t in askers:
+        t.start()
+    wait_until(lambda: db._slot_waiters == 3, timeout=WAIT_S, what="three waiting leases")
+    assert answers == []
+    release.set()
+    for t in holders + askers:
+        t.join(WAIT_S)
+    assert answers == [7, 7, 7]
+    assert db._open == 0 and db._slot_waiters == 0
 
 
 def test_a_claim_is_taken_now_and_used_by_the_next_transaction(db, tmp_path) -> None:

@@ -166,6 +166,7 @@ class Database:
         # Connections leased or being opened (at most MAX_OPEN), a kernel table (TABLES);
         # a lease waits on ``_slot_free`` for one to come back.
         self._open = 0
+        self._slot_waiters = 0
         self._slot_free = threading.Condition(TABLES)
         self._closed = False
         self._commits = itertools.count(1)  # next() is atomic: no lock for a heuristic
@@ -224,17 +225,23 @@ class Database:
             while self._open >= self.MAX_OPEN:
                 if not waits_allowed():
                     raise WouldWait()
-                self._slot_free.wait()
+                self._slot_waiters += 1
+                try:
+                    self._slot_free.wait()
+                finally:
+                    self._slot_waiters -= 1
             self._open += 1
             conn = self._idle.pop() if self._idle else None
-        try:
-            if conn is None:
+            if conn is not None:
+                self._leased.add(conn)
+        if conn is None:
+            try:
                 conn = _translate(self._connect)
-        except BaseException:
-            self._give_back_slot()
-            raise
-        with TABLES:
-            self._leased.add(conn)
+            except BaseException:
+                self._give_back_slot()
+                raise
+            with TABLES:
+                self._leased.add(conn)
         self._local.conn = conn
         try:
             yield conn
@@ -245,13 +252,18 @@ class Database:
                 keep = not self._closed and not conn.in_transaction
                 if keep:
                     self._idle.append(conn)
+                    self._slot_back_locked()
             if not keep:
                 conn.close()  # before its slot is free: MAX_OPEN bounds the open files
-            self._give_back_slot()
+                self._give_back_slot()
 
     def _give_back_slot(self) -> None:
         with TABLES:
-            self._open -= 1
+            self._slot_back_locked()
+
+    def _slot_back_locked(self) -> None:
+        self._open -= 1
+        if self._slot_waiters:  # a lease is the hottest path here: no notify for nobody
             self._slot_free.notify()
 
     def conn(self) -> sqlite3.Connection:
