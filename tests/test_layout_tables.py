@@ -8,7 +8,7 @@ break the rule: a nested ``with`` (another lock or a transaction), an ``acquire`
 calls that wait (the database, socket writes, joins, sleeps). A condition of
 ``TABLES`` itself may wait inside it, since its wait releases ``TABLES``
 (``threading.Condition(TABLES)``: the ready shells, the server's worker count, a
-subscription's queue, the database's free connections).
+subscription's queue, the database's free connections, the ref file's writer).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ WAITING_CALLS = frozenset(
 )
 """Calls that can wait for another thread, a process or the disk's flush."""
 
-CONDITIONS_OF_TABLES = frozenset({"_made", "_workers_done", "_cond", "_slot_free"})
+CONDITIONS_OF_TABLES = frozenset({"_made", "_workers_done", "_cond", "_slot_free", "_written"})
 """Attributes holding ``threading.Condition(TABLES)``: their ``wait`` releases it."""
 
 

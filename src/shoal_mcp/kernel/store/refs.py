@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import AbstractContextManager
+import threading
 from pathlib import Path
 
 import orjson
 
 from ...protocol.framing import write_all
-from ..config.limits import DB_WRITE_WAIT_S, REF_RESERVE_BLOCK
+from ..config.limits import REF_RESERVE_BLOCK
 from ..owner.tables import TABLES
 from .db import Database
 
@@ -39,6 +39,8 @@ class RefCounter:
         self._durable: dict[str, int] = self._load()  # what the file on disk says
         self._wanted: dict[str, int] = dict(self._durable)  # what the next write says
         self._ahead = False  # a background reservation is under way
+        self._writing = False  # a thread is writing the file (see _flush)
+        self._written = threading.Condition(TABLES)
         self.durable_writes = 0  # for the bench: fsynced reservations so far
 
     def _load(self) -> dict[str, int]:
@@ -98,35 +100,48 @@ class RefCounter:
             with TABLES:
                 self._ahead = False
 
-    def _file_turn(self) -> AbstractContextManager[None]:
-        """One writer of the file at a time: the database's write turn, since the file is
-        part of the store's durable state (taken before TABLES, as everywhere). It is
-        held across two fsyncs about once per ``REF_RESERVE_BLOCK`` execs of a session,
-        mostly on the housekeeper, ahead of need."""
-        return self.db.writers.turn(DB_WRITE_WAIT_S)
-
     def _flush(self) -> None:
-        """Write what is wanted now; afterwards it is durable."""
-        with self._file_turn():
-            with TABLES:
-                snapshot = dict(self._wanted)
+        """Make what is wanted now durable.
+
+        One write of the file at a time, and no lock held across it: a flush that finds
+        a write under way waits for it (a condition of TABLES), then writes only if
+        something is still wanted, which is often nothing: the write under way took its
+        numbers along (a group commit). Not the database's write turn: every commit
+        would then wait for these fsyncs."""
+        with TABLES:
+            while self._writing:
+                self._written.wait()
+            snapshot = dict(self._wanted)
             if snapshot == self._durable:
                 return
-            self._write(snapshot)
-            with TABLES:
-                self._durable = snapshot
+            self._writing = True
+        self._write_out(snapshot)
 
     def close(self) -> None:
         """Clean exit: reservations shrink to the numbers used (no gap after a restart)."""
-        with self._file_turn():
+        with TABLES:
+            while self._writing:
+                self._written.wait()
+            if not self._next:
+                return
+            for session, nxt in self._next.items():
+                self._wanted[session] = nxt - 1
+            snapshot = dict(self._wanted)
+            self._writing = True
+        self._write_out(snapshot)
+
+    def _write_out(self, snapshot: dict[str, int]) -> None:
+        """Write ``snapshot`` (this thread is the writer); the next writer may go after."""
+        written = False
+        try:
+            self._write(snapshot)
+            written = True
+        finally:
             with TABLES:
-                for session, nxt in self._next.items():
-                    self._wanted[session] = nxt - 1
-                snapshot = dict(self._wanted)
-            if self._next:
-                self._write(snapshot)
-                with TABLES:
+                if written:
                     self._durable = snapshot
+                self._writing = False
+                self._written.notify_all()
 
     def _write(self, reserved: dict[str, int]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
