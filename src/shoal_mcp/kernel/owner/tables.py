@@ -20,14 +20,14 @@ The rules that keep one shared lock cheap and free of deadlocks:
 - **Reentrant.** One table's method may call another's inside its block.
 
 Waiting for a table to change is a condition of ``TABLES`` (a free database
-connection, a free ``.json`` parse slot, the ref file's write under way, a ready
-shell, a subscription's queue): its
-``wait`` lets the lock go. Locks that a section holds across a wait stay their own, and
-there are eleven (tests/test_layout_concurrency.py counts them): a session's state while
-its finalize commits, the database's write turn, a connection's socket writes, a channel table and a channel's ring while it publishes,
-the blob store's generation, a session's ``$SHOAL_OUT`` sync, a supervisor's sends and
-a job's report reader, a terminal's screen and its writes. Those are what ``hold()``
-and ``WouldWait`` (``nowait.py``) are about.
+connection, a free ``.json`` parse slot, the ref file's write under way, a ready shell,
+a subscription's queue): its ``wait`` lets the lock go. Locks that a section holds
+across a wait stay their own, and there are eleven (tests/test_layout_concurrency.py
+counts them): a session's state while its finalize commits, the database's write turn,
+a connection's socket writes, the channel table and a channel's ring while it
+publishes, the blob store's generation, a session's ``$SHOAL_OUT`` sync, a
+supervisor's sends and a job's report reader, a terminal's screen and its writes.
+Those are what ``hold()`` and ``WouldWait`` (``nowait.py``) are about.
 """
 
 from __future__ import annotations
