@@ -57,7 +57,7 @@ def _finalize_like(db, journal, transcript, sessions, session, i: int) -> None:
 def _run(tmp: Path, synchronous: str) -> dict:
     tmp.mkdir()
     db = Database(tmp / "journal.sqlite3")
-    with db._lease() as conn:  # the one pooled connection the loop below reuses
+    with db.lease() as conn:  # the one pooled connection the loop below reuses
         conn.execute(f"PRAGMA synchronous={synchronous}")
     refs = RefCounter(tmp / "refs.json", db)
     journal = Journal(db)
