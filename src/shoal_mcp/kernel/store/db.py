@@ -156,7 +156,7 @@ class Database:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.writers = WriteQueue()  # the one write turn: transactions, events, refs.json
+        self.writers = WriteQueue()  # the one write turn: transactions and durable events
         self.housekeeper = Housekeeper()  # the store's chores no caller waits for
         # Created 0600 before SQLite opens it; its -wal/-shm files copy the mode.
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
