@@ -101,6 +101,25 @@ def test_another_connections_write_lock_is_wouldwait_and_nothing_is_written(db, 
     assert _names(db) == ["free-again", "on-a-worker"]
 
 
+def test_a_worker_still_waits_on_a_connection_the_loop_used_without_a_busy_timeout(
+    db, tmp_path
+) -> None:
+    with no_wait():
+        _insert(db, "on-the-loop")  # its connection is left with no busy timeout
+    other = sqlite3.connect(
+        tmp_path / "journal.sqlite3", isolation_level=None, check_same_thread=False
+    )
+    other.execute("BEGIN IMMEDIATE")
+    let_go = threading.Timer(0.3, lambda: other.execute("ROLLBACK"))
+    let_go.start()
+    try:
+        _insert(db, "on-a-worker")  # the same pooled connection: waits, does not fail
+    finally:
+        let_go.join()
+        other.close()
+    assert _names(db) == ["on-a-worker", "on-the-loop"]
+
+
 def test_the_write_turn_held_by_another_thread_is_wouldwait(db) -> None:
     release, thread = _held_elsewhere(lambda: db.writers.turn(WAIT_S))
     try:

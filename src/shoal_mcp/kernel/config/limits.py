@@ -275,6 +275,9 @@ per (principal, session); the least recently made goes. One costs ~2.1 MB (PSS: 
 bash ~0.5, its supervisor ~1.65) until it is used or idle for ``WARM_POOL_IDLE_S``. At
 16, 32 agents took turns evicting each other's: 1% of their execs went cold (the
 evicted shell's start wasted too), which cost 6% of the kernel's CPU per call."""
+ENCODED_ENV_CACHED_MAX = 64 * KiB
+"""Largest session environment (bytes of its values) whose encoding a ready shell's
+refill keeps for the next (exec/ready_start.py): at most ``READY_SHELLS_MAX`` of them."""
 ZYGOTE_EXIT_WAIT_S = 5.0
 """Kernel exit: how long to wait for each zygote (its jobs are killed by then)."""
 OWNER_LOOP_EXIT_WAIT_S = 5.0

@@ -10,12 +10,14 @@ the loop never waits for a process to be scheduled.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..access.sandbox import SandboxSpec
+from ..config.limits import ENCODED_ENV_CACHED_MAX, READY_SHELLS_MAX
 from .ready import GO_FD, READY_ARGV, SCRIPT_FD, ReadyShell, file_ids
 from .runner import STATE_FD, _bytes, take_spools
 from .supervisor import Job, Lane, Supervisor, start_timeout
@@ -82,6 +84,17 @@ class ShellOrder:
                           self.max_output_bytes, spare)  # fmt: skip
 
 
+def _encode_env(items: tuple[tuple[str, str], ...]) -> dict[bytes, bytes]:
+    return {_bytes(k): _bytes(v) for k, v in items}
+
+
+_encoded_env = functools.lru_cache(maxsize=READY_SHELLS_MAX)(_encode_env)
+"""A session's environment as bytes, shared by its ready shells (read only: the job
+frame is marshalled from it). A session's env rarely changes between execs, and
+encoding its few dozen variables was a measurable share of each refill; only small
+ones are kept (``ENCODED_ENV_CACHED_MAX``), so the cache stays small."""
+
+
 @dataclass
 class _ShellFiles:
     """A ready shell's files: its spools, its state and source memfds, its go pipe."""
@@ -115,7 +128,9 @@ class _ShellFiles:
         self, cap: int
     ) -> tuple[list[bytes], bytes, dict[bytes, bytes], list[int], list[int], int]:
         """``Supervisor.run``/``send``'s positional arguments."""
-        env = {_bytes(k): _bytes(v) for k, v in self.env.items()}
+        items = tuple(self.env.items())
+        small = sum(map(len, self.env.values())) <= ENCODED_ENV_CACHED_MAX
+        env = _encoded_env(items) if small else _encode_env(items)
         return (READY_ARGV, _bytes(self.cwd), env, self.passed, [STATE_FD, SCRIPT_FD, GO_FD], cap)
 
     def writable(self, sandbox: SandboxSpec | None) -> list[bytes]:

@@ -89,6 +89,24 @@ MIGRATIONS = {
 """Columns added since shoal 0.1 (``ALTER TABLE … ADD COLUMN`` when missing)."""
 
 
+_WAIT_MS = int(DB_WRITE_WAIT_S * 1000)
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that remembers its busy timeout (``_set_busy``)."""
+
+    busy_ms = _WAIT_MS
+
+
+def _set_busy(conn: sqlite3.Connection, ms: int) -> None:
+    """The owner loop's BEGINs run with no busy timeout (``WouldWait`` instead), and
+    setting it costs a statement, so it is set only when it changes: to 0 by the loop's
+    ``_begin``, back to ``_WAIT_MS`` when a thread that may wait leases the connection."""
+    if getattr(conn, "busy_ms", _WAIT_MS) != ms:
+        conn.execute(f"PRAGMA busy_timeout = {ms}")
+        conn.busy_ms = ms  # type: ignore[attr-defined]  # a _Connection (Database._connect)
+
+
 class StoreCorrupt(Exception):
     """The database fails its integrity check (or was truncated); the kernel refuses to start.
 
@@ -187,7 +205,11 @@ class Database:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, timeout=DB_WRITE_WAIT_S, isolation_level=None, check_same_thread=False
+            self.path,
+            timeout=DB_WRITE_WAIT_S,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=_Connection,
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -244,6 +266,8 @@ class Database:
                 self._leased.add(conn)
         self._local.conn = conn
         try:
+            if waits_allowed():  # the loop left it without a busy timeout (_begin)
+                _set_busy(conn, _WAIT_MS)
             yield conn
         finally:
             self._local.conn = None
@@ -323,15 +347,13 @@ class Database:
         if waits_allowed():
             _translate(conn.execute, "BEGIN IMMEDIATE")
             return
-        conn.execute("PRAGMA busy_timeout = 0")
+        _set_busy(conn, 0)  # left so until a thread that may wait leases it (lease)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if _is_locked(exc):
                 raise WouldWait() from exc
             _translate(_reraise, exc)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(DB_WRITE_WAIT_S * 1000)}")
 
     def query(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
         with self.lease() as conn:
