@@ -32,7 +32,7 @@ def test_a_parse_past_the_slots_is_refused_at_once_or_after_the_wait(monkeypatch
             "slots": resolver.JSON_PARSE_SLOTS,
         }
     # Every slot came back, the refused ones took none.
-    assert resolver._JSON_SLOTS.running == 0
+    assert resolver._JSON_SLOTS.held == 0
     with resolver.json_slot(wait=False) as free:
         assert free is True
 
@@ -55,10 +55,10 @@ def test_a_waiting_parse_starts_when_one_ends() -> None:
         stack.close()  # the parses end; the waiting one is woken
         thread.join(timeout=10)
     assert got == [True]
-    assert resolver._JSON_SLOTS.running == 0
+    assert resolver._JSON_SLOTS.held == 0
 
 
 def test_a_failing_parse_gives_its_slot_back() -> None:
     with pytest.raises(ValueError), resolver.json_slot(wait=True):
         raise ValueError("parse failed")
-    assert resolver._JSON_SLOTS.running == 0
+    assert resolver._JSON_SLOTS.held == 0

@@ -180,13 +180,13 @@ def test_leases_past_the_pool_wait_and_each_is_woken_by_a_lease_given_back(db) -
     askers = [threading.Thread(target=ask) for _ in range(3)]
     for t in askers:
         t.start()
-    wait_until(lambda: db._slot_waiters == 3, timeout=WAIT_S, what="three waiting leases")
+    wait_until(lambda: db._slots.waiting == 3, timeout=WAIT_S, what="three waiting leases")
     assert answers == []
     release.set()
     for t in holders + askers:
         t.join(WAIT_S)
     assert answers == [7, 7, 7]
-    assert db._open == 0 and db._slot_waiters == 0
+    assert db._slots.held == 0 and db._slots.waiting == 0
 
 
 def test_a_claim_is_taken_now_and_used_by_the_next_transaction(db, tmp_path) -> None:

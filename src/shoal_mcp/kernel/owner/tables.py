@@ -36,3 +36,45 @@ import threading
 
 TABLES = threading.RLock()
 """Held for a few operations on one of the kernel's tables; a leaf (see above)."""
+
+
+class TableSlots:
+    """At most ``limit`` holders at once (database connections, ``.json`` parses): a
+    count kept in the tables, and a condition of ``TABLES`` to wait on for one to come
+    back. Giving one back notifies only when someone waits: a slot is taken and given
+    back on hot paths (every database operation) where nobody usually does."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.waiting = 0
+        self._free = threading.Condition(TABLES)
+
+    def take(self, wait_s: float | None) -> bool:
+        with TABLES:
+            return self.take_locked(wait_s)
+
+    def take_locked(self, wait_s: float | None) -> bool:
+        """Inside ``with TABLES:``: one slot (True), or False when none came free within
+        ``wait_s`` seconds (0: now; None: as long as it takes). Waiting lets ``TABLES``
+        go, as any condition of it does."""
+        if self.held >= self.limit:
+            if wait_s == 0:
+                return False
+            self.waiting += 1
+            try:
+                if not self._free.wait_for(lambda: self.held < self.limit, wait_s):
+                    return False
+            finally:
+                self.waiting -= 1
+        self.held += 1
+        return True
+
+    def give_back(self) -> None:
+        with TABLES:
+            self.give_back_locked()
+
+    def give_back_locked(self) -> None:
+        self.held -= 1
+        if self.waiting:
+            self._free.notify()

@@ -20,7 +20,7 @@ from pathlib import Path
 from ...protocol.errors import state_db_locked, state_dir_full
 from ..config.limits import DB_WRITE_WAIT_S, HOUSEKEEPER_EXIT_WAIT_S, WAL_CHECKPOINT_EVERY
 from ..owner.nowait import WouldWait, take_now, waits_allowed
-from ..owner.tables import TABLES
+from ..owner.tables import TABLES, TableSlots
 from .housekeeper import Housekeeper
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,8 @@ class Database:
         self._local = threading.local()
         self._idle: list[sqlite3.Connection] = []
         self._leased: set[sqlite3.Connection] = set()
-        # Connections leased or being opened (at most MAX_OPEN), a kernel table (TABLES);
-        # a lease waits on ``_slot_free`` for one to come back.
-        self._open = 0
-        self._slot_waiters = 0
-        self._slot_free = threading.Condition(TABLES)
+        # Connections leased or being opened (at most MAX_OPEN).
+        self._slots = TableSlots(self.MAX_OPEN)
         self._closed = False
         self._commits = itertools.count(1)  # next() is atomic: no lock for a heuristic
         with self.lease() as conn:
@@ -244,15 +241,8 @@ class Database:
             yield conn
             return
         with TABLES:
-            while self._open >= self.MAX_OPEN:
-                if not waits_allowed():
-                    raise WouldWait()
-                self._slot_waiters += 1
-                try:
-                    self._slot_free.wait()
-                finally:
-                    self._slot_waiters -= 1
-            self._open += 1
+            if not self._slots.take_locked(None if waits_allowed() else 0):
+                raise WouldWait()
             conn = self._idle.pop() if self._idle else None
             if conn is not None:
                 self._leased.add(conn)
@@ -260,7 +250,7 @@ class Database:
             try:
                 conn = _translate(self._connect)
             except BaseException:
-                self._give_back_slot()
+                self._slots.give_back()
                 raise
             with TABLES:
                 self._leased.add(conn)
@@ -276,19 +266,10 @@ class Database:
                 keep = not self._closed and not conn.in_transaction
                 if keep:
                     self._idle.append(conn)
-                    self._slot_back_locked()
+                    self._slots.give_back_locked()
             if not keep:
                 conn.close()  # before its slot is free: MAX_OPEN bounds the open files
-                self._give_back_slot()
-
-    def _give_back_slot(self) -> None:
-        with TABLES:
-            self._slot_back_locked()
-
-    def _slot_back_locked(self) -> None:
-        self._open -= 1
-        if self._slot_waiters:  # a lease is the hottest path here: no notify for nobody
-            self._slot_free.notify()
+                self._slots.give_back()
 
     def conn(self) -> sqlite3.Connection:
         """The connection this thread currently leases (only inside an operation)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import ctypes
 import io
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from ..config.limits import (
     JSON_SELECTOR_MAX,
     JSON_WHOLE_PARSE_MAX,
 )
-from ..owner.tables import TABLES
+from ..owner.tables import TableSlots
 from ..store.cas import (
     BlobInfo,
     BlobSource,
@@ -256,29 +255,8 @@ def split_lines(text: str) -> list[str]:
     return parts[:-1] if text.endswith("\n") else parts
 
 
-class _ParseSlots:
-    """The `.json` parses running now, at most ``JSON_PARSE_SLOTS``: a kernel table
-    (TABLES), with a condition of it to wait for a parse to end."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self._slot_free = threading.Condition(TABLES)
-
-    def take(self, wait_s: float) -> bool:
-        """One slot (True), or False when none came free within ``wait_s`` (0: now)."""
-        with TABLES:
-            if not self._slot_free.wait_for(lambda: self.running < JSON_PARSE_SLOTS, wait_s):
-                return False
-            self.running += 1
-            return True
-
-    def give_back(self) -> None:
-        with TABLES:
-            self.running -= 1
-            self._slot_free.notify()
-
-
-_JSON_SLOTS = _ParseSlots()
+_JSON_SLOTS = TableSlots(JSON_PARSE_SLOTS)
+"""The `.json` parses running now."""
 _JSON_PARSER = ThreadPoolExecutor(JSON_PARSE_SLOTS, thread_name_prefix="json-parse")
 """Parses run on these threads only: the parsed objects come from their malloc arenas,
 which the next parse reuses, instead of one arena per connection thread."""
