@@ -16,16 +16,22 @@ Printed at the end: p50/p95 per contender and the targets' ratios (shoal p50 / b
 
     pytest bench/test_bench_roundtrip.py            # 3 x 200 rounds
     SHOAL_BENCH_QUICK=1 pytest bench/test_bench_roundtrip.py   # 40 rounds
+    SHOAL_BENCH_OLD_REF=REF pytest bench/test_bench_roundtrip.py
+
+``SHOAL_BENCH_OLD_REF=REF`` adds a fourth contender, ``shoal@REF``: that commit's kernel
+and facade (bench/agents.py ``old_tree``), interleaved with the others, so a kernel
+change's before/after is measured in one run. Issue 30's target for a single call is
+``shoal p50 / fastmcp p50 <= 0.9``, printed beside issue 18's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +40,7 @@ from shoal_mcp.protocol.framing import BACKEND
 from tests.support.facade import facade_env
 from tests.support.kernel import close_client, running_kernel
 
+from . import agents
 from .mcp_pipe import PipeClient
 from .summary import cpu_seconds, load_baseline, percentile, register_summary
 
@@ -44,6 +51,9 @@ BLOCKS = 1 if QUICK else 3
 ROUNDS_PER_BLOCK = 40 if QUICK else 200
 WARMUP = 5 if QUICK else 20
 SRC = "echo hi"
+OLD_REF_ENV = "SHOAL_BENCH_OLD_REF"
+ONE_OWNER_TARGET = 0.9
+"""Issue 30: one call's p50 at most this times FastMCP's."""
 
 # The issue's targets, as ratios (see the module docstring).
 TARGETS = {
@@ -91,6 +101,12 @@ def summarize(samples: dict[str, list[float]]) -> dict:
         "shoal_p95_over_bash_p50": stats["shoal"]["p95_ms"] / stats["bash"]["p50_ms"],
         "fastmcp_p50_over_bash_p50": stats["fastmcp"]["p50_ms"] / stats["bash"]["p50_ms"],
     }
+    for name in stats:
+        if name.startswith("shoal@"):  # the old kernel's row (SHOAL_BENCH_OLD_REF)
+            ratios[f"{name}_p50_over_fastmcp_p50"] = (
+                stats[name]["p50_ms"] / stats["fastmcp"]["p50_ms"]
+            )
+            ratios[f"shoal_p50_over_{name}_p50"] = stats["shoal"]["p50_ms"] / stats[name]["p50_ms"]
     return {"stats": stats, "ratios": ratios}
 
 
@@ -114,36 +130,62 @@ def table_lines(figures: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def servers():
-    with running_kernel(prefix="shrt-") as kernel:
-        shoal = PipeClient([sys.executable, "-m", "shoal_mcp.facade"], facade_env(kernel, "rt"))
-        fastmcp = PipeClient(
-            [sys.executable, str(HERE / "fastmcp_exec_server.py")], dict(os.environ)
-        )
+def servers(tmp_path_factory):
+    with running_kernel(prefix="shrt-") as kernel, _old_shoal(tmp_path_factory) as old:
+        shoal = PipeClient(agents.facade_argv(), facade_env(kernel, "rt"))
+        fastmcp = PipeClient(agents.fastmcp_argv(), dict(os.environ))
         try:
-            yield shoal, fastmcp, kernel
+            yield shoal, fastmcp, kernel, old
         finally:
             shoal.close()
             fastmcp.close()
 
 
-def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
-    shoal, fastmcp, kernel = servers
+@contextlib.contextmanager
+def _old_shoal(tmp_path_factory) -> Iterator[tuple[str, PipeClient, int] | None]:
+    """(name, facade, kernel pid) of the commit ``SHOAL_BENCH_OLD_REF`` names, or None."""
+    ref = os.environ.get(OLD_REF_ENV, "").strip()
+    if not ref:
+        yield None
+        return
+    with (
+        agents.old_tree(ref, tmp_path_factory.mktemp("old")) as env,
+        running_kernel(env=env, prefix="shro-") as kernel,
+    ):
+        tree = {"PYTHONPATH": env["PYTHONPATH"]}
+        client = PipeClient(agents.facade_argv(), facade_env(kernel, "rt-old", **tree))
+        try:
+            yield f"shoal@{ref}", client, kernel.pid
+        finally:
+            client.close()
 
-    def shoal_call() -> None:
-        result = shoal.call_tool("shoal_exec", {"command": SRC})
+
+def _shoal_call(client: PipeClient) -> Callable[[], None]:
+    def call() -> None:
+        result = client.call_tool("shoal_exec", {"command": SRC})
         assert result["content"][0]["text"].startswith("hi\n"), result  # the render is the text
+
+    return call
+
+
+def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
+    shoal, fastmcp, kernel, old = servers
+    shoal_call = _shoal_call(shoal)
 
     def fastmcp_call() -> None:
         result = fastmcp.call_tool("exec", {"src": SRC})
         assert result["content"][0]["text"] == "hi\n", result
 
     contenders = {"bash": _bare_bash, "fastmcp": fastmcp_call, "shoal": shoal_call}
+    server_pids = {"shoal": [kernel.pid, shoal.pid], "fastmcp": [fastmcp.pid]}
+    if old is not None:
+        old_name, old_client, old_kernel = old
+        contenders[old_name] = _shoal_call(old_client)
+        server_pids[old_name] = [old_kernel, old_client.pid]
     interleaved(contenders, WARMUP)
     blocks: list[dict] = []
     samples: dict[str, list[float]] = {n: [] for n in contenders}
 
-    server_pids = {"shoal": [kernel.pid, shoal.pid], "fastmcp": [fastmcp.pid]}
     cpu_before = {n: [cpu_seconds(p) for p in pids] for n, pids in server_pids.items()}
 
     def run() -> None:
@@ -181,12 +223,20 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
     lines += [
         f"block {i}: shoal/bash {b['ratios']['shoal_p50_over_bash_p50']:.2f}, "
         f"shoal/fastmcp {b['ratios']['shoal_p50_over_fastmcp_p50']:.2f}"
+        + "".join(
+            f", {key.removesuffix('_p50').replace('_p50_over_', '/')} {value:.2f}"
+            for key, value in b["ratios"].items()
+            if "shoal@" in key
+        )
         for i, b in enumerate(blocks)
     ]
+    ratio = figures["ratios"]["shoal_p50_over_fastmcp_p50"]
+    verdict = "met" if ratio <= ONE_OWNER_TARGET else "NOT met"
+    lines.append(f"issue 30: shoal p50 / fastmcp p50 {ratio:.2f} (target <= 0.9: {verdict})")
     cpu = figures["server_cpu_ms_per_call"]
     lines.append(
-        f"server CPU per call, bash excluded: shoal (kernel + facade) {cpu['shoal']:.3f} ms, "
-        f"fastmcp {cpu['fastmcp']:.3f} ms"
+        "server CPU per call, bash excluded (kernel + facade for shoal): "
+        + ", ".join(f"{name} {ms:.3f} ms" for name, ms in cpu.items())
     )
     warm = figures["warm"]
     lines.append(f"ready shells: {warm['ready_hits']} hits, {warm['ready_misses']} misses")
