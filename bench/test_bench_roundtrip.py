@@ -239,7 +239,10 @@ def test_bench_roundtrip_echo_interleaved(benchmark, servers, request):
         + ", ".join(f"{name} {ms:.3f} ms" for name, ms in cpu.items())
     )
     warm = figures["warm"]
-    lines.append(f"ready shells: {warm['ready_hits']} hits, {warm['ready_misses']} misses")
+    lines.append(
+        f"ready shells: {warm['ready_hits']} hits, {warm['ready_misses']} misses, "
+        f"{warm.get('ready_waited_for', 0)} waited for"
+    )
     baseline = load_baseline("roundtrip", QUICK)
     if baseline:
         lines.append(

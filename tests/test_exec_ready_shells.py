@@ -204,3 +204,20 @@ def test_no_ready_shell_outlives_the_kernel():
         close_client(c)
         k.stop()
     wait_until(lambda: not (mine & set(ready_shells())), timeout=30, what="ready shells gone")
+
+
+def test_an_exec_waiting_for_its_shells_start_is_counted():
+    """``when_made`` (an exec on the owner loop whose shell is still starting) is counted
+    in ``waited_for`` (kernel.status ``warm.ready_waited_for``); no make under way: not."""
+    shells = ReadyShells()
+    called: list[str] = []
+    try:
+        assert not shells.when_made(("p", "s"), lambda: called.append("none"))
+        assert shells.waited_for == 0
+        assert shells.reserve(("p", "s"))  # the session's next shell is coming
+        assert shells.when_made(("p", "s"), lambda: called.append("made"))
+        assert shells.waited_for == 1 and called == []
+        shells.release(("p", "s"))  # the make ended (here: with no shell)
+        assert called == ["made"]
+    finally:
+        shells.close()

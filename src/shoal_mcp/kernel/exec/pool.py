@@ -83,6 +83,7 @@ class WarmPool:
             "ready_misses": ready.misses if ready is not None else 0,
             "ready_waiting": len(ready) if ready is not None else 0,
             "ready_on_lanes": ready.on_lanes if ready is not None else 0,
+            "ready_waited_for": ready.waited_for if ready is not None else 0,
         }
 
     def take(self, principal: str, spec_bytes: bytes) -> Supervisor | None:

@@ -215,6 +215,7 @@ class ReadyShells:
         self.hits = 0
         self.misses = 0
         self.on_lanes = 0  # started on the last exec's supervisor (supervisor.Lane)
+        self.waited_for = 0  # execs on the owner loop that waited for their shell's start
 
     def take(
         self,
@@ -265,6 +266,7 @@ class ReadyShells:
             if self._closed or key not in self._making or key in self._shells:
                 return False
             self._waiters.setdefault(key, []).append(then)
+            self.waited_for += 1
             return True
 
     def _ended(self, key: ReadyKey) -> None:
