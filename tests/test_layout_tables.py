@@ -36,7 +36,7 @@ WAITING_CALLS = frozenset(
 )
 """Calls that can wait for another thread, a process or the disk's flush."""
 
-CONDITIONS_OF_TABLES = frozenset({"_made", "_workers_done", "_cond", "_free", "_written"})
+CONDITIONS_OF_TABLES = frozenset({"_made", "_workers_done", "_cond", "_free"})
 """Attributes holding ``threading.Condition(TABLES)``: their ``wait`` releases it."""
 
 

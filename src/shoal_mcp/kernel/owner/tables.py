@@ -39,10 +39,11 @@ TABLES = threading.RLock()
 
 
 class TableSlots:
-    """At most ``limit`` holders at once (database connections, ``.json`` parses): a
-    count kept in the tables, and a condition of ``TABLES`` to wait on for one to come
-    back. Giving one back notifies only when someone waits: a slot is taken and given
-    back on hot paths (every database operation) where nobody usually does."""
+    """At most ``limit`` holders at once (database connections, ``.json`` parses, the
+    ref file's one writer): a count kept in the tables, and a condition of ``TABLES``
+    to wait on for one to come back. Giving one back notifies only when someone waits:
+    a slot is taken and given back on hot paths (every database operation) where
+    nobody usually does."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from pathlib import Path
 
 import orjson
 
 from ...protocol.framing import write_all
 from ..config.limits import REF_RESERVE_BLOCK
-from ..owner.tables import TABLES
+from ..owner.tables import TABLES, TableSlots
 from .db import Database
 
 log = logging.getLogger(__name__)
@@ -39,8 +38,7 @@ class RefCounter:
         self._durable: dict[str, int] = self._load()  # what the file on disk says
         self._wanted: dict[str, int] = dict(self._durable)  # what the next write says
         self._ahead = False  # a background reservation is under way
-        self._writing = False  # a thread is writing the file (see _flush)
-        self._written = threading.Condition(TABLES)
+        self._writer = TableSlots(1)  # the thread writing the file (see _flush)
         self.durable_writes = 0  # for the bench: fsynced reservations so far
 
     def _load(self) -> dict[str, int]:
@@ -104,34 +102,32 @@ class RefCounter:
         """Make what is wanted now durable.
 
         One write of the file at a time, and no lock held across it: a flush that finds
-        a write under way waits for it (a condition of TABLES), then writes only if
+        a write under way waits for it (``_writer``, a slot of one), then writes only if
         something is still wanted, which is often nothing: the write under way took its
         numbers along (a group commit). Not the database's write turn: every commit
         would then wait for these fsyncs."""
         with TABLES:
-            while self._writing:
-                self._written.wait()
+            self._writer.take_locked(None)
             snapshot = dict(self._wanted)
             if snapshot == self._durable:
+                self._writer.give_back_locked()
                 return
-            self._writing = True
         self._write_out(snapshot)
 
     def close(self) -> None:
         """Clean exit: reservations shrink to the numbers used (no gap after a restart)."""
         with TABLES:
-            while self._writing:
-                self._written.wait()
+            self._writer.take_locked(None)
             if not self._next:
+                self._writer.give_back_locked()
                 return
             for session, nxt in self._next.items():
                 self._wanted[session] = nxt - 1
             snapshot = dict(self._wanted)
-            self._writing = True
         self._write_out(snapshot)
 
     def _write_out(self, snapshot: dict[str, int]) -> None:
-        """Write ``snapshot`` (this thread is the writer); the next writer may go after."""
+        """Write ``snapshot`` (this thread holds ``_writer``); the next writer may go after."""
         written = False
         try:
             self._write(snapshot)
@@ -140,8 +136,7 @@ class RefCounter:
             with TABLES:
                 if written:
                     self._durable = snapshot
-                self._writing = False
-                self._written.notify_all()
+                self._writer.give_back_locked()  # each waiting flush then looks in turn
 
     def _write(self, reserved: dict[str, int]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
