@@ -264,6 +264,22 @@ def test_waiting_for_the_program_holds_no_lock(mgr: PtyManager, monkeypatch, pid
     assert wait_exit(mgr, r["pty_id"])["exit"] == {"signal": signal.SIGKILL}
 
 
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "looking"])
+def test_exit_after_the_terminal_closed(mgr: PtyManager, monkeypatch, pidfds: bool) -> None:
+    """A program that closes the terminal and ends later: the reader sees the terminal
+    close first, then waits for the exit on the supervisor's pidfd (never on its pid,
+    which ``close()`` may reap and the system reuse) or, without one, by looking."""
+    import shoal_mcp.kernel.pty.terminal as terminal
+
+    if not pidfds:
+        monkeypatch.setattr(terminal, "_open_pidfd", lambda pid: None)
+    r = open_pty(mgr, "sh", "-c", "exec </dev/null >/dev/null 2>&1; sleep 0.5; exit 7")
+    p = mgr._get(r["pty_id"], OWNER)
+    wait_for(lambda: p.eof, what="the terminal to close")
+    assert p.exit is None  # closed before the program ended
+    assert wait_exit(mgr, r["pty_id"])["exit"] == {"status": 7}
+
+
 def test_huge_screen_read_stays_under_cap(mgr: PtyManager) -> None:
     r = open_pty(mgr, PY, "-c", "print(('x'*999+'\\n')*1000, end='')", cols=1000, rows=1000)
     out = wait_exit(mgr, r["pty_id"])
