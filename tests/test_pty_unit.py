@@ -273,7 +273,7 @@ def test_exit_after_the_terminal_closed(mgr: PtyManager, monkeypatch, pidfds: bo
 
     if not pidfds:
         monkeypatch.setattr(terminal, "_open_pidfd", lambda pid: None)
-    r = open_pty(mgr, "sh", "-c", "exec </dev/null >/dev/null 2>&1; sleep 0.5; exit 7")
+    r = open_pty(mgr, "sh", "-c", "exec </dev/null >/dev/null 2>&1; sleep 1.5; exit 7")
     p = mgr._get(r["pty_id"], OWNER)
     wait_for(lambda: p.eof, what="the terminal to close")
     assert p.exit is None  # closed before the program ended
