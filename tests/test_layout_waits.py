@@ -65,7 +65,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "only where os.pidfd_open is missing (not Linux): a PTY's reader then looks every"
         " so often for a program that ended while something else holds the tty"
     ),
-    ("kernel/pty/screen_io.py", ".wait(0"): "the same, where os.waitid is missing",
+    ("kernel/pty/screen_io.py", "PTY_EXIT_POLL_S"): (
+        "the same once the terminal is closed, where there is no pidfd to wait on"
+    ),
     # The facade.
     ("facade/mcp_tasks.py", "MCP_TASK_RESULT_POLL_S"): (
         "a tasks/result waiting for a task also looks whether its own call was cancelled"
