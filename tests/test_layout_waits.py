@@ -63,10 +63,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("kernel/pty/screen_io.py", "PTY_IDLE_POLL_S"): (
         "only where os.pidfd_open is missing (not Linux): a PTY's reader then looks every"
-        " so often for a program that ended while something else holds the tty"
-    ),
-    ("kernel/pty/screen_io.py", "PTY_EXIT_POLL_S"): (
-        "the same once the terminal is closed, where there is no pidfd to wait on"
+        " so often for a program that ended while something else holds the tty; and once"
+        " the terminal is closed, the period at which the wait on the program's pidfd"
+        " looks whether the PTY is being closed"
     ),
     # The facade.
     ("facade/mcp_tasks.py", "MCP_TASK_RESULT_POLL_S"): (

@@ -142,9 +142,6 @@ PTY_SEND_TIMEOUT_S = 5.0
 """How long `pty.send` waits for a program that does not read its input."""
 PTY_IDLE_POLL_S = 0.25
 """Reader thread wake-up period (child-exit check while the terminal is still held)."""
-PTY_EXIT_POLL_S = 0.02
-"""Once the terminal is closed, how often the reader looks for the program's exit where
-it has no pidfd to wait on (not Linux, or the kernel refused one)."""
 PTY_ORPHAN_GRACE_MS = 300_000
 """``[kernel] pty_orphan_grace_ms``: a PTY whose owner (session + principal) has had no
 attached connection this long is closed and its CPU charged (kernel/pty/orphans.py)."""

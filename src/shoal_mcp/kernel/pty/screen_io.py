@@ -17,12 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config.limits import (
-    PTY_EVENT_INTERVAL_S,
-    PTY_EXIT_POLL_S,
-    PTY_IDLE_POLL_S,
-    PTY_READ_CHUNK,
-)
+from ..config.limits import PTY_EVENT_INTERVAL_S, PTY_IDLE_POLL_S, PTY_READ_CHUNK
 from .screen import _cursor
 from .terminal import OpenPty
 
@@ -118,7 +113,7 @@ class ScreenPump:
                         # The child is gone but someone (a background job) holds the tty.
                         self.emit_exit(p)
             if eof and not p.stopping.is_set():
-                self._await_exit(p, None if exited else pidfd)
+                self._await_exit(p)
                 self.emit_screen(p, wait=True)
                 self.emit_exit(p)
         except Exception:  # never let a reader die silently
@@ -128,25 +123,15 @@ class ScreenPump:
                 os.close(pidfd)
 
     @staticmethod
-    def _await_exit(p: OpenPty, pidfd: int | None) -> None:
-        """The terminal is closed: wait for the program's supervisor to exit and record
-        it. On its pidfd when there is one, never on its pid: ``close()`` may reap it
-        meanwhile, and the system may then give that pid to an unrelated process (a
-        wait on it would follow that one). Without a pidfd, a look every
-        ``PTY_EXIT_POLL_S``. ``close()`` ends the wait (``stopping``, and its wake byte)."""
-        if pidfd is not None:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            poller.register(p.wake_r, select.POLLIN)
-            while not p.stopping.is_set():
-                ready = [fd for fd, _ev in poller.poll()]
-                if pidfd in ready:
-                    break
-                with contextlib.suppress(OSError):
-                    os.read(p.wake_r, 4096)
-        while not p.record_exit() and p.exit is None:
-            if p.stopping.wait(PTY_EXIT_POLL_S):
-                break
+    def _await_exit(p: OpenPty) -> None:
+        """The terminal is closed: wait for the program's supervisor to end and record its
+        exit. ``OpenPty.wait`` waits on its pidfd, never on its pid: ``close()`` may reap
+        it meanwhile, and the system may then give that pid to an unrelated process (a
+        wait on it would follow that one). ``close()`` ends the program, so the wait;
+        ``stopping`` is looked at between waits of ``PTY_IDLE_POLL_S``."""
+        while not p.stopping.is_set() and not p.wait(PTY_IDLE_POLL_S):
+            pass
+        p.record_exit()
 
     @staticmethod
     def _exit_due(pidfd: int | None, exited: bool, next_check: float) -> bool:
